@@ -1,0 +1,148 @@
+"""PyTorch state dict ⇄ Flax parameter tree, as pure functions over dicts of numpy arrays.
+
+One rule per leaf kind (Linear weight ⇄ transposed `kernel`, Embedding weight ⇄ `embedding`, LayerNorm weight ⇄
+`scale`); every shape is asserted; every source key is either mapped, ignored for a stated reason, or an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from flax import traverse_util
+
+from jaxbert.config import BertConfig
+from jaxbert.heads import HEADS, resolve_head
+from jaxbert.params import param_spec
+
+# Buffers transformers keeps in some checkpoints; they hold no learned weights.
+_BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
+_BASE_PREFIXES = ("embeddings.", "encoder.", "pooler.")
+_LEAF_TO_TORCH = {"kernel": "weight", "embedding": "weight", "scale": "weight", "bias": "bias"}
+_TIED_DECODER = "cls.predictions.decoder.weight"
+
+
+@dataclasses.dataclass
+class ConversionReport:
+    """What happened to each source key that did not become a parameter, and which parameters were absent."""
+
+    ignored: dict[str, str] = dataclasses.field(default_factory=dict)  # key -> reason
+    missing: list[str] = dataclasses.field(default_factory=list)  # torch names left for the caller to initialize
+
+
+def torch_name(path: tuple[str, ...]) -> str:
+    """Flax path -> PyTorch key, e.g. ('bert','pooler','dense','kernel') -> 'bert.pooler.dense.weight'."""
+    return ".".join(path[:-1] + (_LEAF_TO_TORCH[path[-1]],))
+
+
+def expected_keys(config: BertConfig, head: str) -> dict[str, tuple[tuple[str, ...], tuple[int, ...]]]:
+    """PyTorch key -> (Flax path, PyTorch shape) for every parameter of `head`."""
+    flat = traverse_util.flatten_dict(param_spec(config, head), is_leaf=lambda _, v: isinstance(v, tuple))
+    out = {}
+    for path, (shape, _) in flat.items():
+        out[torch_name(path)] = (path, shape[::-1] if path[-1] == "kernel" else shape)
+    return out
+
+
+def canonical_key(key: str, head: str) -> str:
+    """Normalize legacy spellings and the `bert.` prefix to the key transformers uses for `head`."""
+    if ".LayerNorm." in key or key.startswith("LayerNorm."):
+        key = key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+    if key == "cls.predictions.decoder.bias":  # transformers ties it to cls.predictions.bias
+        key = "cls.predictions.bias"
+    if head == "BertModel":
+        return key[len("bert."):] if key.startswith("bert.") else key
+    return "bert." + key if key.startswith(_BASE_PREFIXES) else key
+
+
+def _other_heads_keys(config: BertConfig, head: str) -> set[str]:
+    """Keys that are BERT parameters of some head but not of `head` (e.g. the pooler in an MLM load)."""
+    keys = set()
+    for other in HEADS:
+        keys |= {canonical_key(k, head) for k in expected_keys(config, other)}
+    return keys - set(expected_keys(config, head))
+
+
+def torch_to_flax(state_dict: dict[str, np.ndarray], config: BertConfig, head: str | None = None, *,
+                  allow_missing_head: bool = False) -> tuple[dict, ConversionReport]:
+    """Map a transformers BERT state dict onto the Flax tree for `head`.
+
+    Raises ValueError naming the key for unknown keys, duplicates, shape mismatches and missing parameters.
+    With `allow_missing_head`, parameters of the task head (not of the base model) may be absent; they are
+    listed in `report.missing` for the caller to initialize.
+    """
+    head = resolve_head(head, config)
+    expected = expected_keys(config, head)
+    report, found, sources = ConversionReport(), {}, {}
+    others = None
+    for key in sorted(state_dict):
+        value = np.asarray(state_dict[key])
+        name = canonical_key(key, head)
+        if name.endswith(_BUFFERS):
+            report.ignored[key] = "buffer, not a parameter"
+            continue
+        if name == _TIED_DECODER and config.tie_word_embeddings:
+            report.ignored[key] = "tied to the word embeddings"
+            continue
+        if name not in expected:
+            others = _other_heads_keys(config, head) if others is None else others
+            if name in others:
+                report.ignored[key] = f"not used by {head}"
+                continue
+            raise ValueError(f"unknown key {key!r}: not a parameter of {head} with this config")
+        path, shape = expected[name]
+        if tuple(value.shape) != tuple(shape):
+            raise ValueError(f"{key}: shape {tuple(value.shape)} in the checkpoint, expected {tuple(shape)} "
+                             f"from the config")
+        if name in sources:
+            if name == "cls.predictions.bias" and np.array_equal(found[path], value):
+                report.ignored[key] = f"duplicate of {sources[name]}"
+                continue
+            raise ValueError(f"duplicate key {key!r}: maps to {name!r} like {sources[name]!r}")
+        sources[name] = key
+        found[path] = value.T if path[-1] == "kernel" else value
+    missing = [name for name in expected if name not in sources]
+    base_missing = [n for n in missing if head == "BertModel" or n.startswith("bert.")]
+    if missing and (not allow_missing_head or base_missing):
+        raise ValueError(f"missing keys for {head}: {', '.join(missing)}")
+    report.missing = missing
+    return traverse_util.unflatten_dict(found), report
+
+
+def flax_to_torch(params: dict, config: BertConfig, head: str | None = None, *,
+                  include_tied: bool = True) -> dict[str, np.ndarray]:
+    """The inverse: the Flax tree -> transformers' state dict keys (kernels transposed back, contiguous).
+
+    With `include_tied`, the tied decoder weight and bias are written as well, as `model.state_dict()` has them.
+    """
+    head = resolve_head(head, config)
+    expected = expected_keys(config, head)
+    flat = traverse_util.flatten_dict(params)
+    unknown = sorted(set(flat) - {path for path, _ in expected.values()})
+    if unknown:
+        raise ValueError(f"unknown parameter {'/'.join(unknown[0])!r} for {head}")
+    out = {}
+    for name, (path, shape) in expected.items():
+        if path not in flat:
+            raise ValueError(f"missing parameter {'/'.join(path)!r} for {head}")
+        value = np.asarray(flat[path])
+        value = np.ascontiguousarray(value.T) if path[-1] == "kernel" else value
+        if value.shape != tuple(shape):
+            raise ValueError(f"{'/'.join(path)}: shape {value.shape}, expected {tuple(shape)} from the config")
+        out[name] = value
+    if include_tied and "cls.predictions.bias" in out and config.tie_word_embeddings:
+        out[_TIED_DECODER] = out["bert.embeddings.word_embeddings.weight"]
+        out["cls.predictions.decoder.bias"] = out["cls.predictions.bias"]
+    return out
+
+
+def flax_to_torch_any(params: dict) -> dict[str, np.ndarray]:
+    """Rename any Flax BERT tree (e.g. a transformers 4.x `flax_model.msgpack`) to PyTorch keys, unchecked;
+    `torch_to_flax` then checks it against the config like any other checkpoint."""
+    out = {}
+    for path, value in traverse_util.flatten_dict(params).items():
+        if path[-1] not in _LEAF_TO_TORCH:
+            raise ValueError(f"unknown parameter {'/'.join(path)!r} in Flax tree")
+        value = np.asarray(value)
+        out[torch_name(path)] = value.T if path[-1] == "kernel" else value
+    return out

@@ -1,0 +1,174 @@
+"""BERT's blocks as pure per-sequence functions, and `bert(...)`, which batches them with `jax.vmap`.
+
+Every function takes its params subtree first, then activations of one sequence. Dropout is on exactly when an
+`rng` is given. Shapes: L query positions, M key positions, D hidden, H heads, K head size, F intermediate.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from jaxbert.config import BertConfig
+from jaxbert.ops import activation, dense, dropout, layer_norm
+
+
+@flax.struct.dataclass
+class BertOutput:
+    """Model outputs under transformers' field names; fields a head does not produce stay None."""
+
+    last_hidden_state: Array | None = None
+    pooler_output: Array | None = None
+    hidden_states: tuple[Array, ...] | None = None
+    attentions: tuple[Array, ...] | None = None
+    logits: Array | None = None
+    prediction_logits: Array | None = None
+    seq_relationship_logits: Array | None = None
+    start_logits: Array | None = None
+    end_logits: Array | None = None
+    loss: Array | None = None
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+    def __getitem__(self, key: str):
+        return getattr(self, key)
+
+
+def _split(rng, n):
+    return (None,) * n if rng is None else tuple(jax.random.split(rng, n))
+
+
+def embeddings(p, config: BertConfig, input_ids: Int[Array, "L"] | None, token_type_ids: Int[Array, "L"],
+               position_ids: Int[Array, "L"], inputs_embeds: Float[Array, "L D"] | None = None, *,
+               rng=None) -> Float[Array, "L D"]:
+    x = p["word_embeddings"]["embedding"][input_ids] if inputs_embeds is None else inputs_embeds
+    x = x + p["token_type_embeddings"]["embedding"][token_type_ids].astype(x.dtype)
+    # Relative-position models still store absolute position embeddings but never add them (as transformers).
+    if config.position_embedding_type == "absolute":
+        x = x + p["position_embeddings"]["embedding"][position_ids].astype(x.dtype)
+    x = layer_norm(p["LayerNorm"], x, config.layer_norm_eps)
+    return dropout(x, config.hidden_dropout_prob, rng)
+
+
+def _relative_scores(p, config: BertConfig, q: Float[Array, "L H K"], k: Float[Array, "M H K"]):
+    L, M = q.shape[0], k.shape[0]
+    distance = jnp.arange(L)[:, None] - jnp.arange(M)[None, :]
+    pos = p["distance_embedding"]["embedding"][distance + config.max_position_embeddings - 1].astype(q.dtype)
+    scores = jnp.einsum("lhk,lmk->hlm", q, pos)
+    if config.position_embedding_type == "relative_key_query":
+        scores = scores + jnp.einsum("mhk,lmk->hlm", k, pos)
+    return scores
+
+
+def self_attention(p, config: BertConfig, x: Float[Array, "L D"], mask: Bool[Array, "M"],
+                   head_mask: Float[Array, "H"] | None = None, *, rng=None):
+    """Scaled dot-product attention over the unpruned heads; returns (context [L, H*K], probs [H, L, M])."""
+    K = config.head_size
+    q, k, v = (dense(p[name], x).reshape(x.shape[0], -1, K) for name in ("query", "key", "value"))
+    scores = jnp.einsum("lhk,mhk->hlm", q, k)
+    if config.position_embedding_type != "absolute":
+        scores = scores + _relative_scores(p, config, q, k)
+    scores = scores.astype(jnp.float32) / math.sqrt(K)
+    scores = jnp.where(mask[None, None, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1)
+    probs = dropout(probs, config.attention_probs_dropout_prob, rng)
+    if head_mask is not None:
+        probs = probs * head_mask[:, None, None].astype(probs.dtype)
+    context = jnp.einsum("hlm,mhk->lhk", probs.astype(v.dtype), v)
+    return context.reshape(x.shape[0], -1), probs
+
+
+def _residual_norm(p, config: BertConfig, h: Array, residual: Array, rng) -> Float[Array, "L D"]:
+    h = dropout(dense(p["dense"], h), config.hidden_dropout_prob, rng)
+    return layer_norm(p["LayerNorm"], h + residual, config.layer_norm_eps)
+
+
+def layer(p, config: BertConfig, x: Float[Array, "L D"], mask: Bool[Array, "M"],
+          head_mask: Float[Array, "H"] | None = None, *, rng=None):
+    """One encoder layer: attention, add & norm, GELU feed-forward, add & norm. Returns (x, attention probs)."""
+    r_attn, r_out, r_ffn = _split(rng, 3)
+    context, probs = self_attention(p["attention"]["self"], config, x, mask, head_mask, rng=r_attn)
+    x = _residual_norm(p["attention"]["output"], config, context, x, r_out)
+    h = activation(config.hidden_act)(dense(p["intermediate"]["dense"], x))
+    return _residual_norm(p["output"], config, h, x, r_ffn), probs
+
+
+def layer_head_mask(config: BertConfig, head_mask: Float[Array, "N H"] | None, i: int):
+    """Layer i's head-mask entries for its remaining heads (head_mask indexes the original heads)."""
+    if head_mask is None:
+        return None
+    return head_mask[i][jnp.asarray(config.kept_heads(i), dtype=jnp.int32)]
+
+
+def encoder(p, config: BertConfig, x: Float[Array, "L D"], mask: Bool[Array, "M"],
+            head_mask: Float[Array, "N H"] | None = None, *, rng=None, remat: bool = False):
+    """All layers; returns (last hidden, hidden states: embeddings + each layer, attentions per layer)."""
+    def step(p_, x_, m_, hm_, r_):
+        return layer(p_, config, x_, m_, hm_, rng=r_)
+
+    if remat:  # recompute each layer's activations in the backward pass instead of storing them
+        step = jax.checkpoint(step)
+    hidden, attentions = [x], []
+    for i in range(config.num_hidden_layers):
+        r = None if rng is None else jax.random.fold_in(rng, i)
+        x, probs = step(p["layer"][str(i)], x, mask, layer_head_mask(config, head_mask, i), r)
+        hidden.append(x)
+        attentions.append(probs)
+    return x, tuple(hidden), tuple(attentions)
+
+
+def pooler(p, x: Float[Array, "L D"]) -> Float[Array, "D"]:
+    return jnp.tanh(dense(p["dense"], x[0]))
+
+
+def _bert_one(params, config: BertConfig, input_ids, mask, token_type_ids, position_ids, inputs_embeds,
+              head_mask, rng, remat: bool):
+    r_emb, r_enc = _split(rng, 2)
+    x = embeddings(params["embeddings"], config, input_ids, token_type_ids, position_ids, inputs_embeds,
+                   rng=r_emb)
+    x, hidden, attentions = encoder(params["encoder"], config, x, mask, head_mask, rng=r_enc, remat=remat)
+    pooled = pooler(params["pooler"], x) if "pooler" in params else None
+    return x, pooled, hidden, attentions
+
+
+def normalize_head_mask(config: BertConfig, head_mask) -> Float[Array, "N H"] | None:
+    """transformers accepts [H] (same for every layer) or [N, H]."""
+    if head_mask is None:
+        return None
+    head_mask = jnp.asarray(head_mask, dtype=jnp.float32)
+    shape = (config.num_hidden_layers, config.num_attention_heads)
+    if head_mask.ndim == 1:
+        head_mask = jnp.broadcast_to(head_mask, shape)
+    if head_mask.shape != shape:
+        raise ValueError(f"head_mask shape {head_mask.shape}: expected ({shape[1]},) or {shape}")
+    return head_mask
+
+
+def bert(params, config: BertConfig, input_ids: Int[Array, "B L"] | None = None,
+         attention_mask: Int[Array, "B L"] | None = None, token_type_ids: Int[Array, "B L"] | None = None,
+         position_ids: Int[Array, "B L"] | None = None, head_mask=None,
+         inputs_embeds: Float[Array, "B L D"] | None = None, output_hidden_states: bool = False,
+         output_attentions: bool = False, *, rng=None, remat: bool = False) -> BertOutput:
+    """The base model (transformers' BertModel) on a batch: the per-sequence function under `jax.vmap`."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("pass exactly one of input_ids and inputs_embeds")
+    params = jax.tree_util.tree_map(jnp.asarray, params)  # host numpy trees (fresh from a checkpoint) too
+    B, L = input_ids.shape if inputs_embeds is None else inputs_embeds.shape[:2]
+    mask = jnp.ones((B, L), bool) if attention_mask is None else jnp.asarray(attention_mask).astype(bool)
+    types = jnp.zeros((B, L), jnp.int32) if token_type_ids is None else token_type_ids
+    positions = jnp.broadcast_to(jnp.arange(L), (B, L)) if position_ids is None else position_ids
+    rngs = None if rng is None else jax.random.split(rng, B)
+    one = functools.partial(_bert_one, params, config, remat=remat, head_mask=normalize_head_mask(config, head_mask))
+    x, pooled, hidden, attentions = jax.vmap(
+        lambda ids, m, t, pos, emb, r: one(ids, m, t, pos, emb, rng=r),
+        in_axes=(0, 0, 0, 0, 0, None if rngs is None else 0),
+    )(input_ids, mask, types, positions, inputs_embeds, rngs)
+    return BertOutput(last_hidden_state=x, pooler_output=pooled,
+                      hidden_states=hidden if output_hidden_states else None,
+                      attentions=attentions if output_attentions else None)

@@ -1,0 +1,72 @@
+"""Stateless numerics shared by every block: dense, layer norm, activations by transformers' names, dropout."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+
+def dense(p: dict, x: Float[Array, "... I"]) -> Float[Array, "... O"]:
+    """`x @ kernel + bias`; kernel is [in, out] (the transpose of PyTorch's Linear.weight)."""
+    y = x @ p["kernel"].astype(x.dtype)
+    return y + p["bias"].astype(x.dtype) if "bias" in p else y
+
+
+def layer_norm(p: dict, x: Float[Array, "... D"], eps: float) -> Float[Array, "... D"]:
+    """LayerNorm with statistics in float32 whatever the compute dtype; eps comes from the config."""
+    x32 = x.astype(jnp.float32)
+    mean = x32.mean(-1, keepdims=True)
+    var = jnp.square(x32 - mean).mean(-1, keepdims=True)
+    y = (x32 - mean) * jax.lax.rsqrt(var + eps)
+    return (y * p["scale"].astype(jnp.float32) + p["bias"].astype(jnp.float32)).astype(x.dtype)
+
+
+def dropout(x: Array, rate: float, rng: jax.Array | None) -> Array:
+    """Inverted dropout; the identity when `rng` is None (inference) or the rate is zero."""
+    if rng is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+
+
+def _gelu_tanh(x):
+    # transformers' gelu_new / gelu_pytorch_tanh / gelu_accurate: all the tanh approximation.
+    return 0.5 * x * (1.0 + jnp.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def _gelu_fast(x):
+    return 0.5 * x * (1.0 + jnp.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+
+
+# transformers' ACT2FN names. Plain "gelu" is the exact erf form; jax.nn.gelu defaults to tanh, hence explicit.
+ACTIVATIONS = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_python": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_new": _gelu_tanh,
+    "gelu_pytorch_tanh": _gelu_tanh,
+    "gelu_accurate": _gelu_tanh,
+    "gelu_fast": _gelu_fast,
+    "gelu_10": lambda x: jnp.clip(jax.nn.gelu(x, approximate=False), -10.0, 10.0),
+    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
+    "relu": jax.nn.relu,
+    "relu2": lambda x: jnp.square(jax.nn.relu(x)),
+    "relu6": jax.nn.relu6,
+    "leaky_relu": lambda x: jax.nn.leaky_relu(x, 0.01),
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+    "mish": lambda x: x * jnp.tanh(jax.nn.softplus(x)),
+    "tanh": jnp.tanh,
+    "sigmoid": jax.nn.sigmoid,
+    "linear": lambda x: x,
+    "laplace": lambda x: 0.5 * (1.0 + jax.lax.erf((x - 0.707107) / (0.282095 * math.sqrt(2.0)))),
+}
+
+
+def activation(name: str):
+    try:
+        return ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown activation {name!r}; known: {', '.join(sorted(ACTIVATIONS))}") from None

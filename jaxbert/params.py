@@ -1,0 +1,142 @@
+"""The parameter tree: its shapes per head, transformers' initialization, counts per component, head pruning."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+from jaxbert.config import BertConfig
+from jaxbert.heads import WITHOUT_POOLER, resolve_head
+
+# Leaf spec: (shape, init) with init one of "normal" (std = initializer_range), "zeros", "ones".
+
+
+def _dense(i: int, o: int):
+    return {"kernel": ((i, o), "normal"), "bias": ((o,), "zeros")}
+
+
+def _norm(d: int):
+    return {"scale": ((d,), "ones"), "bias": ((d,), "zeros")}
+
+
+def _layer_spec(config: BertConfig, i: int):
+    D, F, K = config.hidden_size, config.intermediate_size, config.head_size
+    HK = len(config.kept_heads(i)) * K  # pruned layers keep fewer heads
+    self_attn = {name: _dense(D, HK) for name in ("query", "key", "value")}
+    if config.position_embedding_type != "absolute":
+        self_attn["distance_embedding"] = {"embedding": ((2 * config.max_position_embeddings - 1, K), "normal")}
+    return {"attention": {"self": self_attn, "output": {"dense": _dense(HK, D), "LayerNorm": _norm(D)}},
+            "intermediate": {"dense": _dense(D, F)},
+            "output": {"dense": _dense(F, D), "LayerNorm": _norm(D)}}
+
+
+def base_spec(config: BertConfig, with_pooler: bool = True):
+    D = config.hidden_size
+    spec = {
+        "embeddings": {
+            "word_embeddings": {"embedding": ((config.vocab_size, D), "normal")},
+            "position_embeddings": {"embedding": ((config.max_position_embeddings, D), "normal")},
+            "token_type_embeddings": {"embedding": ((config.type_vocab_size, D), "normal")},
+            "LayerNorm": _norm(D),
+        },
+        "encoder": {"layer": {str(i): _layer_spec(config, i) for i in range(config.num_hidden_layers)}},
+    }
+    if with_pooler:
+        spec["pooler"] = {"dense": _dense(D, D)}
+    return spec
+
+
+def param_spec(config: BertConfig, head: str | None = None) -> dict:
+    """Nested dict of (shape, init) leaves: exactly the tree transformers' FlaxBert used for this head."""
+    head = resolve_head(head, config)
+    base = base_spec(config, with_pooler=head not in WITHOUT_POOLER)
+    if head == "BertModel":
+        return base
+    D, V = config.hidden_size, config.vocab_size
+    tree = {"bert": base}
+    cls = {}
+    if head in ("BertForMaskedLM", "BertForPreTraining"):
+        cls["predictions"] = {"transform": {"dense": _dense(D, D), "LayerNorm": _norm(D)}, "bias": ((V,), "zeros")}
+        if not config.tie_word_embeddings:
+            cls["predictions"]["decoder"] = {"kernel": ((D, V), "normal")}
+    if head in ("BertForNextSentencePrediction", "BertForPreTraining"):
+        cls["seq_relationship"] = _dense(D, 2)
+    if cls:
+        tree["cls"] = cls
+    if head in ("BertForSequenceClassification", "BertForTokenClassification"):
+        tree["classifier"] = _dense(D, config.num_labels)
+    if head == "BertForMultipleChoice":
+        tree["classifier"] = _dense(D, 1)
+    if head == "BertForQuestionAnswering":
+        tree["qa_outputs"] = _dense(D, config.num_labels)  # transformers sizes it by num_labels (2 in practice)
+    return tree
+
+
+def init_params(config: BertConfig, rng: jax.Array, head: str | None = None, dtype=jnp.float32) -> dict:
+    """transformers' initialization: normal(initializer_range) weights, zero biases, unit LayerNorm scales,
+    and the padding token's embedding row zeroed."""
+    flat = traverse_util.flatten_dict(param_spec(config, head), is_leaf=lambda _, v: isinstance(v, tuple))
+    keys = jax.random.split(rng, len(flat))
+    out = {}
+    for key, (path, (shape, init)) in zip(keys, sorted(flat.items())):
+        if init == "normal":
+            leaf = config.initializer_range * jax.random.normal(key, shape, dtype)
+        else:
+            leaf = (jnp.ones if init == "ones" else jnp.zeros)(shape, dtype)
+        if path[-2:] == ("word_embeddings", "embedding"):
+            leaf = leaf.at[config.pad_token_id].set(0)
+        out[path] = leaf
+    return traverse_util.unflatten_dict(out)
+
+
+def count_params(params) -> dict[str, int]:
+    """Parameter counts per component (embeddings, encoder, pooler, each head present) and the total."""
+    base = params.get("bert", params)
+    counts = {name: _size(base[name]) for name in ("embeddings", "encoder", "pooler") if name in base}
+    counts.update({name: _size(params[name]) for name in ("cls", "classifier", "qa_outputs") if name in params})
+    counts["total"] = sum(counts.values())
+    return counts
+
+
+def _size(tree) -> int:
+    return sum(int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(tree))
+
+
+def prune_heads(params, config: BertConfig, heads_to_prune: dict[int, list[int]]):
+    """Remove attention heads (original indices, per layer) from Q/K/V and the attention output projection.
+
+    Returns (params, config) with `config.pruned_heads` recording every head pruned so far, as transformers 4.x
+    wrote it to config.json. Heads already pruned are skipped, as transformers does.
+    """
+    base_key = "bert" if "bert" in params else None
+    base = params[base_key] if base_key else params
+    merged = {k: set(v) for k, v in config.pruned_heads.items()}
+    layers = dict(base["encoder"]["layer"])
+    for layer, heads in heads_to_prune.items():
+        layer = int(layer)
+        if not 0 <= layer < config.num_hidden_layers:
+            raise ValueError(f"prune_heads: layer {layer} out of range [0, {config.num_hidden_layers})")
+        bad = [h for h in heads if not 0 <= h < config.num_attention_heads]
+        if bad:
+            raise ValueError(f"prune_heads: layer {layer} heads {bad} out of range [0, {config.num_attention_heads})")
+        kept = config.kept_heads(layer)
+        new_pruned = merged.get(layer, set()) | set(heads)
+        keep = [pos for pos, h in enumerate(kept) if h not in new_pruned]
+        layers[str(layer)] = _prune_layer(layers[str(layer)], keep, config.head_size)
+        merged[layer] = new_pruned
+    new_base = {**base, "encoder": {**base["encoder"], "layer": layers}}
+    new_params = {**params, base_key: new_base} if base_key else new_base
+    return new_params, config.replace(pruned_heads={k: tuple(sorted(v)) for k, v in merged.items()})
+
+
+def _prune_layer(p, keep: list[int], head_size: int):
+    """Keep the given head positions: columns of Q/K/V (and their biases), rows of the output kernel."""
+    index = np.asarray([pos * head_size + j for pos in keep for j in range(head_size)], dtype=np.int32)
+    attn_self = dict(p["attention"]["self"])
+    for name in ("query", "key", "value"):
+        attn_self[name] = {"kernel": attn_self[name]["kernel"][:, index], "bias": attn_self[name]["bias"][index]}
+    out = p["attention"]["output"]
+    out = {**out, "dense": {**out["dense"], "kernel": out["dense"]["kernel"][index, :]}}
+    return {**p, "attention": {"self": attn_self, "output": out}}

@@ -1,0 +1,58 @@
+"""Shared helpers: small random transformers models with pairwise-distinct sizes, padded inputs, tolerances."""
+
+import jax
+import numpy as np
+import pytest
+
+# GPU/TPU default to reduced-precision float32 matmuls; parity is defined at full precision.
+jax.config.update("jax_default_matmul_precision", "highest")
+
+import jaxbert  # noqa: E402
+
+SIZES = dict(vocab_size=97, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=44,
+             max_position_embeddings=40, type_vocab_size=3, num_labels=5, initializer_range=0.1)
+ATOL = 1e-5
+
+
+def hf_model(head: str, **overrides):
+    """A random transformers (PyTorch) model of class `head`, in eval mode, with eager attention."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(**{**SIZES, **overrides}, attn_implementation="eager")
+    return getattr(transformers, head)(config).eval()
+
+
+def state_dict(model) -> dict:
+    return {k: v.detach().numpy() for k, v in model.state_dict().items()}
+
+
+def jax_config(model) -> jaxbert.BertConfig:
+    return jaxbert.BertConfig.from_dict(model.config.to_dict())
+
+
+def padded_batch(seed=0, batch=3, length=11, vocab=SIZES["vocab_size"], types=SIZES["type_vocab_size"]):
+    """Real tokens then padding, with rows of different lengths (one unpadded)."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, vocab, (batch, length))
+    mask = np.ones((batch, length), np.int64)
+    for row in range(1, batch):
+        mask[row, length - 2 * row - 1:] = 0
+    ids[mask == 0] = 0
+    return dict(input_ids=ids, attention_mask=mask, token_type_ids=rng.integers(0, types, (batch, length)))
+
+
+def torch_run(model, feed, **kwargs):
+    import torch
+
+    with torch.no_grad():
+        return model(**{k: torch.as_tensor(v) for k, v in feed.items()}, return_dict=True, **kwargs)
+
+
+def assert_close(actual, expected, name="", atol=ATOL, mask=None):
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, f"{name}: shape {actual.shape} != {expected.shape}"
+    if mask is not None:
+        actual, expected = actual[mask], expected[mask]
+    err = float(np.max(np.abs(actual - expected))) if actual.size else 0.0
+    assert err <= atol, f"{name}: max |difference| {err:.3g} > {atol}"

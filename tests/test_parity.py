@@ -1,0 +1,129 @@
+"""Parity with transformers (PyTorch, float32) for every head, end to end and block by block, with padding."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbert
+from conftest import assert_close, hf_model, jax_config, padded_batch, state_dict, torch_run
+from jaxbert import model as M
+
+torch = pytest.importorskip("torch")
+
+OUTPUT_FIELDS = ("last_hidden_state", "pooler_output", "logits", "prediction_logits", "seq_relationship_logits",
+                 "start_logits", "end_logits", "loss")
+
+
+def _feed(head, seed=0):
+    feed = padded_batch(seed)
+    if head == "BertForMultipleChoice":  # [B, C, L]: two questions with three choices each
+        feed = {k: np.concatenate([v, v[::-1]], 0).reshape(2, 3, -1) for k, v in feed.items()}
+    return feed
+
+
+def _labels(head, feed):
+    rng = np.random.default_rng(1)
+    ids = feed["input_ids"]
+    if head in ("BertForMaskedLM", "BertForPreTraining", "BertForTokenClassification"):
+        labels = rng.integers(0, 5 if "Token" in head else ids.max() + 1, ids.shape)
+        labels[rng.random(ids.shape) < 0.4] = -100
+        extra = {"next_sentence_label": rng.integers(0, 2, ids.shape[0])} if "PreTraining" in head else {}
+        return {"labels": labels, **extra}
+    if head == "BertForNextSentencePrediction":
+        return {"labels": rng.integers(0, 2, ids.shape[0])}
+    if head == "BertForSequenceClassification":
+        return {"labels": rng.integers(0, 5, ids.shape[0])}
+    if head == "BertForMultipleChoice":
+        return {"labels": rng.integers(0, 3, ids.shape[0])}
+    if head == "BertForQuestionAnswering":  # one position beyond the sequence: clamped and ignored
+        return {"start_positions": np.array([1, 4, 30]), "end_positions": np.array([3, 5, 2])}
+    return {}
+
+
+def _jax_labels(head, labels):
+    labels = {k: jnp.asarray(v) for k, v in labels.items()}
+    if head == "BertForNextSentencePrediction":  # transformers names it `labels` there
+        labels = {"next_sentence_label": labels.pop("labels")}
+    return labels
+
+
+@pytest.mark.parametrize("head", jaxbert.HEADS)
+def test_every_head_matches_transformers(head):
+    hf = hf_model(head, **({"num_labels": 2} if head == "BertForQuestionAnswering" else {}))
+    config = jax_config(hf)
+    params, report = jaxbert.torch_to_flax(state_dict(hf), config, head)
+    feed, labels = _feed(head), _labels(head, _feed(head))
+    expected = torch_run(hf, {**feed, **labels}, output_hidden_states=True, output_attentions=True)
+    got = jaxbert.forward(params, config, head, **{k: jnp.asarray(v) for k, v in feed.items()},
+                          output_hidden_states=True, output_attentions=True, **_jax_labels(head, labels))
+    compared = 0
+    for field in OUTPUT_FIELDS:
+        if expected.get(field) is not None:
+            assert_close(got[field], expected[field].numpy(), field)
+            compared += 1
+    assert compared >= 1 and (head == "BertModel" or expected.get("loss") is not None)
+    for i, (g, e) in enumerate(zip(got.hidden_states, expected.hidden_states, strict=True)):
+        assert_close(g, e.numpy(), f"hidden_states[{i}]")
+    for i, (g, e) in enumerate(zip(got.attentions, expected.attentions, strict=True)):
+        assert_close(g, e.numpy(), f"attentions[{i}]")
+
+
+def test_each_block_matches_transformers_on_its_own_input():
+    """Feed every block PyTorch's own input, so an error is pinned to the block that makes it."""
+    hf = hf_model("BertModel")
+    config, params = jax_config(hf), jaxbert.torch_to_flax(state_dict(hf), jax_config(hf), "BertModel")[0]
+    feed = padded_batch(3)
+    expected = torch_run(hf, feed, output_hidden_states=True)
+    hs = [h.numpy() for h in expected.hidden_states]
+    for b in range(feed["input_ids"].shape[0]):
+        ids, types = feed["input_ids"][b], feed["token_type_ids"][b]
+        emb = M.embeddings(params["embeddings"], config, ids, types, np.arange(ids.shape[0]))
+        assert_close(emb, hs[0][b], "embeddings")
+        mask = feed["attention_mask"][b].astype(bool)
+        for i in range(config.num_hidden_layers):
+            out, _ = M.layer(params["encoder"]["layer"][str(i)], config, jnp.asarray(hs[i][b]), mask)
+            assert_close(out, hs[i + 1][b], f"layer {i}")
+        assert_close(M.pooler(params["pooler"], jnp.asarray(hs[-1][b])), expected.pooler_output[b].numpy(), "pooler")
+
+
+ACTIVATIONS = ["gelu", "gelu_python", "gelu_new", "gelu_pytorch_tanh", "gelu_accurate", "gelu_fast", "gelu_10",
+               "quick_gelu", "relu", "relu2", "relu6", "leaky_relu", "silu", "swish", "mish", "tanh", "sigmoid",
+               "linear", "laplace"]
+
+
+@pytest.mark.parametrize("act", ACTIVATIONS)
+def test_every_activation_matches_transformers(act):
+    hf = hf_model("BertForMaskedLM", hidden_act=act, num_hidden_layers=1)
+    config = jax_config(hf)
+    params, _ = jaxbert.torch_to_flax(state_dict(hf), config, "BertForMaskedLM")
+    feed = padded_batch(4)
+    got = jaxbert.forward(params, config, "BertForMaskedLM", **{k: jnp.asarray(v) for k, v in feed.items()})
+    assert_close(got.logits, torch_run(hf, feed).logits.numpy(), act)
+
+
+@pytest.mark.parametrize("problem", ["regression", "single_label_classification", "multi_label_classification"])
+def test_sequence_classification_losses_per_problem_type(problem):
+    num_labels = 1 if problem == "regression" else 5
+    hf = hf_model("BertForSequenceClassification", problem_type=problem, num_labels=num_labels)
+    config = jax_config(hf)
+    params, _ = jaxbert.torch_to_flax(state_dict(hf), config, "BertForSequenceClassification")
+    feed, rng = padded_batch(5), np.random.default_rng(2)
+    labels = {"regression": rng.normal(size=3).astype(np.float32),
+              "single_label_classification": rng.integers(0, 5, 3),
+              "multi_label_classification": (rng.random((3, 5)) < 0.5).astype(np.float32)}[problem]
+    expected = torch_run(hf, {**feed, "labels": labels}).loss.numpy()
+    got = jaxbert.forward(params, config, "BertForSequenceClassification",
+                          **{k: jnp.asarray(v) for k, v in feed.items()}, labels=jnp.asarray(labels))
+    assert_close(got.loss, expected, problem)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.3])
+def test_cross_entropy_matches_torch_with_label_smoothing_and_ignore_index(smoothing):
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(4, 6, 13)).astype(np.float32)
+    labels = rng.integers(0, 13, (4, 6))
+    labels[rng.random((4, 6)) < 0.3] = -100
+    expected = torch.nn.functional.cross_entropy(torch.tensor(logits).reshape(-1, 13),
+                                                 torch.tensor(labels).reshape(-1), label_smoothing=smoothing)
+    got = jaxbert.heads.cross_entropy(jnp.asarray(logits), jnp.asarray(labels), label_smoothing=smoothing)
+    assert_close(got, expected.numpy(), f"smoothing={smoothing}")
