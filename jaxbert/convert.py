@@ -28,6 +28,7 @@ class ConversionReport:
 
     ignored: dict[str, str] = dataclasses.field(default_factory=dict)  # key -> reason
     missing: list[str] = dataclasses.field(default_factory=list)  # torch names left for the caller to initialize
+    absent: list[str] = dataclasses.field(default_factory=list)  # optional components the checkpoint lacks
 
 
 def torch_name(path: tuple[str, ...]) -> str:
@@ -101,7 +102,11 @@ def torch_to_flax(state_dict: dict[str, np.ndarray], config: BertConfig, head: s
             raise ValueError(f"duplicate key {key!r}: maps to {name!r} like {sources[name]!r}")
         sources[name] = key
         found[path] = value.T if path[-1] == "kernel" else value
-    missing = [name for name in expected if name not in sources]
+    missing = sorted(name for name in expected if name not in sources)
+    if head == "BertModel" and {n for n in expected if n.startswith("pooler.")} <= set(missing):
+        # A base model read from a pooler-less (e.g. MLM) checkpoint: no pooler, pooler_output is None.
+        report.absent.append("pooler")
+        missing = [n for n in missing if not n.startswith("pooler.")]
     base_missing = [n for n in missing if head == "BertModel" or n.startswith("bert.")]
     if missing and (not allow_missing_head or base_missing):
         raise ValueError(f"missing keys for {head}: {', '.join(missing)}")
