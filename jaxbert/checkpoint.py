@@ -6,9 +6,14 @@ safetensors are read through the numpy API (no torch). `.bin` files are pickles:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import struct
+import tempfile
 
+import msgpack
 import numpy as np
 from flax import serialization
 
@@ -98,3 +103,81 @@ def load_params(directory: str, config: BertConfig, head: str, *,
     else:
         state = read_state_dict(path)
     return torch_to_flax(state, config, head, allow_missing_head=allow_missing_head)
+
+
+# -- writing ---------------------------------------------------------------------------------------------------
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json")
+_MSGPACK_NDARRAY = 1  # flax.serialization's ExtType code for numpy arrays
+
+
+def _bin_header(n: int) -> bytes:
+    if n < 2**8:
+        return struct.pack(">BB", 0xC4, n)
+    return struct.pack(">BH", 0xC5, n) if n < 2**16 else struct.pack(">BI", 0xC6, n)
+
+
+def _ext_header(n: int, code: int) -> bytes:
+    fixed = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}  # msgpack's fixext forms, as packb chooses them
+    if n in fixed:
+        return struct.pack(">Bb", fixed[n], code)
+    if n < 2**8:
+        return struct.pack(">BBb", 0xC7, n, code)
+    return struct.pack(">BHb", 0xC8, n, code) if n < 2**16 else struct.pack(">BIb", 0xC9, n, code)
+
+
+def write_msgpack(tree: dict, f) -> None:
+    """Stream a tree of arrays to `f` in flax.serialization's msgpack format, one leaf at a time.
+
+    flax's `msgpack_serialize` builds the whole file in memory (a second copy of every parameter); writing
+    leaf by leaf keeps peak memory at the parameters plus one array. `msgpack_restore` reads the result.
+    """
+    packer = msgpack.Packer(use_bin_type=True)
+    if isinstance(tree, dict):
+        f.write(packer.pack_map_header(len(tree)))
+        for key, value in tree.items():
+            f.write(packer.pack(key))
+            write_msgpack(value, f)
+        return
+    arr = np.asarray(tree, order="C")  # (ascontiguousarray would turn 0-d arrays into 1-d)
+    if arr.nbytes >= 2**30:
+        raise ValueError(f"array of {arr.nbytes} bytes: flax chunks arrays of 1 GiB and more; not supported")
+    head = packer.pack_array_header(3) + packer.pack(list(arr.shape)) + packer.pack(arr.dtype.name)
+    head += _bin_header(arr.nbytes)
+    f.write(_ext_header(len(head) + arr.nbytes, _MSGPACK_NDARRAY) + head)
+    f.write(memoryview(arr.reshape(-1).view(np.uint8)))
+
+
+@contextlib.contextmanager
+def atomic_directory(dst: str, force: bool = False):
+    """Yield a temporary directory beside `dst`; rename it to `dst` only if the block succeeds.
+
+    Any failure removes the temporary directory, so `dst` is either complete or untouched.
+    """
+    dst = os.path.abspath(dst)
+    if os.path.exists(dst) and not force:
+        raise FileExistsError(f"{dst}: already exists (use --force to replace it)")
+    parent = os.path.dirname(dst)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.", suffix=".partial", dir=parent)
+    try:
+        yield tmp
+        if os.path.exists(dst):  # --force: swap, then drop the old directory
+            old = tmp + ".old"
+            os.rename(dst, old)
+            os.rename(tmp, dst)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def copy_tokenizer_files(src: str, dst: str) -> list[str]:
+    copied = []
+    for name in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(src, name)):
+            shutil.copy2(os.path.join(src, name), os.path.join(dst, name))
+            copied.append(name)
+    return copied

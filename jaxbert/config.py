@@ -113,7 +113,12 @@ class BertConfig:
         return dataclasses.replace(self, **changes)
 
     def __hash__(self):
-        return hash(json.dumps(self.to_dict(), sort_keys=True))
+        # jit hashes its static config on every call: compute once (fields never change after construction).
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(json.dumps(self.to_dict(), sort_keys=True))
+            object.__setattr__(self, "_hash", cached)
+        return cached
 
     # -- (de)serialization ---------------------------------------------------------------------------------
     @classmethod

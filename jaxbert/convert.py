@@ -123,6 +123,8 @@ def flax_to_torch(params: dict, config: BertConfig, head: str | None = None, *,
     head = resolve_head(head, config)
     expected = expected_keys(config, head)
     flat = traverse_util.flatten_dict(params)
+    if head == "BertModel" and "pooler" not in params:  # read from a pooler-less checkpoint
+        expected = {k: v for k, v in expected.items() if not k.startswith("pooler.")}
     unknown = sorted(set(flat) - {path for path, _ in expected.values()})
     if unknown:
         raise ValueError(f"unknown parameter {'/'.join(unknown[0])!r} for {head}")

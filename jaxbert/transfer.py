@@ -1,0 +1,126 @@
+"""Whole-directory conversion both ways: transformers dir -> jaxbert dir (`convert`) and back (`export`).
+
+Both read with the checked state-dict mapping of `convert.py` and write atomically: a temporary directory
+beside the destination, renamed only when everything is written, so a failure leaves no destination behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import jax
+import ml_dtypes
+import numpy as np
+
+from jaxbert.checkpoint import (FLAX_MSGPACK, SAFETENSORS, atomic_directory, copy_tokenizer_files, find_weights,
+                                load_params, write_msgpack)
+from jaxbert.config import BertConfig
+from jaxbert.convert import flax_to_torch
+from jaxbert.heads import resolve_head
+from jaxbert.params import count_params
+
+DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+@dataclasses.dataclass
+class TransferSummary:
+    """What a conversion read and wrote: the report printed by the command line."""
+
+    src: str
+    dst: str
+    head: str
+    source_file: str
+    dtype: str
+    counts: dict[str, int]
+    ignored: dict[str, str]
+    absent: list[str]
+    files: dict[str, int]  # name -> bytes
+    seconds: float = 0.0
+
+
+def cast_floating(params, dtype: str):
+    """Cast floating leaves to `dtype` (integer leaves, if any, are kept)."""
+    target = DTYPES[dtype]
+    return jax.tree_util.tree_map(
+        lambda x: x.astype(target) if np.issubdtype(x.dtype, np.floating) or x.dtype == ml_dtypes.bfloat16 else x,
+        params)
+
+
+def _stored_dtype(params) -> str:
+    names = {str(x.dtype) for x in jax.tree_util.tree_leaves(params)}
+    return names.pop() if len(names) == 1 else "mixed"
+
+
+def _read(src: str, dtype: str | None):
+    if not os.path.isdir(src):
+        raise FileNotFoundError(f"{src}: no such directory")
+    config = BertConfig.from_pretrained(src)
+    head = resolve_head(None, config)
+    source_file = find_weights(src)
+    params, report = load_params(src, config, head)
+    if dtype is not None:
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+        params = cast_floating(params, dtype)
+    return config, head, source_file, params, report
+
+
+def _write_config(config: BertConfig, head: str, dtype: str, directory: str) -> None:
+    data = config.to_dict()
+    data["architectures"] = list(config.architectures or (head,))
+    # transformers 4.x reads torch_dtype, 5.x writes dtype (and reads both): keep whichever the source had.
+    keys = [k for k in ("torch_dtype", "dtype") if k in data] or ["torch_dtype"]
+    for key in keys:
+        data[key] = dtype
+    with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def _finish(summary: TransferSummary, directory: str, start: float) -> TransferSummary:
+    summary.files = {name: os.path.getsize(os.path.join(directory, name)) for name in sorted(os.listdir(directory))}
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+def convert_checkpoint(src: str, dst: str, *, dtype: str | None = None, force: bool = False) -> TransferSummary:
+    """transformers BERT directory (or a transformers 4.x Flax one) -> jaxbert directory."""
+    start = time.perf_counter()
+    if os.path.exists(dst) and not force:  # refuse before reading anything large
+        raise FileExistsError(f"{os.path.abspath(dst)}: already exists (use --force to replace it)")
+    config, head, source_file, params, report = _read(src, dtype)
+    stored = _stored_dtype(params)
+    with atomic_directory(dst, force) as tmp:
+        _write_config(config, head, stored, tmp)
+        with open(os.path.join(tmp, FLAX_MSGPACK), "wb") as f:
+            write_msgpack(params, f)
+        copy_tokenizer_files(src, tmp)
+        summary = TransferSummary(src, dst, head, os.path.basename(source_file), stored, count_params(params),
+                                  report.ignored, report.absent, {})
+        return _finish(summary, tmp, start)
+
+
+def export_checkpoint(src: str, dst: str, *, dtype: str = "float32", force: bool = False) -> TransferSummary:
+    """jaxbert (or any readable) directory -> transformers directory with model.safetensors.
+
+    Half-precision parameters are widened to float32 unless `dtype` asks otherwise. The tied decoder weight is
+    left out, as transformers' own `save_pretrained` does; transformers ties it again on load.
+    """
+    start = time.perf_counter()
+    if os.path.exists(dst) and not force:
+        raise FileExistsError(f"{os.path.abspath(dst)}: already exists (use --force to replace it)")
+    config, head, source_file, params, report = _read(src, dtype)
+    from safetensors.numpy import save_file
+
+    state = flax_to_torch(params, config, head, include_tied=False)
+    with atomic_directory(dst, force) as tmp:
+        _write_config(config, head, dtype, tmp)
+        save_file({k: np.ascontiguousarray(v) for k, v in state.items()}, os.path.join(tmp, SAFETENSORS),
+                  metadata={"format": "pt"})
+        copy_tokenizer_files(src, tmp)
+        summary = TransferSummary(src, dst, head, os.path.basename(source_file), dtype, count_params(params),
+                                  report.ignored, report.absent, {})
+        return _finish(summary, tmp, start)
