@@ -12,6 +12,7 @@ import os
 import shutil
 import struct
 import tempfile
+import warnings
 
 import msgpack
 import numpy as np
@@ -53,7 +54,9 @@ def _read_torch_bin(path: str) -> dict[str, np.ndarray]:
     except ImportError:
         raise ImportError(f"{path}: reading .bin checkpoints needs torch: pip install 'jaxbert[torch]'") from None
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about old pickle protocols; the error below is what counts
+            warnings.simplefilter("ignore", UserWarning)
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises many types for bad or unsafe pickles
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"{path}: refused or unreadable PyTorch checkpoint ({first_line})") from None

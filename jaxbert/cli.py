@@ -40,6 +40,51 @@ def _info(args) -> None:
         print(f"  absent: {name}")
 
 
+def _print_summary(verb: str, summary) -> None:
+    print(f"{verb} {summary.src} -> {summary.dst} in {summary.seconds:.2f} s")
+    print(f"  head {summary.head} (read {summary.source_file}), parameters stored as {summary.dtype}")
+    print("  parameters: " + ", ".join(f"{name} {n:,}" for name, n in summary.counts.items()))
+    for key, reason in sorted(summary.ignored.items()):
+        print(f"  ignored {key}: {reason}")
+    for name in summary.absent:
+        print(f"  absent: {name} (not in the checkpoint)")
+    print("  wrote: " + ", ".join(f"{name} ({_size(n)})" for name, n in summary.files.items()))
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB" if n >= 2**10 else f"{n} B"
+
+
+def _convert(args) -> int:
+    from jaxbert.transfer import convert_checkpoint
+
+    summary = convert_checkpoint(args.src, args.dst, dtype=args.dtype, force=args.force)
+    if args.dtype and args.dtype != "float32":
+        print(f"note: floating parameters cast to {args.dtype}")
+    _print_summary("converted", summary)
+    if not args.verify:
+        return 0
+    from jaxbert.verify import verify
+
+    worst_ok = True
+    for field, (err, tol) in verify(args.src, args.dst).items():
+        ok = err <= tol
+        worst_ok &= ok
+        print(f"  verify {field:<24} max |difference| {err:.2e} (tolerance {tol:.0e}) {'ok' if ok else 'FAILED'}")
+    if not worst_ok:
+        print(f"jaxbert convert: error: --verify: outputs of {args.dst} differ from PyTorch beyond tolerance",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _export(args) -> int:
+    from jaxbert.transfer import export_checkpoint
+
+    _print_summary("exported", export_checkpoint(args.src, args.dst, dtype=args.dtype, force=args.force))
+    return 0
+
+
 def _leaves(tree):
     import jax
 
@@ -49,6 +94,21 @@ def _leaves(tree):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxbert", description="BERT as pure JAX functions.")
     sub = parser.add_subparsers(dest="command", required=True)
+    convert = sub.add_parser("convert", help="transformers BERT dir -> jaxbert dir (config, flax msgpack, tokenizer)")
+    convert.add_argument("src", metavar="SRC")
+    convert.add_argument("dst", metavar="DST")
+    convert.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                         help="cast floating parameters (default: keep the checkpoint's)")
+    convert.add_argument("--verify", action="store_true", help="compare with PyTorch on a fixed batch (needs torch)")
+    convert.add_argument("--force", action="store_true", help="replace DST if it exists")
+    convert.set_defaults(func=_convert)
+    export = sub.add_parser("export", help="jaxbert dir -> transformers dir (model.safetensors)")
+    export.add_argument("src", metavar="SRC")
+    export.add_argument("dst", metavar="DST")
+    export.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                        help="parameter dtype of the export (default float32)")
+    export.add_argument("--force", action="store_true", help="replace DST if it exists")
+    export.set_defaults(func=_export)
     info = sub.add_parser("info", help="config summary and parameter counts of a jaxbert or transformers dir")
     info.add_argument("dir")
     info.set_defaults(func=_info)
@@ -58,11 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
-    except (ValueError, FileNotFoundError, ImportError, TypeError) as e:
+        return args.func(args) or 0
+    except (ValueError, OSError, ImportError, TypeError) as e:  # expected errors: one line, no traceback
         print(f"jaxbert {args.command}: error: {e}", file=sys.stderr)
         return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -46,6 +46,10 @@ class Bert:
         self._tokenizer = None
 
     @property
+    def params_dtype(self):
+        return jax.tree_util.tree_leaves(self.params)[0].dtype
+
+    @property
     def tokenizer(self):
         if self._tokenizer is None:
             from transformers import AutoTokenizer

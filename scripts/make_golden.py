@@ -1,11 +1,13 @@
 """Generate the golden fixtures for what transformers 5 removed: relative position embeddings, head_mask, and
 head pruning. Needs transformers 4.57.x and torch; run it in a throwaway virtual environment:
 
-    python3 -m venv /tmp/tf457 && /tmp/tf457/bin/pip install torch==2.13.0 'transformers==4.57.*'
+    python3 -m venv /tmp/tf457 && /tmp/tf457/bin/pip install torch==2.13.0 'transformers==4.57.*' \
+        jax==0.4.38 jaxlib==0.4.38 flax==0.10.2
     /tmp/tf457/bin/python scripts/make_golden.py tests/fixtures/golden
 
-Each case is a small transformers 4.57 checkpoint directory (config.json + model.safetensors, exactly as
-`save_pretrained` wrote it) plus `io.npz` holding the inputs and the PyTorch outputs.
+Each case is a small transformers 4.57 checkpoint directory (config.json + model.safetensors, or
+flax_model.msgpack for the FlaxBert cases, exactly as `save_pretrained` wrote it) plus `io.npz` holding the
+inputs and the PyTorch outputs.
 """
 
 import os
@@ -85,5 +87,34 @@ def main(root):
     save(root, "pruned", model, feed, run(model, feed))
 
 
+def flax_cases(root):
+    """transformers 4.x FlaxBert checkpoints (flax_model.msgpack), converted by transformers from PyTorch."""
+    import tempfile
+
+    for i, head in enumerate(("BertForMaskedLM", "BertForPreTraining")):
+        torch.manual_seed(10 + i)
+        config = transformers.BertConfig(**SIZES)
+        model = getattr(transformers, head)(config).eval()
+        feed = inputs(10 + i)
+        with tempfile.TemporaryDirectory() as pt_dir:
+            model.save_pretrained(pt_dir)
+            flax_model = getattr(transformers, "Flax" + head).from_pretrained(pt_dir, from_pt=True)
+        directory = os.path.join(root, f"flax_{head}")
+        shutil.rmtree(directory, ignore_errors=True)
+        flax_model.save_pretrained(directory)
+        outputs = {k: v.detach().numpy() for k, v in model(**{k: torch.tensor(v) for k, v in feed.items()}).items()
+                   if v is not None and not isinstance(v, tuple)}
+        np.savez(os.path.join(directory, "io.npz"), **{f"in.{k}": v for k, v in feed.items()},
+                 **{f"out.{k}": v for k, v in outputs.items()})
+        print(directory, sorted(os.listdir(directory)), sorted(outputs))
+
+
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/golden")
+    out = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/golden"
+    main(out)
+    try:  # needs jax + flax in the same environment (e.g. jax==0.4.38 flax==0.10.2)
+        import flax  # noqa: F401
+    except ImportError:
+        print("flax not installed: skipping the flax_model.msgpack fixtures")
+    else:
+        flax_cases(out)

@@ -1,0 +1,93 @@
+"""`convert --verify`: run the PyTorch model of the source and the converted jaxbert model on one fixed padded
+batch and report max |difference| per output. Needs torch and transformers (the `torch` extra)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxbert.config import BertConfig
+from jaxbert.heads import resolve_head
+
+# Tolerance on max |difference| at real (unpadded) positions: absolute for float32; for half precision,
+# relative to max(1, max |reference|), by what an 8- or 11-bit mantissa can hold.
+TOLERANCE = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 2e-2}
+FIELDS = ("last_hidden_state", "pooler_output", "logits", "prediction_logits", "seq_relationship_logits",
+          "start_logits", "end_logits")
+
+
+SENTENCES = (("The quick brown fox jumps over the lazy dog.", "It was not amused."),
+             ("Paris is the capital of France.", "Berlin is the capital of Germany."),
+             ("Short one.", "Yes."))
+
+
+def fixed_batch(config: BertConfig, head: str, directory: str | None = None) -> dict[str, np.ndarray]:
+    """Sentence pairs through the checkpoint's tokenizer when it has one (realistic activations), else
+    deterministic random ids; either way with padded rows and token types 0/1."""
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+        feed = dict(tokenizer(*map(list, zip(*SENTENCES)), padding=True, return_tensors="np"))
+        if int(feed["input_ids"].max()) < config.vocab_size:
+            return {k: v[None] for k, v in feed.items()} if head == "BertForMultipleChoice" else feed
+    except (OSError, ValueError, TypeError):  # no tokenizer files in the source: random ids below
+        pass
+    return _random_batch(config, head)
+
+
+def _random_batch(config: BertConfig, head: str, batch: int = 3, length: int = 16) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    length = min(length, config.max_position_embeddings)
+    ids = rng.integers(1, config.vocab_size, (batch, length))
+    mask = np.ones((batch, length), np.int64)
+    mask[1, length // 2:] = 0
+    mask[2, 3:] = 0
+    ids[mask == 0] = config.pad_token_id
+    types = np.zeros_like(ids)
+    if config.type_vocab_size > 1:
+        types[:, length // 3:] = 1
+    feed = dict(input_ids=ids, attention_mask=mask, token_type_ids=types * mask)
+    if head == "BertForMultipleChoice":
+        feed = {k: v[None] for k, v in feed.items()}
+    return feed
+
+
+def verify(src: str, dst: str) -> dict[str, tuple[float, float]]:
+    """Per output: (max |difference|, tolerance). Raises ImportError without torch/transformers, ValueError when
+    transformers cannot run the source (e.g. features transformers 5 removed)."""
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        raise ImportError("--verify needs torch and transformers: pip install 'jaxbert[torch]'") from None
+    import jaxbert
+
+    transformers.utils.logging.disable_progress_bar()
+    config = BertConfig.from_pretrained(src)
+    head = resolve_head(None, config)
+    if config.position_embedding_type != "absolute" or config.pruned_heads:
+        raise ValueError(f"--verify: transformers {transformers.__version__} cannot run this checkpoint "
+                         "(relative position embeddings / pruned heads were removed in transformers 5)")
+    try:
+        reference = getattr(transformers, head).from_pretrained(src, attn_implementation="eager").eval()
+    except OSError as e:
+        raise ValueError(f"--verify: transformers cannot load {src} ({str(e).splitlines()[0]})") from None
+    converted = jaxbert.load(dst, head=head)
+    feed = fixed_batch(config, head, src)
+    with torch.no_grad():
+        expected = reference(**{k: torch.as_tensor(v) for k, v in feed.items()}, return_dict=True)
+    got = converted(**feed)
+    dtype = str(converted.params_dtype)
+    results = {}
+    real = feed["attention_mask"].astype(bool)
+    for field in FIELDS:
+        if expected.get(field) is None or got[field] is None:
+            continue
+        ref, out = expected[field].float().numpy(), np.asarray(got[field], np.float32)
+        diff = np.abs(out - ref)
+        if diff.shape[:real.ndim] == real.shape:  # per-token outputs: padded positions carry no meaning
+            diff = diff[real]
+        # float32 must agree to 1e-5; half precision relative to the outputs' magnitude.
+        scale = 1.0 if dtype == "float32" else max(1.0, float(np.abs(ref).max()))
+        results[field] = (float(diff.max()), TOLERANCE.get(dtype, 1e-5) * scale)
+    return results

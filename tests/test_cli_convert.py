@@ -1,0 +1,167 @@
+"""`jaxbert convert` / `export` / `info`: every head and format, the round trip, and every expected error."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import serialization
+from safetensors.numpy import load_file, save_file
+
+import jaxbert
+from conftest import assert_close, hf_model, padded_batch, state_dict, torch_run
+from jaxbert.cli import main
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+GOLDEN = os.path.join(os.path.dirname(__file__), "fixtures", "golden")
+
+
+def cli(capsys, *args):
+    rc = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _hf(head):
+    return hf_model(head, **({"num_labels": 2} if head == "BertForQuestionAnswering" else {}))
+
+
+def _feed(head):
+    feed = padded_batch(0)
+    return {k: v[None] for k, v in feed.items()} if head == "BertForMultipleChoice" else feed
+
+
+def _compare(bert, hf, head):
+    expected = torch_run(hf, _feed(head))
+    got = bert(**_feed(head))
+    fields = [f for f in ("last_hidden_state", "pooler_output", "logits", "prediction_logits",
+                          "seq_relationship_logits", "start_logits", "end_logits") if expected.get(f) is not None]
+    for field in fields:
+        assert_close(got[field], expected[field].numpy(), field)
+    return fields
+
+
+@pytest.mark.parametrize("head", jaxbert.HEADS)
+def test_convert_every_head_matches_transformers(head, tmp_path, capsys):
+    hf = _hf(head)
+    hf.save_pretrained(tmp_path / "src")
+    rc, out, err = cli(capsys, "convert", tmp_path / "src", tmp_path / "dst")
+    assert rc == 0, err
+    assert f"head {head}" in out and "parameters stored as float32" in out
+    assert {"config.json", "flax_model.msgpack"} <= set(os.listdir(tmp_path / "dst"))
+    config = json.load(open(tmp_path / "dst" / "config.json"))
+    assert config["architectures"] == [head] and config["dtype"] == "float32"
+    assert _compare(jaxbert.load(tmp_path / "dst"), hf, head)
+
+
+def _write_sharded_bin(sd, directory):
+    os.makedirs(directory)
+    keys = sorted(sd)
+    weight_map = {}
+    for i, part in enumerate((keys[: len(keys) // 2], keys[len(keys) // 2:])):
+        name = f"pytorch_model-0000{i + 1}-of-00002.bin"
+        torch.save({k: torch.from_numpy(sd[k]) for k in part}, os.path.join(directory, name))
+        weight_map.update({k: name for k in part})
+    json.dump({"metadata": {}, "weight_map": weight_map}, open(os.path.join(directory, "pytorch_model.bin.index.json"), "w"))
+
+
+@pytest.mark.parametrize("fmt", ["bin", "sharded_safetensors", "sharded_bin"])
+def test_convert_every_pytorch_format(fmt, tmp_path, capsys):
+    hf = hf_model("BertForMaskedLM")
+    hf.config.architectures = ["BertForMaskedLM"]  # as save_pretrained writes it
+    src = tmp_path / "src"
+    if fmt == "sharded_safetensors":
+        hf.save_pretrained(src, max_shard_size="30KB")
+        assert (src / "model.safetensors.index.json").exists()
+    elif fmt == "sharded_bin":
+        _write_sharded_bin(state_dict(hf), src)
+        hf.config.save_pretrained(src)
+    else:
+        hf.config.save_pretrained(src)
+        torch.save(hf.state_dict(), src / "pytorch_model.bin")
+    rc, out, err = cli(capsys, "convert", src, tmp_path / "dst")
+    assert rc == 0, err
+    _compare(jaxbert.load(tmp_path / "dst"), hf, "BertForMaskedLM")
+
+
+@pytest.mark.parametrize("head", ["BertForMaskedLM", "BertForPreTraining"])
+def test_convert_transformers_4_flax_msgpack(head, tmp_path, capsys):
+    src = os.path.join(GOLDEN, f"flax_{head}")
+    rc, out, err = cli(capsys, "convert", src, tmp_path / "dst")
+    assert rc == 0, err and "read flax_model.msgpack" in out
+    data = np.load(os.path.join(src, "io.npz"))
+    got = jaxbert.load(tmp_path / "dst")(**{k[3:]: data[k] for k in data.files if k.startswith("in.")})
+    outputs = [k for k in data.files if k.startswith("out.")]
+    assert outputs
+    for key in outputs:
+        assert_close(got[key[4:]], data[key], key)
+
+
+def _paths_and_shapes(path):
+    tree = serialization.msgpack_restore(open(path, "rb").read())
+    return {jax.tree_util.keystr(p): np.shape(v) for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def test_converted_msgpack_has_flaxberts_exact_tree(tmp_path, capsys):
+    """Same paths and shapes as the msgpack transformers 4.57's FlaxBertForPreTraining wrote."""
+    reference = os.path.join(GOLDEN, "flax_BertForPreTraining")
+    hf = hf_model("BertForPreTraining", **{k: v for k, v in json.load(open(os.path.join(reference, "config.json")))
+                                           .items() if k in ("vocab_size", "hidden_size", "num_hidden_layers",
+                                                             "num_attention_heads", "intermediate_size",
+                                                             "max_position_embeddings", "type_vocab_size")})
+    hf.save_pretrained(tmp_path / "src")
+    assert cli(capsys, "convert", tmp_path / "src", tmp_path / "dst")[0] == 0
+    ours = _paths_and_shapes(tmp_path / "dst" / "flax_model.msgpack")
+    assert ours == _paths_and_shapes(os.path.join(reference, "flax_model.msgpack"))
+
+
+def test_convert_export_round_trip_equals_original(tmp_path, capsys):
+    hf = hf_model("BertForPreTraining")
+    hf.save_pretrained(tmp_path / "src")
+    assert cli(capsys, "convert", tmp_path / "src", tmp_path / "jax")[0] == 0
+    rc, out, err = cli(capsys, "export", tmp_path / "jax", tmp_path / "pt")
+    assert rc == 0, err
+    back, info = transformers.BertForPreTraining.from_pretrained(tmp_path / "pt", output_loading_info=True,
+                                                                 attn_implementation="eager")
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    original, exported = load_file(tmp_path / "src" / "model.safetensors"), load_file(tmp_path / "pt" / "model.safetensors")
+    assert set(exported) == set(original)
+    for key in original:
+        assert np.array_equal(exported[key], original[key]), key
+    feed = padded_batch(1)
+    assert_close(torch_run(back.eval(), feed).prediction_logits.numpy(), torch_run(hf, feed).prediction_logits.numpy())
+
+
+def test_bfloat16_convert_and_float32_export(tmp_path, capsys):
+    hf = hf_model("BertForSequenceClassification")
+    hf.save_pretrained(tmp_path / "src")
+    rc, out, err = cli(capsys, "convert", tmp_path / "src", tmp_path / "bf", "--dtype", "bfloat16")
+    assert rc == 0, err
+    assert "cast to bfloat16" in out and "stored as bfloat16" in out
+    tree = serialization.msgpack_restore(open(tmp_path / "bf" / "flax_model.msgpack", "rb").read())
+    assert {str(x.dtype) for x in jax.tree_util.tree_leaves(tree)} == {"bfloat16"}
+    assert json.load(open(tmp_path / "bf" / "config.json"))["dtype"] == "bfloat16"
+    rc, out, _ = cli(capsys, "info", tmp_path / "bf")
+    total = jaxbert.count_params(jaxbert.load(tmp_path / "src").params)["total"]
+    row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["total"])
+    assert row == ["total", f"{total:,}", f"{2 * total:,}"]  # bytes of bfloat16 storage
+    assert cli(capsys, "export", tmp_path / "bf", tmp_path / "pt")[0] == 0
+    assert {str(v.dtype) for v in load_file(tmp_path / "pt" / "model.safetensors").values()} == {"float32"}
+    back = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "pt").eval()
+    feed = padded_batch(2)
+    assert_close(torch_run(back, feed).logits.numpy(), torch_run(hf, feed).logits.numpy(), atol=5e-2)
+
+
+def test_verify_reports_and_fails_beyond_tolerance(tmp_path, capsys, monkeypatch):
+    hf = hf_model("BertForTokenClassification")
+    hf.save_pretrained(tmp_path / "src")
+    rc, out, err = cli(capsys, "convert", tmp_path / "src", tmp_path / "dst", "--verify")
+    assert rc == 0, err
+    assert "verify logits" in out and "ok" in out
+    monkeypatch.setitem(jaxbert.verify.TOLERANCE, "float32", 0.0)
+    rc, out, err = cli(capsys, "convert", tmp_path / "src", tmp_path / "dst", "--verify", "--force")
+    assert rc == 1 and "FAILED" in out and "differ from PyTorch beyond tolerance" in err
