@@ -6,6 +6,8 @@ Expected errors (bad paths, bad files, bad configs) become one line on stderr an
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 
 import numpy as np
@@ -85,6 +87,58 @@ def _export(args) -> int:
     return 0
 
 
+def read_texts(path: str) -> list[str]:
+    """One text per line (.txt), or JSON lines with a "text" field (.jsonl); blank lines are skipped."""
+    texts = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                if not path.endswith(".jsonl"):
+                    texts.append(line.rstrip("\n"))
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{n}: invalid JSON ({e.msg})") from None
+                if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                    raise ValueError(f"{path}:{n}: expected an object with a string \"text\" field")
+                texts.append(record["text"])
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 ({e.reason} at byte {e.start})") from None
+    return texts
+
+
+def _embed(args) -> int:
+    import jaxbert
+
+    if not args.output.endswith(".npy"):
+        raise ValueError(f"--output {args.output}: expected a .npy file")
+    texts = read_texts(args.input)
+    bert = jaxbert.load(args.dir)
+    emb = bert.embed(texts, pooling=args.pooling, normalize=args.normalize, batch_size=args.batch_size,
+                     max_length=args.max_length)
+    tmp = args.output + ".partial.npy"
+    np.save(tmp, emb)
+    os.replace(tmp, args.output)  # never a half-written output
+    print(f"embedded {len(texts)} texts -> {args.output} {emb.shape} ({args.pooling} pooling"
+          f"{', normalized' if args.normalize else ''}; {bert.compile_count} compiled programs)")
+    return 0
+
+
+def _fill_mask(args) -> int:
+    import jaxbert
+
+    results = jaxbert.load(args.dir).fill_mask(args.text, top_k=args.top_k)
+    for i, candidates in enumerate(results):
+        if len(results) > 1:
+            print(f"[MASK] #{i + 1}")
+        for c in candidates:
+            print(f"  {c['score']:.4f}  {c['token']:<15} {c['sequence']}")
+    return 0
+
+
 def _leaves(tree):
     import jax
 
@@ -109,6 +163,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="parameter dtype of the export (default float32)")
     export.add_argument("--force", action="store_true", help="replace DST if it exists")
     export.set_defaults(func=_export)
+    embed = sub.add_parser("embed", help="sentence embeddings of a text file into a .npy array")
+    embed.add_argument("dir")
+    embed.add_argument("--input", required=True, help="one text per line, or .jsonl with a \"text\" field")
+    embed.add_argument("--output", required=True, help="FILE.npy: float32 [texts, hidden], input order")
+    embed.add_argument("--pooling", choices=("cls", "mean", "pooler"), default="cls")
+    embed.add_argument("--normalize", action="store_true", help="unit-length embeddings")
+    embed.add_argument("--batch-size", type=int, default=32)
+    embed.add_argument("--max-length", type=int, default=None, help="truncate texts to N tokens")
+    embed.set_defaults(func=_embed)
+    fill = sub.add_parser("fill-mask", help="top-k predictions for each [MASK] of a text")
+    fill.add_argument("dir")
+    fill.add_argument("text")
+    fill.add_argument("--top-k", type=int, default=5)
+    fill.set_defaults(func=_fill_mask)
     info = sub.add_parser("info", help="config summary and parameter counts of a jaxbert or transformers dir")
     info.add_argument("dir")
     info.set_defaults(func=_info)

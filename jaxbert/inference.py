@@ -1,7 +1,8 @@
-"""`jaxbert.load(path)` -> `Bert`: the only stateful object, wrapping the pure forward in a cached `jax.jit`.
+"""`jaxbert.load(path)` -> `Bert`: the only stateful object, wrapping the pure functions in cached `jax.jit`s.
 
 Inputs are checked on the host before they reach the device: JAX gathers clamp out-of-range indices silently,
-so a bad token id would otherwise give a wrong answer instead of an error.
+so a bad token id would otherwise give a wrong answer instead of an error. Text batches are padded to shape
+buckets (see batching.py) and, with several devices, split across them on a `data` mesh axis.
 """
 
 from __future__ import annotations
@@ -12,20 +13,17 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxbert import batching, tasks
 from jaxbert.checkpoint import load_params
 from jaxbert.config import BertConfig
-from jaxbert.heads import forward, resolve_head
-from jaxbert.model import BertOutput
+from jaxbert.heads import base_params, forward, resolve_head
+from jaxbert.model import BertOutput, bert
+from jaxbert.tokenizer import WordPiece, pad
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-
-@functools.partial(jax.jit, static_argnames=("config", "head", "output_hidden_states", "output_attentions"))
-def _forward_jit(params, input_ids, attention_mask, token_type_ids, position_ids, head_mask, *, config, head,
-                 output_hidden_states, output_attentions):
-    return forward(params, config, head, input_ids, attention_mask, token_type_ids, position_ids, head_mask,
-                   output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+POOLINGS = ("cls", "mean", "pooler")
 
 
 def _check_range(name: str, values: np.ndarray, upper: int, what: str):
@@ -35,31 +33,78 @@ def _check_range(name: str, values: np.ndarray, upper: int, what: str):
         raise ValueError(f"{name} {int(values[pos])} at position {pos} is outside [0, {upper}) ({what})")
 
 
+def pool(out: BertOutput, mask, pooling: str, normalize: bool):
+    """Sentence embeddings from a base-model output: [CLS] state, masked mean (as sentence-transformers), or the
+    pooler; optionally unit length. Statistics in float32 whatever the compute dtype."""
+    if pooling == "cls":
+        emb = out.last_hidden_state[:, 0].astype(jnp.float32)
+    elif pooling == "mean":
+        m = mask[..., None].astype(jnp.float32)
+        emb = (out.last_hidden_state.astype(jnp.float32) * m).sum(1) / jnp.maximum(m.sum(1), 1e-9)
+    else:
+        emb = out.pooler_output.astype(jnp.float32)
+    if normalize:
+        emb = emb / jnp.maximum(jnp.linalg.norm(emb, axis=-1, keepdims=True), 1e-12)
+    return emb
+
+
 class Bert:
-    """A loaded checkpoint: `config`, `params` (on the default device), `head`, and the tokenizer."""
+    """A loaded checkpoint: `config`, `params` (on the devices), `head`, `tokenizer`, jitted entry points.
+
+    `compile_count` counts the programs traced so far (each one a compilation): with shape buckets it stays
+    within len(length_buckets) × len(batch buckets) per entry point whatever the stream of inputs.
+    `length_buckets` may be replaced (ascending, the last at most max_position_embeddings).
+    """
 
     def __init__(self, config: BertConfig, params, head: str | None = None, directory: str | None = None):
-        self.config = config
-        self.head = resolve_head(head, config)
-        self.params = params
-        self.directory = directory
+        self.config, self.head, self.directory = config, resolve_head(head, config), directory
+        self.compile_count = 0
+        self.length_buckets = batching.length_buckets(config.max_position_embeddings)
+        devices = jax.devices()
+        self.mesh = Mesh(np.array(devices), ("data",))
+        self._data = NamedSharding(self.mesh, PartitionSpec("data"))
+        self.params = jax.device_put(params, NamedSharding(self.mesh, PartitionSpec()))
         self._tokenizer = None
+        self._forward = jax.jit(self._counted(self._forward_impl),
+                                static_argnames=("output_hidden_states", "output_attentions"))
+        self._embed = jax.jit(self._counted(self._embed_impl), static_argnames=("pooling", "normalize"))
 
+    def _counted(self, fn):
+        @functools.wraps(fn)  # keeps fn's signature for jit's static_argnames
+        def traced(*args, **kwargs):
+            self.compile_count += 1  # runs only while tracing, i.e. once per compiled program
+            return fn(*args, **kwargs)
+
+        return traced
+
+    def _forward_impl(self, params, input_ids, attention_mask, token_type_ids, position_ids, head_mask, *,
+                      output_hidden_states=False, output_attentions=False):
+        return forward(params, self.config, self.head, input_ids, attention_mask, token_type_ids, position_ids,
+                       head_mask, output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+
+    def _embed_impl(self, params, input_ids, attention_mask, token_type_ids, *, pooling, normalize):
+        out = bert(base_params(params, self.head), self.config, input_ids, attention_mask, token_type_ids)
+        return pool(out, attention_mask, pooling, normalize)
+
+    # -- properties ------------------------------------------------------------------------------------------
     @property
     def params_dtype(self):
         return jax.tree_util.tree_leaves(self.params)[0].dtype
 
     @property
-    def tokenizer(self):
-        if self._tokenizer is None:
-            from transformers import AutoTokenizer
+    def has_pooler(self) -> bool:
+        return "pooler" in base_params(self.params, self.head)
 
+    @property
+    def tokenizer(self) -> WordPiece:
+        if self._tokenizer is None:
             if self.directory is None:
                 raise ValueError("this Bert was not loaded from a directory, so it has no tokenizer")
-            self._tokenizer = AutoTokenizer.from_pretrained(self.directory)
+            self._tokenizer = WordPiece.from_dir(self.directory)
         return self._tokenizer
 
-    def _check(self, input_ids, attention_mask, token_type_ids, position_ids):
+    # -- arrays in, outputs out ------------------------------------------------------------------------------
+    def check_inputs(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None):
         c = self.config
         ids = np.asarray(input_ids)
         if not np.issubdtype(ids.dtype, np.integer):
@@ -78,30 +123,83 @@ class Bert:
             raise ValueError(f"sequence length {ids.shape[-1]} exceeds max_position_embeddings "
                              f"{c.max_position_embeddings}")
 
+    def _put(self, *arrays):
+        """To the devices: split on the batch axis when it divides across them, else replicated."""
+        n = len(self.mesh.devices.flat)
+        out = []
+        for a in arrays:
+            if a is None:
+                out.append(None)
+                continue
+            a = jnp.asarray(a, jnp.int32)
+            out.append(jax.device_put(a, self._data) if n > 1 and a.shape[0] % n == 0 else a)
+        return out
+
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, head_mask=None,
                  output_hidden_states: bool = False, output_attentions: bool = False) -> BertOutput:
-        self._check(input_ids, attention_mask, token_type_ids, position_ids)
-        as_int = lambda a: None if a is None else jnp.asarray(a, jnp.int32)  # noqa: E731
-        return _forward_jit(self.params, as_int(input_ids), as_int(attention_mask), as_int(token_type_ids),
-                            as_int(position_ids), None if head_mask is None else jnp.asarray(head_mask),
-                            config=self.config, head=self.head, output_hidden_states=output_hidden_states,
-                            output_attentions=output_attentions)
+        self.check_inputs(input_ids, attention_mask, token_type_ids, position_ids)
+        head_mask = None if head_mask is None else jnp.asarray(head_mask, jnp.float32)
+        return self._forward(self.params, *self._put(input_ids, attention_mask, token_type_ids, position_ids),
+                             head_mask, output_hidden_states=output_hidden_states,
+                             output_attentions=output_attentions)
+
+    # -- texts in --------------------------------------------------------------------------------------------
+    def batches(self, enc, batch_size: int):
+        """Yield (indices, padded batch on the devices) over shape buckets, longest texts first."""
+        pad_id = self.config.pad_token_id
+        n = len(self.mesh.devices.flat)
+        for idx, rows, length in batching.plan(enc.lengths(), batch_size, self.length_buckets, n):
+            batch = pad(enc, length, rows, pad_id, order=idx)
+            self.check_inputs(batch["input_ids"], token_type_ids=batch["token_type_ids"])
+            yield idx, dict(zip(batch, self._put(*batch.values())))
+
+    def embed(self, texts, pooling: str = "cls", normalize: bool = False, batch_size: int = 32,
+              max_length: int | None = None, progress: bool | None = None) -> np.ndarray:
+        """Sentence embeddings [N, hidden] (float32) in input order."""
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling {pooling!r}: expected one of {', '.join(POOLINGS)}")
+        if pooling == "pooler" and not self.has_pooler:
+            raise ValueError(f"pooling='pooler': this {self.head} checkpoint has no pooler")
+        enc = self.tokenizer.encode(texts, max_length=self.max_length(max_length))
+        out = np.zeros((len(enc), self.config.hidden_size), np.float32)
+        for idx, batch in tasks.progress(self.batches(enc, batch_size), len(enc), batch_size, progress):
+            emb = self._embed(self.params, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+                              pooling=pooling, normalize=normalize)
+            out[idx] = np.asarray(emb)[: len(idx)]
+        return out
+
+    def max_length(self, requested: int | None) -> int:
+        limit = min(self.config.max_position_embeddings, self.tokenizer.model_max_length)
+        if requested is not None and not 0 < requested <= self.config.max_position_embeddings:
+            raise ValueError(f"max_length {requested}: must be in [1, {self.config.max_position_embeddings}]")
+        return requested or limit
+
+    def fill_mask(self, text: str, top_k: int = 5) -> list[list[dict]]:
+        return tasks.fill_mask(self, text, top_k)
+
+    def classify(self, texts, pairs=None, batch_size: int = 32) -> list[dict]:
+        return tasks.classify(self, texts, pairs, batch_size)
+
+    def tag(self, texts, batch_size: int = 32) -> list[list[dict]]:
+        return tasks.tag(self, texts, batch_size)
 
 
 def load(path: str | os.PathLike, head: str | None = None, dtype: str | None = None) -> Bert:
-    """Load a transformers BERT directory (safetensors / .bin / sharded) or a jaxbert directory."""
+    """Load a transformers BERT directory (safetensors / .bin / sharded) or a jaxbert directory.
+
+    `dtype="bfloat16"` (or float16) stores and runs the parameters in that dtype; LayerNorm and softmax
+    statistics stay in float32.
+    """
     path = os.fspath(path)
     config = BertConfig.from_pretrained(path)
     head = resolve_head(head, config)
-    params, _ = load_params(path, config, head)
     if dtype is not None and dtype not in _DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(_DTYPES)}")
-    target = _DTYPES[dtype] if dtype else None
+    params, _ = load_params(path, config, head)
 
     def place(x):
         x = np.asarray(x)
-        if target is not None and np.issubdtype(x.dtype, np.floating):
-            return jnp.asarray(x, target)
-        return jnp.asarray(x)
+        floating = np.issubdtype(x.dtype, np.floating) or x.dtype.name == "bfloat16"
+        return jnp.asarray(x, _DTYPES[dtype]) if dtype and floating else jnp.asarray(x)
 
     return Bert(config, jax.tree_util.tree_map(place, params), head, path)

