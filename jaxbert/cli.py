@@ -139,6 +139,47 @@ def _fill_mask(args) -> int:
     return 0
 
 
+def _add_train_mlm(sub) -> None:
+    """One flag per TrainConfig field (so the two never drift apart)."""
+    import dataclasses
+
+    from jaxbert.train.config import TrainConfig
+
+    train = sub.add_parser("train-mlm", help="masked-language-model fine-tuning (resumable, multi-device)")
+    for field in dataclasses.fields(TrainConfig):
+        flag = "--" + field.name.replace("_", "-")
+        if field.name == "progress":
+            train.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+        elif field.name == "resume":
+            train.add_argument(flag, nargs="?", const="auto", default=None, metavar="auto|PATH",
+                               help="continue from the latest checkpoint in OUT (auto) or from PATH")
+        elif field.type == "bool":
+            train.add_argument(flag, action="store_true")
+        elif field.default is dataclasses.MISSING:
+            train.add_argument(flag, required=True)
+        else:
+            kind = {"int": int, "float": float}.get(str(field.type).split(" |")[0], str)
+            train.add_argument(flag, type=kind, default=field.default, metavar=kind.__name__.upper())
+    train.set_defaults(func=_train_mlm)
+
+
+def _train_mlm(args) -> int:
+    import dataclasses
+
+    from jaxbert.train.config import TrainConfig
+    from jaxbert.train.loop import TrainingError, train_mlm
+
+    if args.warmup_steps and args.warmup_ratio:
+        raise ValueError("pass --warmup-steps or --warmup-ratio, not both")
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
+    try:
+        train_mlm(TrainConfig(**values))
+    except TrainingError as e:
+        print(f"jaxbert train-mlm: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _leaves(tree):
     import jax
 
@@ -177,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     fill.add_argument("text")
     fill.add_argument("--top-k", type=int, default=5)
     fill.set_defaults(func=_fill_mask)
+    _add_train_mlm(sub)
     info = sub.add_parser("info", help="config summary and parameter counts of a jaxbert or transformers dir")
     info.add_argument("dir")
     info.set_defaults(func=_info)

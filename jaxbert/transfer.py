@@ -86,21 +86,29 @@ def _finish(summary: TransferSummary, directory: str, start: float) -> TransferS
     return summary
 
 
+def write_jaxbert_dir(params, config: BertConfig, head: str, dst: str, *, tokenizer_from: str | None = None,
+                      force: bool = False) -> dict[str, int]:
+    """A jaxbert directory: config.json, flax_model.msgpack, tokenizer files; written atomically."""
+    with atomic_directory(dst, force) as tmp:
+        _write_config(config, head, _stored_dtype(params), tmp)
+        with open(os.path.join(tmp, FLAX_MSGPACK), "wb") as f:
+            write_msgpack(params, f)
+        if tokenizer_from:
+            copy_tokenizer_files(tokenizer_from, tmp)
+        files = {name: os.path.getsize(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))}
+    return files
+
+
 def convert_checkpoint(src: str, dst: str, *, dtype: str | None = None, force: bool = False) -> TransferSummary:
     """transformers BERT directory (or a transformers 4.x Flax one) -> jaxbert directory."""
     start = time.perf_counter()
     if os.path.exists(dst) and not force:  # refuse before reading anything large
         raise FileExistsError(f"{os.path.abspath(dst)}: already exists (use --force to replace it)")
     config, head, source_file, params, report = _read(src, dtype)
-    stored = _stored_dtype(params)
-    with atomic_directory(dst, force) as tmp:
-        _write_config(config, head, stored, tmp)
-        with open(os.path.join(tmp, FLAX_MSGPACK), "wb") as f:
-            write_msgpack(params, f)
-        copy_tokenizer_files(src, tmp)
-        summary = TransferSummary(src, dst, head, os.path.basename(source_file), stored, count_params(params),
-                                  report.ignored, report.absent, {})
-        return _finish(summary, tmp, start)
+    files = write_jaxbert_dir(params, config, head, dst, tokenizer_from=src, force=force)
+    return TransferSummary(src, dst, head, os.path.basename(source_file), _stored_dtype(params),
+                           count_params(params), report.ignored, report.absent, files,
+                           time.perf_counter() - start)
 
 
 def export_checkpoint(src: str, dst: str, *, dtype: str = "float32", force: bool = False) -> TransferSummary:

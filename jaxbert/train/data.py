@@ -1,0 +1,115 @@
+"""Training data: local text files tokenized once (batched, with the checkpoint's fast tokenizer), cached on disk
+as memory-mapped token arrays, and served as deterministic batches: the batch of step s depends only on
+(seed, s), so a resumed run sees exactly the data the uninterrupted one would have."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+
+import numpy as np
+
+from jaxbert.tokenizer import WordPiece
+
+
+@dataclasses.dataclass
+class TextFile:
+    texts: list[str]
+    empty_lines: int
+
+
+def read_text_file(path: str) -> TextFile:
+    """txt: one text per line; jsonl: a "text" field per line. Empty lines are skipped and counted."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    texts, empty = [], 0
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
+            if not line.strip():
+                empty += 1
+                continue
+            if path.endswith(".jsonl"):
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{n}: invalid JSON ({e.msg})") from None
+                if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                    raise ValueError(f"{path}:{n}: expected an object with a string \"text\" field")
+                line = record["text"]
+            texts.append(line)
+    if not texts:
+        raise ValueError(f"{path}: no text (0 non-empty lines)")
+    return TextFile(texts, empty)
+
+
+def _tokenize(tok: WordPiece, texts: list[str], seq_len: int, line_by_line: bool, pad_id: int) -> np.ndarray:
+    if line_by_line:  # one example per line, truncated and padded to seq_len
+        enc = tok.encode(texts, max_length=seq_len, truncation=True)
+        out = np.full((len(texts), seq_len), pad_id, np.int32)
+        for i, ids in enumerate(enc.ids):
+            out[i, : len(ids)] = ids
+        return out
+    # As transformers' run_mlm: [CLS] text [SEP] for every line, all concatenated, cut into seq_len blocks.
+    enc = tok.encode(texts, truncation=False, max_length=10**9)
+    flat = np.fromiter((i for ids in enc.ids for i in ids), np.int32)
+    blocks = len(flat) // seq_len
+    return flat[: blocks * seq_len].reshape(blocks, seq_len)
+
+
+def tokenized(tok: WordPiece, texts: list[str], seq_len: int, line_by_line: bool, pad_id: int,
+              cache_dir: str, name: str, tokenizer_key: str) -> np.ndarray:
+    """Token blocks [N, seq_len], from the cache when the same texts were tokenized the same way before."""
+    h = hashlib.sha256(json.dumps([tokenizer_key, seq_len, line_by_line]).encode())
+    for text in texts:
+        h.update(text.encode("utf-8") + b"\n")
+    path = os.path.join(cache_dir, f"{name}-{h.hexdigest()[:20]}.npy")
+    if os.path.isfile(path):
+        return np.load(path, mmap_mode="r")
+    blocks = _tokenize(tok, texts, seq_len, line_by_line, pad_id)
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = path + ".partial.npy"
+    np.save(tmp, blocks)
+    os.replace(tmp, path)  # a crash mid-write never leaves a truncated cache entry
+    return np.load(path, mmap_mode="r")
+
+
+def tokenizer_key(directory: str) -> str:
+    h = hashlib.sha256()
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            h.update(open(path, "rb").read())
+    return h.hexdigest()
+
+
+@dataclasses.dataclass
+class Batches:
+    """Deterministic batches of `blocks`: step s uses rows of a per-epoch permutation seeded by (seed, epoch)."""
+
+    blocks: np.ndarray  # [N, L]
+    batch_size: int  # global, per micro-batch
+    accum: int
+    seed: int
+
+    def __post_init__(self):
+        self.per_step = self.batch_size * self.accum
+        self.steps_per_epoch = len(self.blocks) // self.per_step
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"the training set has {len(self.blocks)} sequences, fewer than one step needs "
+                             f"({self.batch_size} per batch × {self.accum} accumulation steps)")
+
+    def position(self, step: int) -> dict:
+        return {"epoch": step // self.steps_per_epoch, "offset": (step % self.steps_per_epoch) * self.per_step}
+
+    def __call__(self, step: int) -> np.ndarray:
+        """The token ids of optimizer step `step`: [accum, batch_size, L]."""
+        pos = self.position(step)
+        order = np.random.default_rng([self.seed, pos["epoch"]]).permutation(len(self.blocks))
+        rows = order[pos["offset"]: pos["offset"] + self.per_step]
+        return np.asarray(self.blocks[rows]).reshape(self.accum, self.batch_size, -1)

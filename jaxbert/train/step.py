@@ -1,0 +1,65 @@
+"""The pure training and evaluation steps. The loss is computed only at the masked positions, gathered before
+the vocabulary projection, with integer-label cross-entropy."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxbert.config import BertConfig
+from jaxbert.heads import cross_entropy, mlm_logits
+from jaxbert.model import bert
+from jaxbert.train.state import TrainState
+
+
+def masked_lm(params, config: BertConfig, batch: dict, *, rng=None, dtype=jnp.float32, remat: bool = False):
+    """Logits [B, K, V] at the gathered positions. Master params stay float32; compute runs in `dtype`."""
+    params = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
+    out = bert(params["bert"], config, batch["input_ids"], batch["attention_mask"], rng=rng, remat=remat)
+    hidden = jnp.take_along_axis(out.last_hidden_state, batch["positions"][..., None], axis=1)
+    return mlm_logits(params["cls"], config, params["bert"]["embeddings"]["word_embeddings"]["embedding"], hidden)
+
+
+def _loss(params, config, batch, rng, dtype, remat, label_smoothing):
+    logits = masked_lm(params, config, batch, rng=rng, dtype=dtype, remat=remat)
+    labels = batch["labels"]
+    valid = labels != -100
+    correct = jnp.sum((logits.argmax(-1) == labels) & valid)
+    return cross_entropy(logits, labels, label_smoothing=label_smoothing), (correct, valid.sum())
+
+
+def train_step(state: TrainState, batch: dict, rng: jax.Array, *, config: BertConfig, tx, schedule,
+               dtype=jnp.float32, remat: bool = False, label_smoothing: float = 0.0):
+    """(state, batch [A micro-batches, B, ...], rng) -> (state, metrics); one optimizer update."""
+    grad_fn = jax.value_and_grad(_loss, has_aux=True)
+    micro = jax.tree_util.tree_leaves(batch)[0].shape[0]
+
+    def accumulate(carry, xs):
+        grads, loss, correct, count = carry
+        mb, i = xs
+        (l, (c, n)), g = grad_fn(state.params, config, mb, jax.random.fold_in(rng, i), dtype, remat,
+                                 label_smoothing)
+        return (jax.tree_util.tree_map(jnp.add, grads, g), loss + l, correct + c, count + n), None
+
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
+    init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+    (grads, loss, correct, count), _ = jax.lax.scan(accumulate, init, (batch, jnp.arange(micro)))
+    grads = jax.tree_util.tree_map(lambda g: g / micro, grads)  # mean over micro-batches, as transformers
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    new = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                        opt_state=opt_state)
+    metrics = {"loss": loss / micro, "accuracy": correct / jnp.maximum(count, 1),
+               "grad_norm": optax.global_norm(grads), "learning_rate": schedule(state.step),
+               "masked_tokens": count}
+    return new, metrics
+
+
+def eval_step(params, batch: dict, *, config: BertConfig, dtype=jnp.float32):
+    """Sums over the masked tokens of one batch: (negative log-likelihood, correct predictions, count)."""
+    logits = masked_lm(params, config, batch, dtype=dtype).astype(jnp.float32)
+    labels = batch["labels"]
+    valid = labels != -100
+    logp = jax.nn.log_softmax(logits, -1)
+    nll = -jnp.take_along_axis(logp, jnp.where(valid, labels, 0)[..., None], -1)[..., 0]
+    return jnp.sum(jnp.where(valid, nll, 0.0)), jnp.sum((logits.argmax(-1) == labels) & valid), valid.sum()
