@@ -190,6 +190,9 @@ def train_mlm(cfg: TrainConfig) -> dict:
     step_fn, eval_fn = _compile(run, tx, sched, state_sh, mesh)
     manager = outputs.checkpoint_manager(os.path.join(cfg.output_dir, "checkpoints"), cfg.save_total_limit)
     start = 0
+    if not cfg.resume and manager.latest_step() is not None:
+        raise ValueError(f"{cfg.output_dir} has checkpoints up to step {manager.latest_step()}: pass --resume auto "
+                         "to continue, or choose a new --output-dir")
     if cfg.resume:
         root, step = outputs.resume_location(cfg.resume, cfg.output_dir)
         if root != manager.directory.as_posix():

