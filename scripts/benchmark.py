@@ -4,6 +4,9 @@ cancels, and the table reports medians and ratios. Writes the results as JSON to
     python scripts/benchmark.py [--section convert] [--repeats 3] [--json benchmark.json]
 
 Sections:
+  train     one MLM training step of bert-base (random weights), batch 8 x 128: jaxbert float32 and bfloat16
+            vs PyTorch eager (transformers BertForMaskedLM + torch AdamW), sequences/s; and the compiled
+            temporary memory of the step with and without --remat (XLA's memory analysis).
   embed     MiniLM (the offline checkpoint) `Bert.embed` throughput on a sentence-like length mix: shape buckets
             vs padding every batch to 512 (warm-up compiles excluded; compile counts reported).
   convert   `jaxbert convert` of a bert-base-size checkpoint (random weights, 110M parameters, safetensors):
@@ -97,7 +100,94 @@ def child_embed_pad512(n: str) -> dict:
     return _embed_child((512,), n)
 
 
-CHILDREN = {"embed: length buckets": child_embed_bucketed, "embed: pad to 512": child_embed_pad512,
+TRAIN_BATCH, TRAIN_LEN, TRAIN_STEPS = 8, 128, 4
+
+
+def _mlm_batch(seed: int = 0):
+    """One bert-base-vocabulary batch with 15% of positions labelled, as the MLM collator would give."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1000, 30000, (TRAIN_BATCH, TRAIN_LEN)).astype(np.int32)
+    labels = np.where(rng.random(ids.shape) < 0.15, ids, -100).astype(np.int32)
+    return ids, labels
+
+
+def _jax_train(dtype: str, remat: bool, measure_only: bool = False) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxbert
+    from jaxbert.train.masking import default_max_predictions
+    from jaxbert.train.state import OptimConfig, init_state, optimizer, schedule
+    from jaxbert.train.step import train_step
+
+    config = jaxbert.BertConfig()
+    opt = OptimConfig(learning_rate=1e-4, weight_decay=0.01, total_steps=100)
+    tx = optimizer(opt)
+    state = init_state(jaxbert.init_params(config, jax.random.key(0), "BertForMaskedLM"), tx)
+    ids, labels = _mlm_batch()
+    k = default_max_predictions(TRAIN_LEN, 0.15)
+    positions = np.argsort(labels == -100, axis=1, kind="stable")[:, :k]
+    batch = {"input_ids": ids[None], "attention_mask": np.ones_like(ids)[None], "positions": positions[None],
+             "labels": np.take_along_axis(labels, positions, 1)[None]}
+    fn = jax.jit(lambda s, b, r: train_step(s, b, r, config=config, tx=tx, schedule=schedule(opt),
+                                            dtype=jnp.dtype(dtype), remat=remat), donate_argnums=0)
+    compiled = fn.lower(state, batch, jax.random.key(1)).compile()
+    temp_mb = compiled.memory_analysis().temp_size_in_bytes / 2**20
+    if measure_only:
+        return {"compiled_temp_mb": temp_mb}
+    state, m = fn(state, batch, jax.random.key(1))
+    jax.block_until_ready(m)
+    start = time.perf_counter()
+    for i in range(TRAIN_STEPS):
+        state, m = fn(state, batch, jax.random.key(i))
+    jax.block_until_ready(m)
+    seconds = (time.perf_counter() - start) / TRAIN_STEPS
+    return {"seconds_per_step": seconds, "sequences_per_s": TRAIN_BATCH / seconds, "compiled_temp_mb": temp_mb}
+
+
+def child_train_jax_f32() -> dict:
+    return _jax_train("float32", False)
+
+
+def child_train_jax_bf16() -> dict:
+    return _jax_train("bfloat16", False)
+
+
+def child_train_jax_remat_memory() -> dict:
+    return _jax_train("float32", True, measure_only=True)
+
+
+def child_train_torch() -> dict:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.BertForMaskedLM(transformers.BertConfig()).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    ids, labels = (torch.from_numpy(a).long() for a in _mlm_batch())
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    step()
+    start = time.perf_counter()
+    for _ in range(TRAIN_STEPS):
+        step()
+    seconds = (time.perf_counter() - start) / TRAIN_STEPS
+    return {"seconds_per_step": seconds, "sequences_per_s": TRAIN_BATCH / seconds}
+
+
+CHILDREN = {"train: jaxbert float32": child_train_jax_f32, "train: jaxbert bfloat16": child_train_jax_bf16,
+            "train: jaxbert float32 remat (memory only)": child_train_jax_remat_memory,
+            "train: PyTorch eager float32": child_train_torch,
+            "embed: length buckets": child_embed_bucketed, "embed: pad to 512": child_embed_pad512,
             "jaxbert convert": child_convert, "transformers load+save": child_transformers_resave,
             "import jaxbert (baseline)": child_baseline}
 
@@ -166,7 +256,28 @@ def section_embed(repeats: int) -> dict:
     return results
 
 
-SECTIONS = {"convert": section_convert, "embed": section_embed}
+def section_train(repeats: int) -> dict:
+    peers = ["train: jaxbert float32", "train: jaxbert bfloat16"]
+    try:
+        import torch  # noqa: F401
+
+        peers.append("train: PyTorch eager float32")
+    except ImportError:
+        print("note: torch not installed: skipping the PyTorch peer")
+    results = alternate(peers, (), repeats)
+    results.update(alternate(["train: jaxbert float32 remat (memory only)"], (), 1))
+    ours = results["train: jaxbert float32"]
+    if "train: PyTorch eager float32" in results:
+        base = results["train: PyTorch eager float32"]["sequences_per_s"]
+        ours["speedup_vs_torch"] = ours["sequences_per_s"] / base
+        results["train: jaxbert bfloat16"]["speedup_vs_torch"] = (
+            results["train: jaxbert bfloat16"]["sequences_per_s"] / base)
+    results["remat_temp_ratio"] = (results["train: jaxbert float32 remat (memory only)"]["compiled_temp_mb"]
+                                   / ours["compiled_temp_mb"])
+    return results
+
+
+SECTIONS = {"convert": section_convert, "embed": section_embed, "train": section_train}
 
 
 def main() -> None:
