@@ -6,7 +6,6 @@ Expected errors (bad paths, bad files, bad configs) become one line on stderr an
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -87,35 +86,14 @@ def _export(args) -> int:
     return 0
 
 
-def read_texts(path: str) -> list[str]:
-    """One text per line (.txt), or JSON lines with a "text" field (.jsonl); blank lines are skipped."""
-    texts = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                if not path.endswith(".jsonl"):
-                    texts.append(line.rstrip("\n"))
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: invalid JSON ({e.msg})") from None
-                if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                    raise ValueError(f"{path}:{n}: expected an object with a string \"text\" field")
-                texts.append(record["text"])
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 ({e.reason} at byte {e.start})") from None
-    return texts
-
-
 def _embed(args) -> int:
     import jaxbert
 
     if not args.output.endswith(".npy"):
         raise ValueError(f"--output {args.output}: expected a .npy file")
-    texts = read_texts(args.input)
+    from jaxbert.texts import read_text_file
+
+    texts = read_text_file(args.input, allow_empty=True).texts
     bert = jaxbert.load(args.dir)
     emb = bert.embed(texts, pooling=args.pooling, normalize=args.normalize, batch_size=args.batch_size,
                      max_length=args.max_length)

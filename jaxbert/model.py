@@ -106,13 +106,36 @@ def layer_head_mask(config: BertConfig, head_mask: Float[Array, "N H"] | None, i
     return head_mask[i][jnp.asarray(config.kept_heads(i), dtype=jnp.int32)]
 
 
+def _remat_scan(p, config: BertConfig, x, mask, head_mask, rng):
+    """Remat as a scan over stacked layers. Under a Python loop XLA is free to hoist every layer's
+    recomputation to the start of the backward pass, which keeps all activations alive and saves nothing; a
+    scan runs the backward one layer at a time, so only the layer inputs are stored."""
+    n = config.num_hidden_layers
+    stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *(p["layer"][str(i)] for i in range(n)))
+
+    def body(h, xs):
+        params, i, hm = xs
+        h, probs = layer(params, config, h, mask, hm, rng=None if rng is None else jax.random.fold_in(rng, i))
+        return h, (h, probs)
+
+    last, (hidden, probs) = jax.lax.scan(jax.checkpoint(body, prevent_cse=False), x,
+                                         (stacked, jnp.arange(n), head_mask))
+    return last, (x, *hidden), tuple(probs)
+
+
 def encoder(p, config: BertConfig, x: Float[Array, "L D"], mask: Bool[Array, "M"],
             head_mask: Float[Array, "N H"] | None = None, *, rng=None, remat: bool = False):
-    """All layers; returns (last hidden, hidden states: embeddings + each layer, attentions per layer)."""
+    """All layers; returns (last hidden, hidden states: embeddings + each layer, attentions per layer).
+
+    With `remat`, each layer's activations are recomputed in the backward pass instead of stored (layers of
+    different shapes, i.e. pruned ones, fall back to a checkpointed loop)."""
+    if remat and not config.pruned_heads:
+        return _remat_scan(p, config, x, mask, head_mask, rng)
+
     def step(p_, x_, m_, hm_, r_):
         return layer(p_, config, x_, m_, hm_, rng=r_)
 
-    if remat:  # recompute each layer's activations in the backward pass instead of storing them
+    if remat:
         step = jax.checkpoint(step)
     hidden, attentions = [x], []
     for i in range(config.num_hidden_layers):

@@ -89,7 +89,8 @@ def classify(bert, texts, pairs=None, batch_size: int = 32) -> list[dict]:
             continue
         probs = _softmax(logits)
         best = int(probs.argmax())
-        results.append({"label": names[best], "score": float(probs[best]), "scores": dict(zip(names, map(float, probs)))})
+        scores = dict(zip(names, map(float, probs)))
+        results.append({"label": names[best], "score": float(probs[best]), "scores": scores})
     return results
 
 

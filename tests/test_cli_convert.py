@@ -2,14 +2,12 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 from flax import serialization
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 import jaxbert
 from conftest import assert_close, hf_model, padded_batch, state_dict, torch_run
@@ -66,7 +64,8 @@ def _write_sharded_bin(sd, directory):
         name = f"pytorch_model-0000{i + 1}-of-00002.bin"
         torch.save({k: torch.from_numpy(sd[k]) for k in part}, os.path.join(directory, name))
         weight_map.update({k: name for k in part})
-    json.dump({"metadata": {}, "weight_map": weight_map}, open(os.path.join(directory, "pytorch_model.bin.index.json"), "w"))
+    with open(os.path.join(directory, "pytorch_model.bin.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
 
 
 @pytest.mark.parametrize("fmt", ["bin", "sharded_safetensors", "sharded_bin"])
@@ -128,7 +127,8 @@ def test_convert_export_round_trip_equals_original(tmp_path, capsys):
     back, info = transformers.BertForPreTraining.from_pretrained(tmp_path / "pt", output_loading_info=True,
                                                                  attn_implementation="eager")
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
-    original, exported = load_file(tmp_path / "src" / "model.safetensors"), load_file(tmp_path / "pt" / "model.safetensors")
+    original = load_file(tmp_path / "src" / "model.safetensors")
+    exported = load_file(tmp_path / "pt" / "model.safetensors")
     assert set(exported) == set(original)
     for key in original:
         assert np.array_equal(exported[key], original[key]), key

@@ -14,40 +14,6 @@ import numpy as np
 from jaxbert.tokenizer import WordPiece
 
 
-@dataclasses.dataclass
-class TextFile:
-    texts: list[str]
-    empty_lines: int
-
-
-def read_text_file(path: str) -> TextFile:
-    """txt: one text per line; jsonl: a "text" field per line. Empty lines are skipped and counted."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such file")
-    texts, empty = [], 0
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
-            if not line.strip():
-                empty += 1
-                continue
-            if path.endswith(".jsonl"):
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: invalid JSON ({e.msg})") from None
-                if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                    raise ValueError(f"{path}:{n}: expected an object with a string \"text\" field")
-                line = record["text"]
-            texts.append(line)
-    if not texts:
-        raise ValueError(f"{path}: no text (0 non-empty lines)")
-    return TextFile(texts, empty)
-
-
 def _tokenize(tok: WordPiece, texts: list[str], seq_len: int, line_by_line: bool, pad_id: int) -> np.ndarray:
     if line_by_line:  # one example per line, truncated and padded to seq_len
         enc = tok.encode(texts, max_length=seq_len, truncation=True)

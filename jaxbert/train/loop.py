@@ -8,7 +8,6 @@ atomically: a crash mid-save leaves the previous checkpoint intact), and writing
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import time
@@ -22,6 +21,7 @@ from tqdm.auto import tqdm
 from jaxbert import sharding
 from jaxbert.config import BertConfig
 from jaxbert.train import data as D
+from jaxbert.texts import read_text_file
 from jaxbert.train.config import TrainConfig
 from jaxbert.train.masking import default_max_predictions, mask_tokens
 from jaxbert.train.state import OptimConfig, init_state, mlm_params, optimizer, schedule
@@ -79,9 +79,9 @@ def prepare(cfg: TrainConfig) -> Run:
     batch = cfg.global_batch_size or cfg.per_device_batch_size * n
     if batch % n:
         raise ValueError(f"batch size {batch} does not divide across {n} devices")
-    train_text = D.read_text_file(cfg.train_file)
+    train_text = read_text_file(cfg.train_file)
     if cfg.validation_file:
-        val_texts = D.read_text_file(cfg.validation_file).texts
+        val_texts = read_text_file(cfg.validation_file).texts
         train_texts = train_text.texts
     else:
         cut = len(train_text.texts) * cfg.validation_split_percentage // 100

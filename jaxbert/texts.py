@@ -1,0 +1,42 @@
+"""Reading local text files: one text per line (.txt) or JSON lines with a "text" field (.jsonl), with
+errors that name the file and line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+
+@dataclasses.dataclass
+class TextFile:
+    texts: list[str]
+    empty_lines: int
+
+
+def read_text_file(path: str, allow_empty: bool = False) -> TextFile:
+    """txt: one text per line; jsonl: a "text" field per line. Empty lines are skipped and counted."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    texts, empty = [], 0
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
+            if not line.strip():
+                empty += 1
+                continue
+            if path.endswith(".jsonl"):
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{n}: invalid JSON ({e.msg})") from None
+                if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                    raise ValueError(f"{path}:{n}: expected an object with a string \"text\" field")
+                line = record["text"]
+            texts.append(line)
+    if not texts and not allow_empty:
+        raise ValueError(f"{path}: no text (0 non-empty lines)")
+    return TextFile(texts, empty)
