@@ -31,7 +31,7 @@ def test_embed_txt_and_jsonl_equal_the_api(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("content, match", [
-    (b"ok\n\xff\xfe broken\n", "not UTF-8"),
+    (b'{"text": "ok"}\n\xff\xfe broken\n', ":2: not UTF-8"),
     (b'{"text": "fine"}\n{"txt": "no"}\n', ':2: expected an object with a string "text" field'),
     (b'{"text": "fine"}\n{oops\n', ":2: invalid JSON"),
 ])
