@@ -12,7 +12,7 @@ import numpy as np
 from flax import traverse_util
 
 from jaxbert.config import BertConfig
-from jaxbert.heads import HEADS, resolve_head
+from jaxbert.heads import HEADS, WITHOUT_POOLER, resolve_head
 from jaxbert.params import param_spec
 
 # Buffers transformers keeps in some checkpoints; they hold no learned weights.
@@ -110,6 +110,8 @@ def torch_to_flax(state_dict: dict[str, np.ndarray], config: BertConfig, head: s
     base_missing = [n for n in missing if head == "BertModel" or n.startswith("bert.")]
     if missing and (not allow_missing_head or base_missing):
         raise ValueError(f"missing keys for {head}: {', '.join(missing)}")
+    if head in WITHOUT_POOLER and not any(canonical_key(k, head).startswith("bert.pooler.") for k in state_dict):
+        report.absent.append("pooler")  # as in transformers, this head is built without one
     report.missing = missing
     return traverse_util.unflatten_dict(found), report
 

@@ -293,9 +293,9 @@ def main() -> None:
         print(f"== {name} ({machine}; medians of {args.repeats} alternating runs)")
         for peer, row in report[name].items():
             if isinstance(row, dict):
-                print(f"  {peer:<28}" + "  ".join(f"{k} {v:.3g}" for k, v in row.items() if k != "runs"))
+                print(f"  {peer:<44}" + "  ".join(f"{k} {v:.3g}" for k, v in row.items() if k != "runs"))
             else:
-                print(f"  {peer:<28}{row:.4g}")
+                print(f"  {peer:<44}{row:.4g}")
     with open(args.json, "w") as f:
         json.dump(report, f, indent=2)
     print(f"wrote {args.json}")
