@@ -4,6 +4,9 @@ cancels, and the table reports medians and ratios. Writes the results as JSON to
     python scripts/benchmark.py [--section convert] [--repeats 3] [--json benchmark.json]
 
 Sections:
+  infer     bert-base (random weights) BertModel forward at 1 x 128 (latency) and 8 x 128: jaxbert float32 and
+            bfloat16 vs PyTorch eager (transformers 5, torch.inference_mode); medians of 5 calls after one
+            warm-up call, whose time (compilation included) is reported as first_call_s.
   train     one MLM training step of bert-base (random weights), batch 8 x 128: jaxbert float32 and bfloat16
             vs PyTorch eager (transformers BertForMaskedLM + torch AdamW), sequences/s; and the compiled
             temporary memory of the step with and without --remat (XLA's memory analysis).
@@ -184,7 +187,65 @@ def child_train_torch() -> dict:
     return {"seconds_per_step": seconds, "sequences_per_s": TRAIN_BATCH / seconds}
 
 
-CHILDREN = {"train: jaxbert float32": child_train_jax_f32, "train: jaxbert bfloat16": child_train_jax_bf16,
+def _infer_ids(batch: int, length: int):
+    import numpy as np
+
+    return np.random.default_rng(0).integers(1000, 30000, (batch, length)).astype(np.int32)
+
+
+def _infer_jax(dtype: str, batch: str, length: str) -> dict:
+    import jax
+
+    import jaxbert
+    from jaxbert.inference import Bert
+
+    config = jaxbert.BertConfig()
+    params = jaxbert.init_params(config, jax.random.key(0), "BertModel")
+    if dtype != "float32":
+        params = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
+    bert = Bert(config, params, "BertModel")
+    ids = _infer_ids(int(batch), int(length))
+    start = time.perf_counter()
+    bert(ids).last_hidden_state.block_until_ready()
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        bert(ids).last_hidden_state.block_until_ready()
+        times.append(time.perf_counter() - start)
+    seconds = sorted(times)[len(times) // 2]
+    return {"first_call_s": first, "seconds": seconds, "tokens_per_s": int(batch) * int(length) / seconds}
+
+
+def child_infer_jax_f32(batch: str, length: str) -> dict:
+    return _infer_jax("float32", batch, length)
+
+
+def child_infer_jax_bf16(batch: str, length: str) -> dict:
+    return _infer_jax("bfloat16", batch, length)
+
+
+def child_infer_torch(batch: str, length: str) -> dict:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig()).eval()
+    ids = torch.from_numpy(_infer_ids(int(batch), int(length))).long()
+    with torch.inference_mode():
+        model(ids)
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            model(ids)
+            times.append(time.perf_counter() - start)
+    seconds = sorted(times)[len(times) // 2]
+    return {"seconds": seconds, "tokens_per_s": int(batch) * int(length) / seconds}
+
+
+CHILDREN = {"infer: jaxbert float32": child_infer_jax_f32, "infer: jaxbert bfloat16": child_infer_jax_bf16,
+            "infer: PyTorch eager float32": child_infer_torch,
+            "train: jaxbert float32": child_train_jax_f32, "train: jaxbert bfloat16": child_train_jax_bf16,
             "train: jaxbert float32 remat (memory only)": child_train_jax_remat_memory,
             "train: PyTorch eager float32": child_train_torch,
             "embed: length buckets": child_embed_bucketed, "embed: pad to 512": child_embed_pad512,
@@ -277,7 +338,26 @@ def section_train(repeats: int) -> dict:
     return results
 
 
-SECTIONS = {"convert": section_convert, "embed": section_embed, "train": section_train}
+def section_infer(repeats: int) -> dict:
+    peers = ["infer: jaxbert float32", "infer: jaxbert bfloat16"]
+    try:
+        import torch  # noqa: F401
+
+        peers.append("infer: PyTorch eager float32")
+    except ImportError:
+        print("note: torch not installed: skipping the PyTorch peer")
+    results = {}
+    for batch, length in ((1, 128), (8, 128)):
+        shape = alternate(peers, (str(batch), str(length)), repeats)
+        base = shape.get("infer: PyTorch eager float32", {}).get("tokens_per_s")
+        for peer, row in shape.items():
+            if base and peer != "infer: PyTorch eager float32":
+                row["speedup_vs_torch"] = row["tokens_per_s"] / base
+            results[f"{batch}x{length} {peer}"] = row
+    return results
+
+
+SECTIONS = {"convert": section_convert, "embed": section_embed, "train": section_train, "infer": section_infer}
 
 
 def main() -> None:
