@@ -19,7 +19,7 @@ import numpy as np
 from flax import serialization
 
 from jaxbert.config import BertConfig
-from jaxbert.convert import ConversionReport, torch_to_flax
+from jaxbert.convert import ConversionReport, flax_to_torch_any, torch_to_flax
 
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
 TORCH_BIN, TORCH_BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
@@ -100,8 +100,6 @@ def load_params(directory: str, config: BertConfig, head: str, *,
     path = find_weights(directory)
     if path.endswith(".msgpack"):
         # A Flax tree already; round-trip through the PyTorch naming so it gets the same checks.
-        from jaxbert.convert import flax_to_torch_any
-
         state = flax_to_torch_any(read_msgpack(path))
     else:
         state = read_state_dict(path)

@@ -104,7 +104,7 @@ def forward(params, config: BertConfig, head: str, input_ids=None, attention_mas
     if head == "BertForMultipleChoice":  # [B, C, L] -> [B*C, L]; logits come back as [B, C]
         ref = input_ids if input_ids is not None else inputs_embeds
         choices = ref.shape[1]
-        flat = lambda a, n=2: None if a is None else a.reshape(-1, *a.shape[n:])  # noqa: E731
+        flat = lambda a: None if a is None else a.reshape(-1, *a.shape[2:])  # noqa: E731
         input_ids, attention_mask, token_type_ids, position_ids = map(
             flat, (input_ids, attention_mask, token_type_ids, position_ids))
         inputs_embeds = flat(inputs_embeds)

@@ -80,10 +80,8 @@ def _write_config(config: BertConfig, head: str, dtype: str, directory: str) -> 
         f.write("\n")
 
 
-def _finish(summary: TransferSummary, directory: str, start: float) -> TransferSummary:
-    summary.files = {name: os.path.getsize(os.path.join(directory, name)) for name in sorted(os.listdir(directory))}
-    summary.seconds = time.perf_counter() - start
-    return summary
+def _listing(directory: str) -> dict[str, int]:
+    return {name: os.path.getsize(os.path.join(directory, name)) for name in sorted(os.listdir(directory))}
 
 
 def write_jaxbert_dir(params, config: BertConfig, head: str, dst: str, *, tokenizer_from: str | None = None,
@@ -95,7 +93,7 @@ def write_jaxbert_dir(params, config: BertConfig, head: str, dst: str, *, tokeni
             write_msgpack(params, f)
         if tokenizer_from:
             copy_tokenizer_files(tokenizer_from, tmp)
-        files = {name: os.path.getsize(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))}
+        files = _listing(tmp)
     return files
 
 
@@ -129,6 +127,6 @@ def export_checkpoint(src: str, dst: str, *, dtype: str = "float32", force: bool
         save_file({k: np.ascontiguousarray(v) for k, v in state.items()}, os.path.join(tmp, SAFETENSORS),
                   metadata={"format": "pt"})
         copy_tokenizer_files(src, tmp)
-        summary = TransferSummary(src, dst, head, os.path.basename(source_file), dtype, count_params(params),
-                                  report.ignored, report.absent, {})
-        return _finish(summary, tmp, start)
+        files = _listing(tmp)
+    return TransferSummary(src, dst, head, os.path.basename(source_file), dtype, count_params(params),
+                           report.ignored, report.absent, files, time.perf_counter() - start)

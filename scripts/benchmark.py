@@ -270,6 +270,17 @@ def alternate(peers: list[str], args: tuple[str, ...], repeats: int) -> dict[str
     return {p: {k: statistics.median(r[k] for r in rs) for k in rs[0]} | {"runs": len(rs)} for p, rs in runs.items()}
 
 
+def torch_peer(name: str) -> list[str]:
+    """[name] when torch and transformers are installed; otherwise a note and no peer."""
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        print(f"note: torch/transformers not installed: skipping {name!r}")
+        return []
+    return [name]
+
+
 # -- sections --------------------------------------------------------------------------------------------------
 def make_bert_base(directory: str) -> int:
     import jax
@@ -291,14 +302,7 @@ def section_convert(repeats: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = os.path.join(tmp, "bert-base"), os.path.join(tmp, "out")
         size = make_bert_base(src)
-        peers = ["jaxbert convert", "import jaxbert (baseline)"]
-        try:
-            import torch  # noqa: F401
-            import transformers  # noqa: F401
-
-            peers.append("transformers load+save")
-        except ImportError:
-            print("note: torch/transformers not installed: skipping the transformers peer")
+        peers = ["jaxbert convert", "import jaxbert (baseline)", *torch_peer("transformers load+save")]
         results = alternate(peers, (src, dst), repeats)
     results["checkpoint_mb"] = size / 2**20
     ours = results["jaxbert convert"]
@@ -319,12 +323,7 @@ def section_embed(repeats: int) -> dict:
 
 def section_train(repeats: int) -> dict:
     peers = ["train: jaxbert float32", "train: jaxbert bfloat16"]
-    try:
-        import torch  # noqa: F401
-
-        peers.append("train: PyTorch eager float32")
-    except ImportError:
-        print("note: torch not installed: skipping the PyTorch peer")
+    peers += torch_peer("train: PyTorch eager float32")
     results = alternate(peers, (), repeats)
     results.update(alternate(["train: jaxbert float32 remat (memory only)"], (), 1))
     ours = results["train: jaxbert float32"]
@@ -340,12 +339,7 @@ def section_train(repeats: int) -> dict:
 
 def section_infer(repeats: int) -> dict:
     peers = ["infer: jaxbert float32", "infer: jaxbert bfloat16"]
-    try:
-        import torch  # noqa: F401
-
-        peers.append("infer: PyTorch eager float32")
-    except ImportError:
-        print("note: torch not installed: skipping the PyTorch peer")
+    peers += torch_peer("infer: PyTorch eager float32")
     results = {}
     for batch, length in ((1, 128), (8, 128)):
         shape = alternate(peers, (str(batch), str(length)), repeats)

@@ -15,12 +15,12 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
 from jaxbert import sharding
 from jaxbert.config import BertConfig
 from jaxbert.train import data as D
+from jaxbert.train import outputs
 from jaxbert.texts import read_text_file
 from jaxbert.train.config import TrainConfig
 from jaxbert.train.masking import default_max_predictions, mask_tokens
@@ -157,31 +157,26 @@ def _restore(run: Run, manager, step: int | None, state):
     if step is None:
         run.say("resume: no checkpoint yet, starting from the beginning")
         return state, 0
-    meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+    restored, meta = outputs.restore(manager, step, abstract)
     for key, value in _meta(run, step).items():
         if key not in ("step", "epoch", "offset") and meta.get(key) != value:
             raise ValueError(f"--resume: checkpoint {step} was made with {key}={meta.get(key)!r}, this run has "
                              f"{value!r}")
-    abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
-    from jaxbert.train.outputs import restore
-
-    state, _ = restore(manager, step, abstract)
+    state = restored
     run.say(f"resume: restored step {step} (epoch {meta['epoch']}, sequence {meta['offset']} of the epoch)")
     return state, step
 
 
 def train_mlm(cfg: TrainConfig) -> dict:
     """Fine-tune cfg.model with masked-language modelling; returns the final validation metrics."""
-    from jaxbert.train import outputs
-
     run = prepare(cfg)
     os.makedirs(cfg.output_dir, exist_ok=True)
     params, fresh = mlm_params(cfg.model, run.config, cfg.seed)
     if fresh:
         run.say(f"model: the checkpoint has no masked-LM head; initialized a new one tied to the word embeddings "
                 f"({', '.join(fresh)})")
-    opt = OptimConfig(cfg.learning_rate, cfg.weight_decay, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon,
-                      cfg.max_grad_norm, run.warmup_steps, run.total_steps)
+    opt = OptimConfig.from_train(cfg, run.warmup_steps, run.total_steps)
     tx, sched = optimizer(opt), schedule(opt)
     mesh = sharding.make_mesh()
     state = init_state(params, tx)
@@ -203,13 +198,10 @@ def train_mlm(cfg: TrainConfig) -> dict:
         before = evaluate(run, state.params, eval_fn)
         metrics.add({"step": 0, **before})
         run.say(f"step 0: validation loss {before['eval_loss']:.4f}, perplexity {before['eval_perplexity']:.2f}")
-    final = _loop(run, state, start, step_fn, eval_fn, manager, metrics, tx)
-    return final
+    return _loop(run, state, start, step_fn, eval_fn, manager, metrics)
 
 
-def _loop(run: Run, state, start: int, step_fn, eval_fn, manager, metrics, tx) -> dict:
-    from jaxbert.train import outputs
-
+def _loop(run: Run, state, start: int, step_fn, eval_fn, manager, metrics) -> dict:
     cfg, total = run.cfg, run.total_steps
     key = jax.random.key(cfg.seed)
     bar = tqdm(total=total, initial=start, unit="step", disable=not cfg.progress, dynamic_ncols=True)

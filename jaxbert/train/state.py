@@ -36,6 +36,13 @@ class OptimConfig:
     total_steps: int = 1
 
 
+    @classmethod
+    def from_train(cls, cfg, warmup_steps: int, total_steps: int) -> "OptimConfig":
+        """The optimizer's share of a TrainConfig (same field names), with the resolved step counts."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"warmup_steps", "total_steps"}
+        return cls(**{n: getattr(cfg, n) for n in names}, warmup_steps=warmup_steps, total_steps=total_steps)
+
+
 def decay_mask(params) -> dict:
     """True where weight decay applies: not on biases, not on LayerNorm parameters (as transformers' Trainer)."""
     flat = traverse_util.flatten_dict(params)
