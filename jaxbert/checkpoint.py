@@ -41,9 +41,15 @@ def find_weights(directory: str) -> str:
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
     from safetensors import SafetensorError, safe_open
 
-    try:  # memory-mapped, one tensor at a time (load_file would hold the whole file twice)
+    try:  # Memory-mapped, one tensor at a time (load_file would hold the whole file twice). Reopened per tensor:
+        # the mapped pages of tensors already copied would otherwise count twice in the peak RSS.
         with safe_open(path, framework="np") as f:
-            return {key: f.get_tensor(key) for key in f.keys()}
+            keys = list(f.keys())
+        state = {}
+        for key in keys:
+            with safe_open(path, framework="np") as f:
+                state[key] = f.get_tensor(key)
+        return state
     except (SafetensorError, OSError, ValueError) as e:
         raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
 

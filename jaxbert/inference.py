@@ -13,13 +13,16 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxbert import batching, tasks
 from jaxbert.checkpoint import load_params
 from jaxbert.config import BertConfig
 from jaxbert.heads import base_params, forward, resolve_head
+from jaxbert.layout import to_compute, to_stored
 from jaxbert.model import BertOutput, bert
+from jaxbert.ops import as_bits, from_bits
 from jaxbert.tokenizer import WordPiece, pad
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -48,22 +51,57 @@ def pool(out: BertOutput, mask, pooling: str, normalize: bool):
     return emb
 
 
+def _check_dtype(dtype: str | None):
+    if dtype is not None and dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(_DTYPES)}")
+
+
+def _to_devices(tree, place):
+    """place(leaf) leaf by leaf, dropping each host leaf once placed: a handed-over host tree and its device copy
+    never both exist in full."""
+    flat = traverse_util.flatten_dict(tree, sep="\0")
+    del tree
+    for key in list(flat):
+        flat[key] = place(flat.pop(key))
+    return traverse_util.unflatten_dict(flat, sep="\0")
+
+
 class Bert:
-    """A loaded checkpoint: `config`, `params` (on the devices), `head`, `tokenizer`, jitted entry points.
+    """A loaded checkpoint: `config`, `params`, `head`, `tokenizer`, jitted entry points.
+
+    The parameters live on the devices in the compute layout (layers stacked for one scan, query/key/value
+    fused; see layout.py), built once here, 16-bit floats held as their bits (`weights`; see ops.as_bits) and
+    turned back inside the jitted functions, where XLA folds the round trip away. `compute_params` and
+    `params` (the stored layout, transformers' FlaxBert tree) are rebuilt from them on each access.
 
     `compile_count` counts the programs traced so far (each one a compilation): with shape buckets it stays
     within len(length_buckets) × len(batch buckets) per entry point whatever the stream of inputs.
     `length_buckets` may be replaced (ascending, the last at most max_position_embeddings).
     """
 
-    def __init__(self, config: BertConfig, params, head: str | None = None, directory: str | None = None):
+    def __init__(self, config: BertConfig, params, head: str | None = None, directory: str | None = None,
+                 *, dtype: str | None = None, consume: bool = False):
+        """`dtype` casts floating parameters as they are placed; `consume=True` hands over `params`: its layers
+        are emptied while stacking, to save memory."""
         self.config, self.head, self.directory = config, resolve_head(head, config), directory
         self.compile_count = 0
         self.length_buckets = batching.length_buckets(config.max_position_embeddings)
         devices = jax.devices()
         self.mesh = Mesh(np.array(devices), ("data",))
         self._data = NamedSharding(self.mesh, PartitionSpec("data"))
-        self.params = jax.device_put(params, NamedSharding(self.mesh, PartitionSpec()))
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+
+        _check_dtype(dtype)
+
+        def place(x):
+            if dtype is not None and jnp.issubdtype(x.dtype, jnp.floating):
+                x = x.astype(_DTYPES[dtype])
+            return jax.device_put(x, replicated)
+
+        compute = _to_devices(to_compute(params, config, consume=consume, place=place), place)
+        del params
+        self._dtypes = jax.tree_util.tree_map(lambda a: a.dtype, compute)
+        self.weights = _to_devices(compute, lambda a: jax.device_put(as_bits(a), replicated))
         self._tokenizer = None
         self._forward = jax.jit(self._counted(self._forward_impl),
                                 static_argnames=("output_hidden_states", "output_attentions"))
@@ -77,23 +115,36 @@ class Bert:
 
         return traced
 
-    def _forward_impl(self, params, input_ids, attention_mask, token_type_ids, position_ids, head_mask, *,
+    def _unbits(self, weights):
+        return jax.tree_util.tree_map(from_bits, weights, self._dtypes)
+
+    def _forward_impl(self, weights, input_ids, attention_mask, token_type_ids, position_ids, head_mask, *,
                       output_hidden_states=False, output_attentions=False):
-        return forward(params, self.config, self.head, input_ids, attention_mask, token_type_ids, position_ids,
+        return forward(self._unbits(weights), self.config, self.head, input_ids, attention_mask, token_type_ids, position_ids,
                        head_mask, output_hidden_states=output_hidden_states, output_attentions=output_attentions)
 
-    def _embed_impl(self, params, input_ids, attention_mask, token_type_ids, *, pooling, normalize):
-        out = bert(base_params(params, self.head), self.config, input_ids, attention_mask, token_type_ids)
+    def _embed_impl(self, weights, input_ids, attention_mask, token_type_ids, *, pooling, normalize):
+        out = bert(base_params(self._unbits(weights), self.head), self.config, input_ids, attention_mask, token_type_ids)
         return pool(out, attention_mask, pooling, normalize)
 
     # -- properties ------------------------------------------------------------------------------------------
     @property
+    def compute_params(self):
+        """The compute layout (a new tree on each access)."""
+        return jax.jit(self._unbits)(self.weights)
+
+    @property
+    def params(self):
+        """The stored layout (transformers' FlaxBert tree; a new tree on each access)."""
+        return to_stored(self.compute_params, self.config)
+
+    @property
     def params_dtype(self):
-        return jax.tree_util.tree_leaves(self.params)[0].dtype
+        return jax.tree_util.tree_leaves(self._dtypes)[0]
 
     @property
     def has_pooler(self) -> bool:
-        return "pooler" in base_params(self.params, self.head)
+        return "pooler" in base_params(self.weights, self.head)
 
     @property
     def tokenizer(self) -> WordPiece:
@@ -139,7 +190,7 @@ class Bert:
                  output_hidden_states: bool = False, output_attentions: bool = False) -> BertOutput:
         self.check_inputs(input_ids, attention_mask, token_type_ids, position_ids)
         head_mask = None if head_mask is None else jnp.asarray(head_mask, jnp.float32)
-        return self._forward(self.params, *self._put(input_ids, attention_mask, token_type_ids, position_ids),
+        return self._forward(self.weights, *self._put(input_ids, attention_mask, token_type_ids, position_ids),
                              head_mask, output_hidden_states=output_hidden_states,
                              output_attentions=output_attentions)
 
@@ -163,7 +214,7 @@ class Bert:
         enc = self.tokenizer.encode(texts, max_length=self.max_length(max_length))
         out = np.zeros((len(enc), self.config.hidden_size), np.float32)
         for idx, batch in tasks.progress(self.batches(enc, batch_size), len(enc), batch_size, progress):
-            emb = self._embed(self.params, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+            emb = self._embed(self.weights, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
                               pooling=pooling, normalize=normalize)
             out[idx] = np.asarray(emb)[: len(idx)]
         return out
@@ -193,13 +244,6 @@ def load(path: str | os.PathLike, head: str | None = None, dtype: str | None = N
     path = os.fspath(path)
     config = BertConfig.from_pretrained(path)
     head = resolve_head(head, config)
-    if dtype is not None and dtype not in _DTYPES:
-        raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(_DTYPES)}")
-    params, _ = load_params(path, config, head)
-
-    def place(x):
-        x = np.asarray(x)
-        floating = np.issubdtype(x.dtype, np.floating) or x.dtype.name == "bfloat16"
-        return jnp.asarray(x, _DTYPES[dtype]) if dtype and floating else jnp.asarray(x)
-
-    return Bert(config, jax.tree_util.tree_map(place, params), head, path)
+    _check_dtype(dtype)
+    # Inline, so the tree's only reference is Bert's argument and `consume` can free each layer once stacked.
+    return Bert(config, load_params(path, config, head)[0], head, path, dtype=dtype, consume=True)

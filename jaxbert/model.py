@@ -15,7 +15,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from jaxbert.config import BertConfig
-from jaxbert.ops import activation, dense, dropout, layer_norm
+from jaxbert.layout import can_stack, is_stacked, stack_in_jit
+from jaxbert.ops import activation, as_bits, compute_dtype, dense, dropout, from_bits, layer_norm, take_rows
 
 
 @flax.struct.dataclass
@@ -47,11 +48,12 @@ def _split(rng, n):
 def embeddings(p, config: BertConfig, input_ids: Int[Array, "L"] | None, token_type_ids: Int[Array, "L"],
                position_ids: Int[Array, "L"], inputs_embeds: Float[Array, "L D"] | None = None, *,
                rng=None) -> Float[Array, "L D"]:
-    x = p["word_embeddings"]["embedding"][input_ids] if inputs_embeds is None else inputs_embeds
-    x = x + p["token_type_embeddings"]["embedding"][token_type_ids].astype(x.dtype)
+    # The residual stream is float32 whatever the weights' dtype: only matmul inputs are cast down (ops.dense).
+    x = take_rows(p["word_embeddings"]["embedding"], input_ids) if inputs_embeds is None else inputs_embeds
+    x = x.astype(jnp.float32) + take_rows(p["token_type_embeddings"]["embedding"], token_type_ids).astype(jnp.float32)
     # Relative-position models still store absolute position embeddings but never add them (as transformers).
     if config.position_embedding_type == "absolute":
-        x = x + p["position_embeddings"]["embedding"][position_ids].astype(x.dtype)
+        x = x + take_rows(p["position_embeddings"]["embedding"], position_ids).astype(jnp.float32)
     x = layer_norm(p["LayerNorm"], x, config.layer_norm_eps)
     return dropout(x, config.hidden_dropout_prob, rng)
 
@@ -59,29 +61,53 @@ def embeddings(p, config: BertConfig, input_ids: Int[Array, "L"] | None, token_t
 def _relative_scores(p, config: BertConfig, q: Float[Array, "L H K"], k: Float[Array, "M H K"]):
     L, M = q.shape[0], k.shape[0]
     distance = jnp.arange(L)[:, None] - jnp.arange(M)[None, :]
-    pos = p["distance_embedding"]["embedding"][distance + config.max_position_embeddings - 1].astype(q.dtype)
-    scores = jnp.einsum("lhk,lmk->hlm", q, pos)
+    pos = take_rows(p["distance_embedding"]["embedding"], distance + config.max_position_embeddings - 1).astype(q.dtype)
+    scores = jnp.einsum("lhk,lmk->hlm", q, pos, preferred_element_type=jnp.float32)
     if config.position_embedding_type == "relative_key_query":
-        scores = scores + jnp.einsum("mhk,lmk->hlm", k, pos)
+        scores = scores + jnp.einsum("mhk,lmk->hlm", k, pos, preferred_element_type=jnp.float32)
     return scores
 
 
+# Backends on which `jax.nn.dot_product_attention` is used when no probabilities are needed: on GPU it picks
+# cuDNN's fused kernel. On CPU it lowers to the same XLA ops as the explicit path below in a slower layout
+# (scripts/benchmark.py, bert-base 8 x 128: about 10% fewer tokens/s), so CPU keeps the explicit path.
+FUSED_ATTENTION_BACKENDS = ("gpu", "cuda", "rocm", "tpu")
+
+
+def _fused_attention(config: BertConfig, with_probs: bool, head_mask, rng) -> bool:
+    return (jax.default_backend() in FUSED_ATTENTION_BACKENDS and not with_probs and head_mask is None
+            and config.position_embedding_type == "absolute"
+            and (rng is None or config.attention_probs_dropout_prob == 0.0))
+
+
+def _project_qkv(p, x: Float[Array, "L D"], K: int):
+    """q, k, v as [L, H, K] each: one [D, 3D] matmul in the fused (stacked) layout, three otherwise."""
+    if "qkv" in p:
+        qkv = dense(p["qkv"], x).reshape(x.shape[0], 3, -1, K)
+        return qkv[:, 0], qkv[:, 1], qkv[:, 2]
+    return tuple(dense(p[name], x).reshape(x.shape[0], -1, K) for name in ("query", "key", "value"))
+
+
 def self_attention(p, config: BertConfig, x: Float[Array, "L D"], mask: Bool[Array, "M"],
-                   head_mask: Float[Array, "H"] | None = None, *, rng=None):
-    """Scaled dot-product attention over the unpruned heads; returns (context [L, H*K], probs [H, L, M])."""
-    K = config.head_size
-    q, k, v = (dense(p[name], x).reshape(x.shape[0], -1, K) for name in ("query", "key", "value"))
-    scores = jnp.einsum("lhk,mhk->hlm", q, k)
+                   head_mask: Float[Array, "H"] | None = None, *, rng=None, with_probs: bool = True):
+    """Scaled dot-product attention over the unpruned heads; returns (context [L, H*K], probs [H, L, M] or
+    None when not `with_probs`). Matmul inputs in the weights' dtype, scores and softmax in float32."""
+    K, cd = config.head_size, compute_dtype(p)
+    q, k, v = (t.astype(cd) for t in _project_qkv(p, x, K))
+    if _fused_attention(config, with_probs, head_mask, rng):
+        context = jax.nn.dot_product_attention(q, k, v, mask=mask[None, None, :])
+        return context.reshape(x.shape[0], -1).astype(jnp.float32), None
+    scores = jnp.einsum("lhk,mhk->hlm", q, k, preferred_element_type=jnp.float32)
     if config.position_embedding_type != "absolute":
         scores = scores + _relative_scores(p, config, q, k)
-    scores = scores.astype(jnp.float32) / math.sqrt(K)
+    scores = scores / math.sqrt(K)
     scores = jnp.where(mask[None, None, :], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1)
     probs = dropout(probs, config.attention_probs_dropout_prob, rng)
     if head_mask is not None:
         probs = probs * head_mask[:, None, None].astype(probs.dtype)
-    context = jnp.einsum("hlm,mhk->lhk", probs.astype(v.dtype), v)
-    return context.reshape(x.shape[0], -1), probs
+    context = jnp.einsum("hlm,mhk->lhk", probs.astype(cd), v, preferred_element_type=jnp.float32)
+    return context.reshape(x.shape[0], -1), probs if with_probs else None
 
 
 def _residual_norm(p, config: BertConfig, h: Array, residual: Array, rng) -> Float[Array, "L D"]:
@@ -90,10 +116,11 @@ def _residual_norm(p, config: BertConfig, h: Array, residual: Array, rng) -> Flo
 
 
 def layer(p, config: BertConfig, x: Float[Array, "L D"], mask: Bool[Array, "M"],
-          head_mask: Float[Array, "H"] | None = None, *, rng=None):
+          head_mask: Float[Array, "H"] | None = None, *, rng=None, with_probs: bool = True):
     """One encoder layer: attention, add & norm, GELU feed-forward, add & norm. Returns (x, attention probs)."""
     r_attn, r_out, r_ffn = _split(rng, 3)
-    context, probs = self_attention(p["attention"]["self"], config, x, mask, head_mask, rng=r_attn)
+    context, probs = self_attention(p["attention"]["self"], config, x, mask, head_mask, rng=r_attn,
+                                    with_probs=with_probs)
     x = _residual_norm(p["attention"]["output"], config, context, x, r_out)
     h = activation(config.hidden_act)(dense(p["intermediate"]["dense"], x))
     return _residual_norm(p["output"], config, h, x, r_ffn), probs
@@ -106,34 +133,47 @@ def layer_head_mask(config: BertConfig, head_mask: Float[Array, "N H"] | None, i
     return head_mask[i][jnp.asarray(config.kept_heads(i), dtype=jnp.int32)]
 
 
-def _remat_scan(p, config: BertConfig, x, mask, head_mask, rng):
-    """Remat as a scan over stacked layers. Under a Python loop XLA is free to hoist every layer's
-    recomputation to the start of the backward pass, which keeps all activations alive and saves nothing; a
-    scan runs the backward one layer at a time, so only the layer inputs are stored."""
-    n = config.num_hidden_layers
-    stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *(p["layer"][str(i)] for i in range(n)))
+def _scan(stacked, config: BertConfig, x, mask, head_mask, rng, remat: bool, with_probs: bool):
+    """The layers as one `lax.scan` over stacked parameters: one compiled body whatever the depth.
 
+    Remat goes through the scan too: under a Python loop XLA is free to hoist every layer's recomputation to
+    the start of the backward pass, which keeps all activations alive and saves nothing; a scan runs the
+    backward one layer at a time, so only the layer inputs are stored."""
     def body(h, xs):
         params, i, hm = xs
-        h, probs = layer(params, config, h, mask, hm, rng=None if rng is None else jax.random.fold_in(rng, i))
+        r = None if rng is None else jax.random.fold_in(rng, i)
+        h, probs = layer(params, config, h, mask, hm, rng=r, with_probs=with_probs)
         return h, (h, probs)
 
-    last, (hidden, probs) = jax.lax.scan(jax.checkpoint(body, prevent_cse=False), x,
-                                         (stacked, jnp.arange(n), head_mask))
-    return last, (x, *hidden), tuple(probs)
+    dtypes = jax.tree_util.tree_map(lambda a: a.dtype, stacked)  # 16-bit weights enter as bits: see ops.as_bits
+
+    def scanned(h, xs):
+        bits, i, hm = xs
+        return body(h, (jax.tree_util.tree_map(from_bits, bits, dtypes), i, hm))
+
+    body = jax.checkpoint(body, prevent_cse=False) if remat else body
+    n = config.num_hidden_layers
+    last, (hidden, probs) = jax.lax.scan(scanned, x, (jax.tree_util.tree_map(as_bits, stacked), jnp.arange(n),
+                                                       head_mask))
+    return last, (x, *hidden), tuple(probs) if with_probs else ()
 
 
 def encoder(p, config: BertConfig, x: Float[Array, "L D"], mask: Bool[Array, "M"],
-            head_mask: Float[Array, "N H"] | None = None, *, rng=None, remat: bool = False):
+            head_mask: Float[Array, "N H"] | None = None, *, rng=None, remat: bool = False,
+            with_probs: bool = True):
     """All layers; returns (last hidden, hidden states: embeddings + each layer, attentions per layer).
 
-    With `remat`, each layer's activations are recomputed in the backward pass instead of stored (layers of
-    different shapes, i.e. pruned ones, fall back to a checkpointed loop)."""
-    if remat and not config.pruned_heads:
-        return _remat_scan(p, config, x, mask, head_mask, rng)
+    The stacked layout (layout.py) runs as a scan. The stored per-layer tree runs as a Python loop (no copy of
+    the weights per call), or, with `remat`, as a scan over layers stacked in the trace; pruned layers, whose
+    shapes differ, always loop. With `remat`, each layer's activations are recomputed in the backward pass."""
+    if is_stacked(p):
+        return _scan(p["stacked"], config, x, mask, head_mask, rng, remat, with_probs)
+    if remat and can_stack(config):
+        stacked = stack_in_jit(p["layer"], config.num_hidden_layers)
+        return _scan(stacked, config, x, mask, head_mask, rng, remat, with_probs)
 
     def step(p_, x_, m_, hm_, r_):
-        return layer(p_, config, x_, m_, hm_, rng=r_)
+        return layer(p_, config, x_, m_, hm_, rng=r_, with_probs=with_probs)
 
     if remat:
         step = jax.checkpoint(step)
@@ -143,7 +183,7 @@ def encoder(p, config: BertConfig, x: Float[Array, "L D"], mask: Bool[Array, "M"
         x, probs = step(p["layer"][str(i)], x, mask, layer_head_mask(config, head_mask, i), r)
         hidden.append(x)
         attentions.append(probs)
-    return x, tuple(hidden), tuple(attentions)
+    return x, tuple(hidden), tuple(attentions) if with_probs else ()
 
 
 def pooler(p, x: Float[Array, "L D"]) -> Float[Array, "D"]:
@@ -151,11 +191,12 @@ def pooler(p, x: Float[Array, "L D"]) -> Float[Array, "D"]:
 
 
 def _bert_one(params, config: BertConfig, input_ids, mask, token_type_ids, position_ids, inputs_embeds,
-              head_mask, rng, remat: bool):
+              head_mask, rng, remat: bool, with_probs: bool = True):
     r_emb, r_enc = _split(rng, 2)
     x = embeddings(params["embeddings"], config, input_ids, token_type_ids, position_ids, inputs_embeds,
                    rng=r_emb)
-    x, hidden, attentions = encoder(params["encoder"], config, x, mask, head_mask, rng=r_enc, remat=remat)
+    x, hidden, attentions = encoder(params["encoder"], config, x, mask, head_mask, rng=r_enc, remat=remat,
+                                    with_probs=with_probs)
     pooled = pooler(params["pooler"], x) if "pooler" in params else None
     return x, pooled, hidden, attentions
 
@@ -187,7 +228,8 @@ def bert(params, config: BertConfig, input_ids: Int[Array, "B L"] | None = None,
     types = jnp.zeros((B, L), jnp.int32) if token_type_ids is None else token_type_ids
     positions = jnp.broadcast_to(jnp.arange(L), (B, L)) if position_ids is None else position_ids
     rngs = None if rng is None else jax.random.split(rng, B)
-    one = functools.partial(_bert_one, params, config, remat=remat, head_mask=normalize_head_mask(config, head_mask))
+    one = functools.partial(_bert_one, params, config, remat=remat, with_probs=output_attentions,
+                            head_mask=normalize_head_mask(config, head_mask))
     x, pooled, hidden, attentions = jax.vmap(
         lambda ids, m, t, pos, emb, r: one(ids, m, t, pos, emb, rng=r),
         in_axes=(0, 0, 0, 0, 0, None if rngs is None else 0),

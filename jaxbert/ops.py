@@ -6,13 +6,41 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
+
+
+def compute_dtype(p: dict):
+    """The dtype matmuls run in: that of the block's weights (bfloat16 weights -> bfloat16 matmuls)."""
+    return jax.tree_util.tree_leaves(p)[0].dtype
+
+
+_BITS = {jnp.dtype(jnp.bfloat16): jnp.uint16, jnp.dtype(jnp.float16): jnp.uint16}
+
+
+def as_bits(a: Array) -> Array:
+    """16-bit float arrays as uint16. XLA:CPU has no bfloat16 gather or dynamic-slice: it converts the whole
+    operand to float32 first (a temporary twice the size of the weights, every call). Indexing the integer view
+    and bitcasting the result back with `from_bits` keeps the weights 16-bit."""
+    return jax.lax.bitcast_convert_type(a, _BITS[a.dtype]) if a.dtype in _BITS else a
+
+
+def from_bits(a: Array, dtype) -> Array:
+    return jax.lax.bitcast_convert_type(a, dtype) if a.dtype != dtype else a
+
+
+def take_rows(table: Float[Array, "V D"], ids: Int[Array, "..."]) -> Float[Array, "... D"]:
+    """table[ids] without XLA:CPU's float32 copy of a 16-bit table (see as_bits)."""
+    return from_bits(as_bits(table)[ids], table.dtype)
 
 
 def dense(p: dict, x: Float[Array, "... I"]) -> Float[Array, "... O"]:
-    """`x @ kernel + bias`; kernel is [in, out] (the transpose of PyTorch's Linear.weight)."""
-    y = x @ p["kernel"].astype(x.dtype)
-    return y + p["bias"].astype(x.dtype) if "bias" in p else y
+    """`x @ kernel + bias` in float32; kernel is [in, out] (the transpose of PyTorch's Linear.weight).
+
+    The matmul runs in the kernel's dtype and accumulates in float32 (bfloat16 weights: half the memory traffic,
+    float32 sums); the bias is added in float32, so activations between matmuls stay float32."""
+    kernel = p["kernel"]
+    y = jnp.dot(x.astype(kernel.dtype), kernel, preferred_element_type=jnp.float32)
+    return y + p["bias"].astype(jnp.float32) if "bias" in p else y
 
 
 def layer_norm(p: dict, x: Float[Array, "... D"], eps: float) -> Float[Array, "... D"]:

@@ -41,7 +41,7 @@ def fill_mask(bert, text: str, top_k: int = 5) -> list[list[dict]]:
     if positions.size == 0:
         raise ValueError(f"no {tok.mask_token} in text: {text!r}")
     (_, batch), = bert.batches(enc, 1)
-    out = bert._forward(bert.params, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+    out = bert._forward(bert.weights, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
                         None, None)
     logits = np.asarray(out.logits if out.logits is not None else out.prediction_logits, np.float32)[0]
     results = []
@@ -63,7 +63,7 @@ def _logits(bert, enc, batch_size: int) -> list[np.ndarray]:
     """Per text, its logits (unpadded), from bucketed batches."""
     out: list[np.ndarray | None] = [None] * len(enc)
     for idx, batch in progress(bert.batches(enc, batch_size), len(enc), batch_size, None):
-        logits = np.asarray(bert._forward(bert.params, batch["input_ids"], batch["attention_mask"],
+        logits = np.asarray(bert._forward(bert.weights, batch["input_ids"], batch["attention_mask"],
                                           batch["token_type_ids"], None, None).logits, np.float32)
         for row, i in enumerate(idx):
             out[i] = logits[row]

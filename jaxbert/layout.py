@@ -1,0 +1,104 @@
+"""The compute layout: the encoder's layers stacked along a leading axis for `lax.scan`, query/key/value fused.
+
+The stored tree (transformers' FlaxBert layout, layer keys "0"…"N-1") is what checkpoints, conversion and
+training use. Inference runs on this layout instead, built once at load time: a scan compiles one layer body
+whatever the depth (compile time flat in layers), and the fused [D, 3D] kernel turns three matmuls into one.
+`encoder` accepts either form: `{"layer": {"0": …}}` or `{"stacked": …}`.
+
+Stacking goes leaf by leaf and drops each source leaf as soon as it is stacked, so a caller that hands over its
+only reference (as `jaxbert.load` does) peaks at the parameters plus one stacked leaf, not twice the parameters.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+from jaxbert.config import BertConfig
+
+QKV = ("query", "key", "value")
+
+
+def is_stacked(encoder_params) -> bool:
+    return "stacked" in encoder_params
+
+
+def can_stack(config: BertConfig) -> bool:
+    """Pruned layers have different head counts, so their shapes cannot share one scan."""
+    return not config.pruned_heads
+
+
+def _xp(leaves):
+    return np if all(isinstance(x, np.ndarray) for x in leaves) else jnp
+
+
+def stack_layers(encoder_params, config: BertConfig, fuse_qkv: bool = True, consume: bool = False,
+                 place=None) -> dict:
+    """{"layer": {"0": tree, …}} -> {"stacked": tree with a leading [N] axis}; with `fuse_qkv`, attention's
+    query/key/value become one `qkv` dense (kernel [N, D, 3D], bias [N, 3D]). With `consume`, the layers are
+    removed from `encoder_params` (see the module docstring); `place` (e.g. a device_put) is applied to each
+    stacked leaf as soon as it is complete, so host copies are freed as the device copies appear."""
+    place = place or (lambda x: x)
+    if not can_stack(config):
+        raise ValueError(f"cannot stack layers with pruned heads {config.pruned_heads}")
+    n = config.num_hidden_layers
+    layers = [traverse_util.flatten_dict(encoder_params["layer"][str(i)], sep="/") for i in range(n)]
+    if consume:
+        encoder_params["layer"].clear()
+    to_fuse = {f"attention/self/{name}/{leaf}" for name in QKV for leaf in ("kernel", "bias")} if fuse_qkv else ()
+    stacked = {}
+    for key in list(layers[0]):
+        parts = [layer.pop(key) for layer in layers]  # drop our references as we go (see module docstring)
+        leaf = _xp(parts).stack(parts)
+        del parts  # before placing: the sources, the stacked copy and the placed one never coexist
+        stacked[key] = leaf if key in to_fuse else place(leaf)
+        del leaf
+    if fuse_qkv:
+        for leaf, axis in (("kernel", 2), ("bias", 1)):
+            parts = [stacked.pop(f"attention/self/{name}/{leaf}") for name in QKV]
+            fused = _xp(parts).concatenate(parts, axis=axis)
+            del parts
+            stacked[f"attention/self/qkv/{leaf}"] = place(fused)
+            del fused
+    return {"stacked": traverse_util.unflatten_dict(stacked, sep="/")}
+
+
+def unstack_layers(encoder_params, config: BertConfig) -> dict:
+    """The inverse of `stack_layers`: back to transformers' per-layer tree (new arrays)."""
+    flat = traverse_util.flatten_dict(encoder_params["stacked"], sep="/")
+    for leaf in ("kernel", "bias"):
+        fused = flat.pop(f"attention/self/qkv/{leaf}", None)
+        if fused is not None:
+            for name, part in zip(QKV, _xp([fused]).split(fused, 3, axis=-1), strict=True):
+                flat[f"attention/self/{name}/{leaf}"] = part
+    layers = {str(i): traverse_util.unflatten_dict({k: v[i] for k, v in flat.items()}, sep="/")
+              for i in range(config.num_hidden_layers)}
+    return {"layer": layers}
+
+
+def map_encoder(params, fn):
+    """`params` with its encoder subtree (at the root or under "bert") replaced by fn(encoder); shallow copies."""
+    if "encoder" in params:
+        return {**params, "encoder": fn(params["encoder"])}
+    return {**params, "bert": map_encoder(params["bert"], fn)}
+
+
+def to_compute(params, config: BertConfig, consume: bool = False, place=None):
+    """The inference layout of a stored tree (unchanged when pruned heads prevent stacking); see stack_layers
+    for `consume` and `place`."""
+    if not can_stack(config):
+        return params
+    return map_encoder(params, lambda enc: stack_layers(enc, config, consume=consume, place=place))
+
+
+def to_stored(params, config: BertConfig):
+    """The stored layout of a compute tree."""
+    return map_encoder(params, lambda enc: unstack_layers(enc, config) if is_stacked(enc) else enc)
+
+
+def stack_in_jit(layers: dict, n: int):
+    """Stacks layer trees inside a traced function (training's remat scan): a copy per call, which the
+    backward pass needs anyway."""
+    return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *(layers[str(i)] for i in range(n)))

@@ -1,0 +1,203 @@
+"""The measurements behind scripts/benchmark.py. Each runs in a fresh process (benchmark.run_child), measures one
+peer on one configuration, and returns a dict; the runner adds the process's peak RSS. Imports stay inside the
+functions so a process pays only for the framework it measures."""
+
+from __future__ import annotations
+
+import os
+import time
+
+TIMED_CALLS = 5
+
+
+def _median_seconds(fn, calls: int = TIMED_CALLS) -> float:
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def _ids(model_dir: str, batch: int, length: int):
+    import json
+
+    import numpy as np
+
+    vocab = json.load(open(os.path.join(model_dir, "config.json")))["vocab_size"]
+    return np.random.default_rng(0).integers(1000, min(vocab, 30000), (batch, length)).astype(np.int32)
+
+
+def rss_mb(field: str = "VmRSS") -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith(field + ":"))
+
+
+# -- inference at a fixed shape --------------------------------------------------------------------------------
+def infer_jax(model_dir: str, dtype: str, batch: str, length: str) -> dict:
+    import jaxbert
+
+    bert = jaxbert.load(model_dir, dtype=None if dtype == "float32" else dtype)
+    ids = _ids(model_dir, int(batch), int(length))
+    start = time.perf_counter()
+    bert(ids).last_hidden_state.block_until_ready()
+    first = time.perf_counter() - start
+    seconds = _median_seconds(lambda: bert(ids).last_hidden_state.block_until_ready())
+    return {"tokens_per_s": ids.size / seconds, "seconds": seconds, "first_call_s": first,
+            "rss_after_mb": rss_mb()}
+
+
+def infer_torch(model_dir: str, batch: str, length: str) -> dict:
+    import torch
+    import transformers
+
+    model = transformers.BertModel.from_pretrained(model_dir).eval()
+    ids = torch.from_numpy(_ids(model_dir, int(batch), int(length))).long()
+    with torch.inference_mode():
+        start = time.perf_counter()
+        model(input_ids=ids)
+        first = time.perf_counter() - start
+        seconds = _median_seconds(lambda: model(input_ids=ids))
+    return {"tokens_per_s": ids.numel() / seconds, "seconds": seconds, "first_call_s": first,
+            "rss_after_mb": rss_mb()}
+
+
+def export_onnx(model_dir: str, onnx_path: str, batch: str, length: str) -> dict:
+    """transformers' BertModel through torch.onnx's dynamo exporter (the TorchScript one mis-traces transformers
+    5's BERT), at a static shape so ONNX Runtime can specialize."""
+    import torch
+    import transformers
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    model = LastHidden(transformers.BertModel.from_pretrained(model_dir).eval())
+    ids = torch.from_numpy(_ids(model_dir, int(batch), int(length))).long()
+    start = time.perf_counter()
+    with torch.inference_mode():
+        torch.onnx.export(model, (ids, torch.ones_like(ids)), onnx_path, dynamo=True,
+                          input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"])
+    return {"seconds": time.perf_counter() - start}
+
+
+def infer_ort(onnx_path: str, model_dir: str, batch: str, length: str) -> dict:
+    import numpy as np
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
+    ids = _ids(model_dir, int(batch), int(length)).astype(np.int64)
+    feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    start = time.perf_counter()
+    session.run(None, feed)
+    first = time.perf_counter() - start
+    seconds = _median_seconds(lambda: session.run(None, feed))
+    return {"tokens_per_s": ids.size / seconds, "seconds": seconds, "first_call_s": first,
+            "rss_after_mb": rss_mb()}
+
+
+def matmul(dtype: str, m: str, d: str, f: str) -> dict:
+    """XLA's dot rate at one BERT layer's matmul shapes for m tokens (QKV, attention output, FFN in and out),
+    float32 accumulation: the machine's limit for this configuration, in GFLOP/s."""
+    import jax
+    import jax.numpy as jnp
+
+    m, d, f = int(m), int(d), int(f)
+    dot = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
+    flops = seconds = 0.0
+    for k, n in ((d, 3 * d), (d, d), (d, f), (f, d)):
+        a, b = jnp.ones((m, k), dtype), jnp.ones((k, n), dtype)
+        dot(a, b).block_until_ready()
+        seconds += _median_seconds(lambda: dot(a, b).block_until_ready(), 7)  # noqa: B023 - called right here
+        flops += 2 * m * k * n
+    return {"gflops": flops / seconds / 1e9}
+
+
+# -- compile time against depth --------------------------------------------------------------------------------
+def compile_jax(layers: str, stacked: str) -> dict:
+    """Time to first result of bert-base-width inference at 8 x 128 with `layers` layers: the loaded (stacked,
+    scanned) model, or the stored per-layer tree through model.bert (one traced copy of every layer)."""
+    import jax
+
+    import jaxbert
+    from jaxbert.inference import Bert
+    from jaxbert.model import bert
+
+    config = jaxbert.BertConfig(num_hidden_layers=int(layers))
+    params = jaxbert.init_params(config, jax.random.key(0), "BertModel")
+    ids = jax.numpy.asarray(_ids_plain(8, 128))
+    if stacked == "1":
+        run = Bert(config, params, "BertModel", consume=True)
+        fn = lambda: run(ids).last_hidden_state.block_until_ready()  # noqa: E731
+    else:
+        jitted = jax.jit(lambda p, i: bert(p, config, i).last_hidden_state)
+        fn = lambda: jitted(params, ids).block_until_ready()  # noqa: E731
+    start = time.perf_counter()
+    fn()
+    first = time.perf_counter() - start
+    steady = _median_seconds(fn, 3)
+    return {"first_call_s": first, "compile_s": first - steady}
+
+
+def _ids_plain(batch: int, length: int):
+    import numpy as np
+
+    return np.random.default_rng(0).integers(1000, 30000, (batch, length)).astype(np.int32)
+
+
+# -- a variable-length mix: useful tokens/s --------------------------------------------------------------------
+def mix_texts(corpus: str, n: int, seed: int = 0) -> list[str]:
+    """Runs of consecutive corpus sentences, the number per text drawn log-normally (median 3, tail to 60):
+    from one-line queries to paragraphs of a few hundred tokens."""
+    import numpy as np
+
+    lines = [line.strip() for line in open(corpus, encoding="utf-8") if line.strip()]
+    rng = np.random.default_rng(seed)
+    counts = np.clip(rng.lognormal(1.1, 1.0, n), 1, 60).astype(int)
+    starts = rng.integers(0, len(lines) - 60, n)
+    return [" ".join(lines[s:s + c]) for s, c in zip(starts, counts, strict=True)]
+
+
+def mix_jax(model_dir: str, corpus: str, n: str, mode: str) -> dict:
+    """`Bert.embed` over the mix: shape buckets ("buckets") or every batch padded to 512 ("pad512")."""
+    import jaxbert
+
+    texts = mix_texts(corpus, int(n))
+    bert = jaxbert.load(model_dir)
+    if mode == "pad512":
+        bert.length_buckets = (512,)
+    bert.embed(texts, batch_size=32, max_length=512)  # warm-up: compiles every shape the timed runs use
+    seconds = _median_seconds(lambda: bert.embed(texts, batch_size=32, max_length=512), 3)
+    tokens = int(bert.tokenizer.encode(texts, max_length=512).lengths().sum())
+    return {"useful_tokens_per_s": tokens / seconds, "texts_per_s": len(texts) / seconds,
+            "compiled": bert.compile_count}
+
+
+def mix_torch(model_dir: str, corpus: str, n: str) -> dict:
+    """PyTorch eager as sentence-transformers runs it: texts sorted by length, each batch of 32 padded to its
+    own longest text."""
+    import torch
+    import transformers
+
+    texts = mix_texts(corpus, int(n))
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.BertModel.from_pretrained(model_dir).eval()
+    order = sorted(range(len(texts)), key=lambda i: -len(tok(texts[i], truncation=True, max_length=512)["input_ids"]))
+
+    def run():
+        with torch.inference_mode():
+            for s in range(0, len(order), 32):
+                batch = tok([texts[i] for i in order[s:s + 32]], padding=True, truncation=True, max_length=512,
+                            return_tensors="pt")
+                model(**batch)
+
+    run()
+    seconds = _median_seconds(run, 3)
+    tokens = sum(len(ids) for ids in tok(texts, truncation=True, max_length=512)["input_ids"])
+    return {"useful_tokens_per_s": tokens / seconds, "texts_per_s": len(texts) / seconds}

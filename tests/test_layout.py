@@ -1,0 +1,115 @@
+"""The compute layout (layers stacked for one scan, fused QKV) and the fast paths built on it: the same numbers
+as transformers and as the stored layout, a round trip back to the stored tree, and a compiled program that does
+not grow with depth."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbert
+from conftest import SIZES, assert_close, hf_model, jax_config, padded_batch, state_dict, torch_run
+from jaxbert import layout
+from jaxbert import model as M
+
+torch = pytest.importorskip("torch")
+GOLDEN = os.path.join(os.path.dirname(__file__), "fixtures", "golden")
+
+
+def _hf(head="BertModel"):
+    hf = hf_model(head)
+    config = jax_config(hf)
+    return hf, config, jaxbert.torch_to_flax(state_dict(hf), config, head)[0]
+
+
+@pytest.mark.parametrize("head", ["BertModel", "BertForMaskedLM", "BertForPreTraining"])
+def test_stack_then_unstack_gives_back_the_stored_tree(head):
+    _, config, params = _hf(head)
+    compute = layout.to_compute(params, config)
+    enc = compute["encoder"] if head == "BertModel" else compute["bert"]["encoder"]
+    D, N = config.hidden_size, config.num_hidden_layers
+    assert enc["stacked"]["attention"]["self"]["qkv"]["kernel"].shape == (N, D, 3 * D)
+    assert enc["stacked"]["intermediate"]["dense"]["kernel"].shape == (N, D, config.intermediate_size)
+    back = layout.to_stored(compute, config)
+    assert jax.tree_util.tree_structure(back) == jax.tree_util.tree_structure(params)
+    for a, b in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_consuming_stack_empties_the_source_layers():
+    _, config, params = _hf()
+    layout.to_compute(params, config, consume=True)
+    assert params["encoder"]["layer"] == {}
+
+
+@pytest.mark.parametrize("head", jaxbert.HEADS)
+def test_compute_layout_matches_transformers(head):
+    hf = hf_model(head, **({"num_labels": 2} if head == "BertForQuestionAnswering" else {}))
+    config = jax_config(hf)
+    params = layout.to_compute(jaxbert.torch_to_flax(state_dict(hf), config, head)[0], config)
+    feed = padded_batch(2)
+    if head == "BertForMultipleChoice":
+        feed = {k: np.stack([v, v[::-1]]) for k, v in feed.items()}
+    # head_mask on this layout: test_golden (transformers 5 dropped it).
+    expected = torch_run(hf, feed, output_hidden_states=True, output_attentions=True)
+    got = jaxbert.forward(params, config, head, **{k: jnp.asarray(v) for k, v in feed.items()},
+                          output_hidden_states=True, output_attentions=True)
+    field = "last_hidden_state" if head == "BertModel" else next(iter(k for k in got.to_dict() if "logits" in k))
+    assert_close(got[field], expected[field].numpy(), field)
+    for i, (g, e) in enumerate(zip(got.hidden_states, expected.hidden_states, strict=True)):
+        assert_close(g, e.numpy(), f"hidden_states[{i}]")
+    for i, (g, e) in enumerate(zip(got.attentions, expected.attentions, strict=True)):
+        assert_close(g, e.numpy(), f"attentions[{i}]")
+
+
+def test_fused_attention_path_matches_transformers(monkeypatch):
+    """jax.nn.dot_product_attention (used on GPU/TPU) forced on here: same numbers, padding included."""
+    hf, config, params = _hf()
+    feed = padded_batch(4)
+    expected = torch_run(hf, feed).last_hidden_state.numpy()
+    calls = []
+    real = jax.nn.dot_product_attention
+    monkeypatch.setattr(M, "FUSED_ATTENTION_BACKENDS", (jax.default_backend(),))
+    monkeypatch.setattr(jax.nn, "dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for tree in (params, layout.to_compute(params, config)):
+        got = M.bert(tree, config, **{k: jnp.asarray(v) for k, v in feed.items()}).last_hidden_state
+        assert_close(got, expected, "last_hidden_state", mask=feed["attention_mask"].astype(bool))
+    assert calls, "the fused attention path was not taken"
+
+
+def test_stored_layout_still_runs_relative_positions():
+    """Loaded models run stacked (test_golden); the stored tree's loop must agree with the same fixture."""
+    data = np.load(os.path.join(GOLDEN, "relative_key_query", "io.npz"))
+    bert = jaxbert.load(os.path.join(GOLDEN, "relative_key_query"))
+    inputs = {k[3:]: jnp.asarray(data[k]) for k in data.files if k.startswith("in.")}
+    got = jaxbert.forward(bert.params, bert.config, bert.head, **inputs)
+    assert "layer" in bert.params["bert"]["encoder"]
+    assert_close(got.prediction_logits, data["out.prediction_logits"], "prediction_logits")
+
+
+def _dots_in_program(layers: int) -> int:
+    config = jaxbert.BertConfig.from_dict({**SIZES, "num_hidden_layers": layers})
+    params = layout.to_compute(jaxbert.init_params(config, jax.random.key(0)), config)
+    ids = jnp.ones((2, 8), jnp.int32)
+    text = jax.jit(lambda p, i: M.bert(p, config, i).last_hidden_state).lower(params, ids).as_text()
+    return text.count("stablehlo.dot_general")
+
+
+def test_compiled_program_does_not_grow_with_depth():
+    """One scanned layer body whatever the depth: the compile time of bert-base does not scale with layers."""
+    assert _dots_in_program(2) == _dots_in_program(12) > 0
+
+
+def test_bfloat16_compute_layout_stays_close_to_float32():
+    _, config, params = _hf()
+    feed = {k: jnp.asarray(v) for k, v in padded_batch(5).items()}
+    low = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), params)
+    ref = M.bert(layout.to_compute(params, config), config, **feed).last_hidden_state
+    got = M.bert(layout.to_compute(low, config), config, **feed).last_hidden_state
+    assert got.dtype == jnp.float32  # float32 residual stream, bfloat16 matmuls
+    mask = padded_batch(5)["attention_mask"].astype(bool)
+    a, b = np.asarray(ref)[mask], np.asarray(got)[mask]
+    cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+    assert cos.min() > 0.999 and np.abs(a - b).max() > 0  # close, and really computed in bfloat16
