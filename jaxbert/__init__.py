@@ -1,6 +1,6 @@
 """jaxbert: BERT as pure JAX functions over Flax parameter trees, matching transformers' PyTorch BERT."""
 
-from jaxbert import model
+from jaxbert import layout, model
 from jaxbert.config import BertConfig
 from jaxbert.convert import flax_to_torch, torch_to_flax
 from jaxbert.heads import HEADS, forward
@@ -10,4 +10,4 @@ from jaxbert.params import count_params, init_params, prune_heads
 
 __version__ = "0.1.0"
 __all__ = ["Bert", "BertConfig", "BertOutput", "HEADS", "bert", "count_params", "flax_to_torch", "forward",
-           "init_params", "load", "model", "prune_heads", "torch_to_flax"]
+           "init_params", "layout", "load", "model", "prune_heads", "torch_to_flax"]

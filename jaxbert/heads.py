@@ -85,7 +85,8 @@ def mlm_logits(p_cls, config: BertConfig, word_embeddings: Float[Array, "V D"],
     h = activation(config.hidden_act)(dense(p["transform"]["dense"], x))
     h = layer_norm(p["transform"]["LayerNorm"], h, config.layer_norm_eps)
     decoder = p["decoder"]["kernel"] if "decoder" in p else word_embeddings.T
-    return h @ decoder.astype(h.dtype) + p["bias"].astype(h.dtype)
+    logits = jnp.dot(h.astype(decoder.dtype), decoder, preferred_element_type=jnp.float32)
+    return logits + p["bias"].astype(jnp.float32)
 
 
 def _classifier_dropout(config: BertConfig) -> float:

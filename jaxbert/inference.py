@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxbert import batching, tasks
 from jaxbert.checkpoint import load_params
 from jaxbert.config import BertConfig
-from jaxbert.heads import base_params, forward, resolve_head
+from jaxbert.heads import base_params, forward, mlm_logits, resolve_head
 from jaxbert.layout import to_compute, to_stored
 from jaxbert.model import BertOutput, bert
 from jaxbert.ops import as_bits, from_bits
@@ -106,6 +106,7 @@ class Bert:
         self._forward = jax.jit(self._counted(self._forward_impl),
                                 static_argnames=("output_hidden_states", "output_attentions"))
         self._embed = jax.jit(self._counted(self._embed_impl), static_argnames=("pooling", "normalize"))
+        self._masked_logits = jax.jit(self._counted(self._masked_logits_impl))
 
     def _counted(self, fn):
         @functools.wraps(fn)  # keeps fn's signature for jit's static_argnames
@@ -120,12 +121,23 @@ class Bert:
 
     def _forward_impl(self, weights, input_ids, attention_mask, token_type_ids, position_ids, head_mask, *,
                       output_hidden_states=False, output_attentions=False):
-        return forward(self._unbits(weights), self.config, self.head, input_ids, attention_mask, token_type_ids, position_ids,
-                       head_mask, output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+        return forward(self._unbits(weights), self.config, self.head, input_ids, attention_mask, token_type_ids,
+                       position_ids, head_mask, output_hidden_states=output_hidden_states,
+                       output_attentions=output_attentions)
 
     def _embed_impl(self, weights, input_ids, attention_mask, token_type_ids, *, pooling, normalize):
-        out = bert(base_params(self._unbits(weights), self.head), self.config, input_ids, attention_mask, token_type_ids)
+        out = bert(base_params(self._unbits(weights), self.head), self.config, input_ids, attention_mask,
+                   token_type_ids)
         return pool(out, attention_mask, pooling, normalize)
+
+    def _masked_logits_impl(self, weights, input_ids, attention_mask, token_type_ids, positions):
+        """MLM logits [B, P, V] at `positions` [B, P] only: the vocabulary projection, the largest matmul of a
+        short input, runs for the P positions asked for instead of every position."""
+        params = self._unbits(weights)
+        out = bert(params["bert"], self.config, input_ids, attention_mask, token_type_ids)
+        hidden = jnp.take_along_axis(out.last_hidden_state, positions[..., None], axis=1)
+        return mlm_logits(params["cls"], self.config,
+                          params["bert"]["embeddings"]["word_embeddings"]["embedding"], hidden)
 
     # -- properties ------------------------------------------------------------------------------------------
     @property

@@ -41,12 +41,14 @@ def fill_mask(bert, text: str, top_k: int = 5) -> list[list[dict]]:
     if positions.size == 0:
         raise ValueError(f"no {tok.mask_token} in text: {text!r}")
     (_, batch), = bert.batches(enc, 1)
-    out = bert._forward(bert.weights, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
-                        None, None)
-    logits = np.asarray(out.logits if out.logits is not None else out.prediction_logits, np.float32)[0]
+    # Positions padded to a power of two (repeating the first): few compiled programs whatever the [MASK] count.
+    asked = np.full((1, 1 << int(positions.size - 1).bit_length()), positions[0], np.int32)
+    asked[0, :positions.size] = positions
+    logits = np.asarray(bert._masked_logits(bert.weights, batch["input_ids"], batch["attention_mask"],
+                                            batch["token_type_ids"], asked), np.float32)[0]
     results = []
-    for pos in positions:
-        probs = _softmax(logits[pos])
+    for j, pos in enumerate(positions):
+        probs = _softmax(logits[j])
         best = np.argsort(-probs, kind="stable")[:top_k]
         candidates = []
         for token_id in best:

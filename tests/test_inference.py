@@ -126,9 +126,9 @@ def test_tokenizer_larger_than_model_vocab_is_an_error(tmp_path):
 
 def test_fill_mask_matches_transformers(tmp_path_factory):
     hf, directory = _with_tokenizer(tmp_path_factory, "BertForMaskedLM")
-    text = "Paris is the [MASK] of France and [MASK] too."
+    text = "Paris is the [MASK] of France and [MASK] too, [MASK]."  # 3 masks: positions padded to 4
     got = jaxbert.load(directory).fill_mask(text, top_k=4)
-    assert len(got) == 2 and all(len(c) == 4 for c in got)
+    assert len(got) == 3 and all(len(c) == 4 for c in got)
     tok = transformers.AutoTokenizer.from_pretrained(directory)
     feed = dict(tok([text], return_tensors="np"))
     probs = torch.softmax(torch_run(hf, feed).logits[0], -1).numpy()
