@@ -64,6 +64,21 @@ def test_compute_layout_matches_transformers(head):
         assert_close(g, e.numpy(), f"attentions[{i}]")
 
 
+@pytest.mark.parametrize("stacked", [False, True])
+def test_softmax_free_path_matches_transformers(stacked):
+    """Without requested attentions the softmax is normalized after the value product: same numbers."""
+    hf, config, params = _hf("BertForMaskedLM")
+    params = layout.to_compute(params, config) if stacked else params
+    feed = padded_batch(6)
+    expected = torch_run(hf, feed, output_hidden_states=True)
+    got = jaxbert.forward(params, config, "BertForMaskedLM", **{k: jnp.asarray(v) for k, v in feed.items()},
+                          output_hidden_states=True)
+    assert got.attentions is None
+    assert_close(got.logits, expected.logits.numpy(), "logits")
+    for i, (g, e) in enumerate(zip(got.hidden_states, expected.hidden_states, strict=True)):
+        assert_close(g, e.numpy(), f"hidden_states[{i}]")
+
+
 def test_fused_attention_path_matches_transformers(monkeypatch):
     """jax.nn.dot_product_attention (used on GPU/TPU) forced on here: same numbers, padding included."""
     hf, config, params = _hf()
@@ -79,14 +94,17 @@ def test_fused_attention_path_matches_transformers(monkeypatch):
     assert calls, "the fused attention path was not taken"
 
 
-def test_stored_layout_still_runs_relative_positions():
-    """Loaded models run stacked (test_golden); the stored tree's loop must agree with the same fixture."""
+def test_relative_positions_on_both_layouts_without_attentions():
+    """test_golden asks for attentions (the softmax path); here the stored tree's loop and the loaded, stacked
+    model run without them, against the same transformers 4.57 fixture."""
     data = np.load(os.path.join(GOLDEN, "relative_key_query", "io.npz"))
     bert = jaxbert.load(os.path.join(GOLDEN, "relative_key_query"))
     inputs = {k[3:]: jnp.asarray(data[k]) for k in data.files if k.startswith("in.")}
     got = jaxbert.forward(bert.params, bert.config, bert.head, **inputs)
     assert "layer" in bert.params["bert"]["encoder"]
     assert_close(got.prediction_logits, data["out.prediction_logits"], "prediction_logits")
+    stacked = bert(**inputs)  # the loaded (stacked) model, without attentions: the softmax-free path
+    assert_close(stacked.prediction_logits, data["out.prediction_logits"], "prediction_logits (stacked)")
 
 
 def _dots_in_program(layers: int) -> int:
