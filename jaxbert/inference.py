@@ -90,7 +90,6 @@ class Bert:
         self.mesh = Mesh(np.array(devices), ("data",))
         self._data = NamedSharding(self.mesh, PartitionSpec("data"))
         replicated = NamedSharding(self.mesh, PartitionSpec())
-
         _check_dtype(dtype)
 
         def place(x):
