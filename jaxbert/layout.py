@@ -11,7 +11,6 @@ only reference (as `jaxbert.load` does) peaks at the parameters plus one stacked
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
@@ -96,9 +95,3 @@ def to_compute(params, config: BertConfig, consume: bool = False, place=None):
 def to_stored(params, config: BertConfig):
     """The stored layout of a compute tree."""
     return map_encoder(params, lambda enc: unstack_layers(enc, config) if is_stacked(enc) else enc)
-
-
-def stack_in_jit(layers: dict, n: int):
-    """Stacks layer trees inside a traced function (training's remat scan): a copy per call, which the
-    backward pass needs anyway."""
-    return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *(layers[str(i)] for i in range(n)))

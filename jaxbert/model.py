@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from jaxbert.config import BertConfig
-from jaxbert.layout import can_stack, is_stacked, stack_in_jit
+from jaxbert.layout import can_stack, is_stacked, stack_layers
 from jaxbert.ops import activation, as_bits, compute_dtype, dense, dropout, from_bits, layer_norm, take_rows
 
 
@@ -193,7 +193,7 @@ def encoder(p, config: BertConfig, x: Float[Array, "L D"], mask: Bool[Array, "M"
     if is_stacked(p):
         return _scan(p["stacked"], config, x, mask, head_mask, rng, remat, with_probs)
     if remat and can_stack(config):
-        stacked = stack_in_jit(p["layer"], config.num_hidden_layers)
+        stacked = stack_layers(p, config, fuse_qkv=False)["stacked"]  # a copy per call: the backward needs it
         return _scan(stacked, config, x, mask, head_mask, rng, remat, with_probs)
 
     def step(p_, x_, m_, hm_, r_):
