@@ -6,12 +6,9 @@ safetensors are read through the numpy API (no torch). `.bin` files are pickles:
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import shutil
 import struct
-import tempfile
 import warnings
 
 import msgpack
@@ -20,6 +17,7 @@ from flax import serialization
 
 from jaxbert.config import BertConfig
 from jaxbert.convert import ConversionReport, flax_to_torch_any, torch_to_flax
+from jaxbert.files import checkpoint_file, existing_file, read_json
 
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
 TORCH_BIN, TORCH_BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
@@ -32,8 +30,8 @@ def find_weights(directory: str) -> str:
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"{directory}: no such directory")
     for name in WEIGHT_FILES:
-        path = os.path.join(directory, name)
-        if os.path.isfile(path):
+        path = existing_file(directory, name)
+        if path:
             return path
     raise FileNotFoundError(f"{directory}: no weights file found (looked for {', '.join(WEIGHT_FILES)})")
 
@@ -66,19 +64,38 @@ def _read_torch_bin(path: str) -> dict[str, np.ndarray]:
     except Exception as e:  # noqa: BLE001 - torch raises many types for bad or unsafe pickles
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"{path}: refused or unreadable PyTorch checkpoint ({first_line})") from None
+    _check_tensor_dict(path, state, lambda v: isinstance(v, torch.Tensor))
     # numpy has no bfloat16: widen it (exact); other dtypes are kept.
     return {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() for k, v in state.items()}
 
 
+def _check_tensor_dict(path: str, state, is_tensor) -> None:
+    """A state dict is a flat mapping of string keys to tensors; say what else a file holds instead."""
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: holds a {type(state).__name__}, not a dict of tensors")
+    for key, value in state.items():
+        if not isinstance(key, str):
+            raise ValueError(f"{path}: key {key!r} is of type {type(key).__name__}, not a string")
+        if not is_tensor(value):
+            nested = " (a nested dict: save model.state_dict() itself)" if isinstance(value, dict) else ""
+            raise ValueError(f"{path}: {key!r} is of type {type(value).__name__}, not a tensor{nested}")
+
+
 def _read_sharded(index_path: str, read_one) -> dict[str, np.ndarray]:
-    try:
-        with open(index_path, encoding="utf-8") as f:
-            weight_map = json.load(f)["weight_map"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{index_path}: invalid shard index ({e})") from None
-    state = {}
+    """Every shard the index names, each inside the checkpoint directory; a key in two shards is an error."""
+    weight_map = read_json(index_path).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ValueError(f"{index_path}: weight_map must be an object of tensor name -> shard file name")
+    directory = os.path.dirname(index_path)
+    state, origin = {}, {}
     for shard in sorted(set(weight_map.values())):
-        state.update(read_one(os.path.join(os.path.dirname(index_path), shard)))
+        path = checkpoint_file(directory, shard)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: shard named by {os.path.basename(index_path)} not found")
+        for key, value in read_one(path).items():
+            if key in origin:
+                raise ValueError(f"{path}: key {key!r} is also in shard {origin[key]}")
+            state[key], origin[key] = value, shard
     return state
 
 
@@ -95,9 +112,12 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
 def read_msgpack(path: str) -> dict:
     try:
         with open(path, "rb") as f:
-            return serialization.msgpack_restore(f.read())
+            tree = serialization.msgpack_restore(f.read())
     except Exception as e:  # noqa: BLE001 - msgpack raises several types on truncated data
         raise ValueError(f"{path}: not a readable flax msgpack file ({type(e).__name__}: {e})") from None
+    if not isinstance(tree, dict):
+        raise ValueError(f"{path}: the top level is a {type(tree).__name__}, not a map of parameters")
+    return tree
 
 
 def load_params(directory: str, config: BertConfig, head: str, *,
@@ -155,36 +175,13 @@ def write_msgpack(tree: dict, f) -> None:
     f.write(memoryview(arr.reshape(-1).view(np.uint8)))
 
 
-@contextlib.contextmanager
-def atomic_directory(dst: str, force: bool = False):
-    """Yield a temporary directory beside `dst`; rename it to `dst` only if the block succeeds.
-
-    Any failure removes the temporary directory, so `dst` is either complete or untouched.
-    """
-    dst = os.path.abspath(dst)
-    if os.path.exists(dst) and not force:
-        raise FileExistsError(f"{dst}: already exists (use --force to replace it)")
-    parent = os.path.dirname(dst)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.", suffix=".partial", dir=parent)
-    try:
-        yield tmp
-        if os.path.exists(dst):  # --force: swap, then drop the old directory
-            old = tmp + ".old"
-            os.rename(dst, old)
-            os.rename(tmp, dst)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def copy_tokenizer_files(src: str, dst: str) -> list[str]:
+    """Copy the tokenizer files `src` has (their contents: symlinks are followed, within the policy of
+    files.py) into `dst`."""
     copied = []
     for name in TOKENIZER_FILES:
-        if os.path.isfile(os.path.join(src, name)):
-            shutil.copy2(os.path.join(src, name), os.path.join(dst, name))
+        path = existing_file(src, name)
+        if path:
+            shutil.copyfile(path, os.path.join(dst, name))
             copied.append(name)
     return copied

@@ -6,7 +6,6 @@ Expected errors (bad paths, bad files, bad configs) become one line on stderr an
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import numpy as np
@@ -89,17 +88,18 @@ def _export(args) -> int:
 def _embed(args) -> int:
     import jaxbert
 
-    if not args.output.endswith(".npy"):
-        raise ValueError(f"--output {args.output}: expected a .npy file")
+    from jaxbert.files import atomic_file, check_output_file
     from jaxbert.texts import read_text_file
 
+    if not args.output.endswith(".npy"):
+        raise ValueError(f"--output {args.output}: expected a .npy file")
+    check_output_file(args.output)  # before any work
     texts = read_text_file(args.input, allow_empty=True).texts
     bert = jaxbert.load(args.dir)
     emb = bert.embed(texts, pooling=args.pooling, normalize=args.normalize, batch_size=args.batch_size,
                      max_length=args.max_length)
-    tmp = args.output + ".partial.npy"
-    np.save(tmp, emb)
-    os.replace(tmp, args.output)  # never a half-written output
+    with atomic_file(args.output, ".npy") as tmp:  # never a half-written output
+        np.save(tmp, emb)
     print(f"embedded {len(texts)} texts -> {args.output} {emb.shape} ({args.pooling} pooling"
           f"{', normalized' if args.normalize else ''}; {bert.compile_count} compiled programs)")
     return 0
@@ -130,7 +130,10 @@ def _add_train_mlm(sub) -> None:
             train.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
         elif field.name == "resume":
             train.add_argument(flag, nargs="?", const="auto", default=None, metavar="auto|PATH",
-                               help="continue from the latest checkpoint in OUT (auto) or from PATH")
+                               help="continue from the latest intact checkpoint in OUT (auto) or from PATH")
+        elif field.name == "break_lock":
+            train.add_argument(flag, action="store_true",
+                               help="take over OUT's lock left by an interrupted run (or by another host)")
         elif field.type == "bool":
             train.add_argument(flag, action="store_true")
         elif field.default is dataclasses.MISSING:
@@ -142,18 +145,21 @@ def _add_train_mlm(sub) -> None:
 
 
 def _train_mlm(args) -> int:
+    """Exit 1 on errors (one line), 130 on Ctrl-C (naming the step and the checkpoint to continue from)."""
     import dataclasses
 
+    from jaxbert.files import one_line
     from jaxbert.train.config import TrainConfig
-    from jaxbert.train.loop import TrainingError, train_mlm
+    from jaxbert.train.loop import Interrupted, TrainingError, train_mlm
 
-    if args.warmup_steps and args.warmup_ratio:
-        raise ValueError("pass --warmup-steps or --warmup-ratio, not both")
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
     try:
         train_mlm(TrainConfig(**values))
+    except Interrupted as e:
+        print(f"jaxbert train-mlm: {one_line(e)}", file=sys.stderr)
+        return 130
     except TrainingError as e:
-        print(f"jaxbert train-mlm: error: {e}", file=sys.stderr)
+        print(f"jaxbert train-mlm: error: {one_line(e)}", file=sys.stderr)
         return 1
     return 0
 
@@ -204,12 +210,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from jaxbert.files import one_line
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
     except (ValueError, OSError, ImportError, TypeError) as e:  # expected errors: one line, no traceback
-        print(f"jaxbert {args.command}: error: {e}", file=sys.stderr)
+        print(f"jaxbert {args.command}: error: {one_line(e)}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # writers clean up on the way out (files.atomic_*), so nothing is half-written
+        print(f"jaxbert {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -8,15 +8,38 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any
 
+from jaxbert.files import existing_file, read_json
 from jaxbert.ops import ACTIVATIONS
 
 POSITION_EMBEDDING_TYPES = ("absolute", "relative_key", "relative_key_query")
 PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
 # Keys transformers writes that carry no meaning for an encoder-only JAX model; kept verbatim in `extra`.
 _UNSUPPORTED_TRUE = ("is_decoder", "add_cross_attention")
+_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+          "max_position_embeddings", "type_vocab_size")
+_MAX_SIZE = 2**31 - 1  # JAX indexes with int32
+_FIELD_KINDS = {**{f: int for f in _SIZES}, "pad_token_id": int, "hidden_act": str,
+                "position_embedding_type": str, "problem_type": str, "model_type": str,
+                "tie_word_embeddings": bool, "hidden_dropout_prob": float, "attention_probs_dropout_prob": float,
+                "classifier_dropout": float, "initializer_range": float, "layer_norm_eps": float}
+_OPTIONAL = ("problem_type", "classifier_dropout")
+_KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _is_kind(value, kind) -> bool:
+    """JSON's types: booleans are not numbers; an integer is a valid float."""
+    if kind is bool or isinstance(value, bool):
+        return kind is bool and isinstance(value, bool)
+    return isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
+
+
+def _is_index(key) -> bool:
+    """An integer, or JSON's string spelling of one (object keys are always strings)."""
+    return _is_kind(key, int) or (isinstance(key, str) and key.isdigit() and key.isascii())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,32 +69,56 @@ class BertConfig:
     extra: dict[str, Any] | None = None
 
     def __post_init__(self):
+        self._check_types()
         if self.id2label is None:
             object.__setattr__(self, "id2label", {0: "LABEL_0", 1: "LABEL_1"})
-        id2label = {int(k): str(v) for k, v in self.id2label.items()}
+        id2label = {int(k): v for k, v in self.id2label.items()}
         object.__setattr__(self, "id2label", id2label)
         if self.label2id is None:
             object.__setattr__(self, "label2id", {v: k for k, v in id2label.items()})
         else:
-            object.__setattr__(self, "label2id", {str(k): int(v) for k, v in self.label2id.items()})
+            object.__setattr__(self, "label2id", dict(self.label2id))
         if self.architectures is not None:
             object.__setattr__(self, "architectures", tuple(self.architectures))
-        pruned = {int(k): tuple(sorted(int(h) for h in v)) for k, v in (self.pruned_heads or {}).items()}
+        pruned = {int(k): tuple(sorted(v)) for k, v in (self.pruned_heads or {}).items()}
         object.__setattr__(self, "pruned_heads", {k: v for k, v in sorted(pruned.items()) if v})
         object.__setattr__(self, "extra", dict(self.extra or {}))
         self._validate()
 
-    def _validate(self):
-        def bad(field, why):
-            raise ValueError(f"BertConfig.{field}={getattr(self, field, None)!r}: {why}")
+    def _bad(self, field, why):
+        raise ValueError(f"BertConfig.{field}={getattr(self, field, None)!r}: {why}")
 
+    def _check_types(self):
+        """JSON types first, so the conversions above cannot fail with a confusing error."""
+        for field, kind in _FIELD_KINDS.items():
+            value = getattr(self, field)
+            if not (value is None and field in _OPTIONAL) and not _is_kind(value, kind):
+                self._bad(field, f"must be {_KIND_NAMES[kind]}")
+        if self.id2label is not None and not (
+                isinstance(self.id2label, dict) and all(_is_index(k) for k in self.id2label)
+                and all(isinstance(v, str) for v in self.id2label.values())):
+            self._bad("id2label", "must be an object of label index -> label name")
+        if self.label2id is not None and not (
+                isinstance(self.label2id, dict) and all(_is_kind(v, int) for v in self.label2id.values())):
+            self._bad("label2id", "must be an object of label name -> label index")
+        if self.architectures is not None and not (
+                isinstance(self.architectures, (list, tuple)) and all(isinstance(a, str) for a in self.architectures)):
+            self._bad("architectures", "must be a list of class names")
+        if self.pruned_heads is not None and not (
+                isinstance(self.pruned_heads, dict) and all(_is_index(k) for k in self.pruned_heads)
+                and all(isinstance(v, (list, tuple)) and all(_is_kind(h, int) for h in v)
+                        for v in self.pruned_heads.values())):
+            self._bad("pruned_heads", "must be an object of layer index -> list of head indices")
+        if self.extra is not None and not isinstance(self.extra, dict):
+            self._bad("extra", "must be a dict")
+
+    def _validate(self):
+        bad = self._bad
         if self.model_type != "bert":
             bad("model_type", "only 'bert' is supported yet")
-        for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                      "intermediate_size", "max_position_embeddings", "type_vocab_size"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                bad(field, "must be a positive integer")
+        for field in _SIZES:
+            if not 0 < getattr(self, field) <= _MAX_SIZE:
+                bad(field, f"must be a positive integer at most {_MAX_SIZE}")
         if self.hidden_size % self.num_attention_heads:
             bad("hidden_size", f"not divisible by num_attention_heads={self.num_attention_heads}")
         if self.hidden_act not in ACTIVATIONS:
@@ -82,12 +129,16 @@ class BertConfig:
             bad("problem_type", f"must be one of {PROBLEM_TYPES}")
         for field in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
             value = getattr(self, field)
-            if value is not None and not 0.0 <= value < 1.0:
+            if value is not None and not 0.0 <= value < 1.0:  # NaN fails every comparison
                 bad(field, "must be a probability in [0, 1)")
+        if not 0 < self.layer_norm_eps < math.inf:
+            bad("layer_norm_eps", "must be positive and finite")
+        if not 0 <= self.initializer_range < math.inf:
+            bad("initializer_range", "must be non-negative and finite")
         if not 0 <= self.pad_token_id < self.vocab_size:
             bad("pad_token_id", f"must be in [0, vocab_size={self.vocab_size})")
-        if self.layer_norm_eps <= 0:
-            bad("layer_norm_eps", "must be positive")
+        if sorted(self.id2label) != list(range(len(self.id2label))):
+            bad("id2label", "label indices must be 0, 1, ..., num_labels - 1")
         for layer, heads in self.pruned_heads.items():
             if not 0 <= layer < self.num_hidden_layers or any(not 0 <= h < self.num_attention_heads for h in heads):
                 bad("pruned_heads", f"layer {layer} heads {list(heads)} out of range")
@@ -128,25 +179,25 @@ class BertConfig:
         kwargs = {k: data.pop(k) for k in list(data) if k in names}
         num_labels = data.pop("num_labels", None)
         if num_labels is not None and kwargs.get("id2label") is None:
-            kwargs["id2label"] = {i: f"LABEL_{i}" for i in range(int(num_labels))}
+            if not _is_kind(num_labels, int) or not 0 < num_labels <= 2**20:
+                raise ValueError(f"BertConfig.num_labels={num_labels!r}: must be a positive integer")
+            kwargs["id2label"] = {i: f"LABEL_{i}" for i in range(num_labels)}
         return cls(**kwargs, extra=data)
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> "BertConfig":
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: invalid JSON ({e})") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a JSON object")
-        return cls.from_dict(data)
+            return cls.from_dict(read_json(os.fspath(path)))
+        except (TypeError, ValueError) as e:
+            message = str(e)
+            raise ValueError(message if message.startswith(os.fspath(path)) else f"{path}: {message}") from None
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike) -> "BertConfig":
-        path = os.path.join(directory, "config.json")
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path}: config.json not found")
+        directory = os.fspath(directory)
+        path = existing_file(directory, "config.json")
+        if path is None:
+            raise FileNotFoundError(f"{os.path.join(directory, 'config.json')}: config.json not found")
         return cls.from_json_file(path)
 
     def to_dict(self) -> dict[str, Any]:

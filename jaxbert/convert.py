@@ -7,7 +7,10 @@ One rule per leaf kind (Linear weight ⇄ transposed `kernel`, Embedding weight 
 from __future__ import annotations
 
 import dataclasses
+import re
 
+import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from flax import traverse_util
 
@@ -20,6 +23,7 @@ _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 _BASE_PREFIXES = ("embeddings.", "encoder.", "pooler.")
 _LEAF_TO_TORCH = {"kernel": "weight", "embedding": "weight", "scale": "weight", "bias": "bias"}
 _TIED_DECODER = "cls.predictions.decoder.weight"
+_LAYER = re.compile(r"(?:^|\.)encoder\.layer\.(\d+)\.")
 
 
 @dataclasses.dataclass
@@ -64,6 +68,50 @@ def _other_heads_keys(config: BertConfig, head: str) -> set[str]:
     return keys - set(expected_keys(config, head))
 
 
+def _check_layer_count(state_dict, config: BertConfig) -> None:
+    """Compare the declared depth with the weights before building anything from the config: a config.json
+    declaring a million layers must fail at once, not after building a million layers of expected keys."""
+    indices = {int(m.group(1)) for key in state_dict if (m := _LAYER.search(key))}
+    found = max(indices) + 1 if indices else 0
+    if found < config.num_hidden_layers:  # (extra layers are named as unknown keys below)
+        raise ValueError(f"num_hidden_layers={config.num_hidden_layers} in the config, but the weights hold "
+                         f"{found} layer(s)")
+
+
+def check_tensor(key: str, value: np.ndarray) -> None:
+    """A parameter is a finite floating-point array; integer or non-finite weights would give wrong answers
+    silently (all-zero embeddings, NaN outputs)."""
+    if not (np.issubdtype(value.dtype, np.floating) or value.dtype == ml_dtypes.bfloat16):
+        raise ValueError(f"{key}: dtype {value.dtype}, but parameters must be floating point")
+    finite = np.isfinite(value.astype(np.float32) if value.dtype == ml_dtypes.bfloat16 else value)
+    if not finite.all():
+        where = tuple(int(i) for i in np.argwhere(~finite)[0])
+        raise ValueError(f"{key}: non-finite value {value[where]} at index {where}")
+
+
+def check_fits(name: str, x: np.ndarray, dtype) -> None:
+    """Refuse a cast of `x` to the floating `dtype` that would overflow to infinity (float16 tops out at
+    65504): an inf weight gives NaN outputs silently."""
+    limit = float(ml_dtypes.finfo(dtype).max)
+    if x.size and limit < float(np.finfo(np.float32).max):
+        largest = float(np.max(np.abs(np.asarray(x, np.float32))))
+        if largest > limit:
+            raise ValueError(f"{name}: largest magnitude {largest:.6g} overflows {np.dtype(dtype).name} "
+                             f"(max {limit:.6g})")
+
+
+def cast_checked(name: str, x: np.ndarray, dtype) -> np.ndarray:
+    check_fits(name, x, dtype)
+    return x.astype(dtype)
+
+
+def check_cast(params, dtype) -> None:
+    """check_fits for every floating leaf of `params`, named by its path."""
+    for path, x in traverse_util.flatten_dict(params, sep="/").items():
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            check_fits(path, x, dtype)
+
+
 def torch_to_flax(state_dict: dict[str, np.ndarray], config: BertConfig, head: str | None = None, *,
                   allow_missing_head: bool = False) -> tuple[dict, ConversionReport]:
     """Map a transformers BERT state dict onto the Flax tree for `head`.
@@ -73,6 +121,7 @@ def torch_to_flax(state_dict: dict[str, np.ndarray], config: BertConfig, head: s
     listed in `report.missing` for the caller to initialize.
     """
     head = resolve_head(head, config)
+    _check_layer_count(state_dict, config)
     expected = expected_keys(config, head)
     report, found, sources = ConversionReport(), {}, {}
     others = None
@@ -95,6 +144,7 @@ def torch_to_flax(state_dict: dict[str, np.ndarray], config: BertConfig, head: s
         if tuple(value.shape) != tuple(shape):
             raise ValueError(f"{key}: shape {tuple(value.shape)} in the checkpoint, expected {tuple(shape)} "
                              f"from the config")
+        check_tensor(key, value)
         if name in sources:
             if name == "cls.predictions.bias" and np.array_equal(found[path], value):
                 report.ignored[key] = f"duplicate of {sources[name]}"
@@ -109,7 +159,8 @@ def torch_to_flax(state_dict: dict[str, np.ndarray], config: BertConfig, head: s
         missing = [n for n in missing if not n.startswith("pooler.")]
     base_missing = [n for n in missing if head == "BertModel" or n.startswith("bert.")]
     if missing and (not allow_missing_head or base_missing):
-        raise ValueError(f"missing keys for {head}: {', '.join(missing)}")
+        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+        raise ValueError(f"missing keys for {head}: {', '.join(missing[:10])}{more}")
     if head in WITHOUT_POOLER and not any(canonical_key(k, head).startswith("bert.pooler.") for k in state_dict):
         report.absent.append("pooler")  # as in transformers, this head is built without one
     report.missing = missing
@@ -150,8 +201,9 @@ def flax_to_torch_any(params: dict) -> dict[str, np.ndarray]:
     `torch_to_flax` then checks it against the config like any other checkpoint."""
     out = {}
     for path, value in traverse_util.flatten_dict(params).items():
-        if path[-1] not in _LEAF_TO_TORCH:
-            raise ValueError(f"unknown parameter {'/'.join(path)!r} in Flax tree")
-        value = np.asarray(value)
+        if not all(isinstance(p, str) for p in path) or path[-1] not in _LEAF_TO_TORCH:
+            raise ValueError(f"unknown parameter {'/'.join(map(str, path))!r} in Flax tree")
+        if not isinstance(value, np.ndarray):
+            raise ValueError(f"{'/'.join(path)}: a {type(value).__name__}, not an array")
         out[torch_name(path)] = value.T if path[-1] == "kernel" else value
     return out

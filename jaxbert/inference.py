@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxbert import batching, tasks
 from jaxbert.checkpoint import load_params
 from jaxbert.config import BertConfig
+from jaxbert.convert import check_cast
 from jaxbert.heads import base_params, forward, mlm_logits, resolve_head
+from jaxbert.inputs import check_arrays, positive_int
 from jaxbert.layout import to_compute, to_stored
 from jaxbert.model import BertOutput, bert
 from jaxbert.ops import as_bits, from_bits
@@ -27,13 +30,6 @@ from jaxbert.tokenizer import WordPiece, pad
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 POOLINGS = ("cls", "mean", "pooler")
-
-
-def _check_range(name: str, values: np.ndarray, upper: int, what: str):
-    bad = np.argwhere((values < 0) | (values >= upper))
-    if bad.size:
-        pos = tuple(int(i) for i in bad[0])
-        raise ValueError(f"{name} {int(values[pos])} at position {pos} is outside [0, {upper}) ({what})")
 
 
 def pool(out: BertOutput, mask, pooling: str, normalize: bool):
@@ -85,12 +81,15 @@ class Bert:
         are emptied while stacking, to save memory."""
         self.config, self.head, self.directory = config, resolve_head(head, config), directory
         self.compile_count = 0
+        self._lock = threading.Lock()  # the lazily built tokenizer and the compile counter are shared state
         self.length_buckets = batching.length_buckets(config.max_position_embeddings)
         devices = jax.devices()
         self.mesh = Mesh(np.array(devices), ("data",))
         self._data = NamedSharding(self.mesh, PartitionSpec("data"))
         replicated = NamedSharding(self.mesh, PartitionSpec())
         _check_dtype(dtype)
+        if dtype is not None:
+            check_cast(params, _DTYPES[dtype])
 
         def place(x):
             if dtype is not None and jnp.issubdtype(x.dtype, jnp.floating):
@@ -110,7 +109,8 @@ class Bert:
     def _counted(self, fn):
         @functools.wraps(fn)  # keeps fn's signature for jit's static_argnames
         def traced(*args, **kwargs):
-            self.compile_count += 1  # runs only while tracing, i.e. once per compiled program
+            with self._lock:
+                self.compile_count += 1  # runs only while tracing, i.e. once per compiled program
             return fn(*args, **kwargs)
 
         return traced
@@ -159,31 +159,17 @@ class Bert:
 
     @property
     def tokenizer(self) -> WordPiece:
-        if self._tokenizer is None:
-            if self.directory is None:
-                raise ValueError("this Bert was not loaded from a directory, so it has no tokenizer")
-            self._tokenizer = WordPiece.from_dir(self.directory)
-        return self._tokenizer
+        with self._lock:
+            if self._tokenizer is None:
+                if self.directory is None:
+                    raise ValueError("this Bert was not loaded from a directory, so it has no tokenizer")
+                self._tokenizer = WordPiece.from_dir(self.directory)
+            return self._tokenizer
 
     # -- arrays in, outputs out ------------------------------------------------------------------------------
     def check_inputs(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None):
-        c = self.config
-        ids = np.asarray(input_ids)
-        if not np.issubdtype(ids.dtype, np.integer):
-            raise TypeError(f"input_ids must be integers, got dtype {ids.dtype}")
-        _check_range("token id", ids, c.vocab_size, "vocab_size")
-        for name, arr in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids),
-                          ("position_ids", position_ids)):
-            if arr is not None and np.shape(arr) != ids.shape:
-                raise ValueError(f"{name} shape {np.shape(arr)} does not match input_ids shape {ids.shape}")
-        if token_type_ids is not None:
-            _check_range("token type id", np.asarray(token_type_ids), c.type_vocab_size, "type_vocab_size")
-        if position_ids is not None:
-            _check_range("position id", np.asarray(position_ids), c.max_position_embeddings,
-                          "max_position_embeddings")
-        elif ids.shape[-1] > c.max_position_embeddings:
-            raise ValueError(f"sequence length {ids.shape[-1]} exceeds max_position_embeddings "
-                             f"{c.max_position_embeddings}")
+        ndim = 3 if self.head == "BertForMultipleChoice" else 2
+        check_arrays(self.config, input_ids, attention_mask, token_type_ids, position_ids, ndim)
 
     def _put(self, *arrays):
         """To the devices: split on the batch axis when it divides across them, else replicated."""
@@ -222,6 +208,7 @@ class Bert:
             raise ValueError(f"pooling {pooling!r}: expected one of {', '.join(POOLINGS)}")
         if pooling == "pooler" and not self.has_pooler:
             raise ValueError(f"pooling='pooler': this {self.head} checkpoint has no pooler")
+        batch_size = positive_int("batch_size", batch_size)
         enc = self.tokenizer.encode(texts, max_length=self.max_length(max_length))
         out = np.zeros((len(enc), self.config.hidden_size), np.float32)
         for idx, batch in tasks.progress(self.batches(enc, batch_size), len(enc), batch_size, progress):
@@ -231,10 +218,9 @@ class Bert:
         return out
 
     def max_length(self, requested: int | None) -> int:
-        limit = min(self.config.max_position_embeddings, self.tokenizer.model_max_length)
-        if requested is not None and not 0 < requested <= self.config.max_position_embeddings:
-            raise ValueError(f"max_length {requested}: must be in [1, {self.config.max_position_embeddings}]")
-        return requested or limit
+        if requested is not None:
+            return positive_int("max_length", requested, self.config.max_position_embeddings)
+        return min(self.config.max_position_embeddings, self.tokenizer.model_max_length)
 
     def fill_mask(self, text: str, top_k: int = 5) -> list[list[dict]]:
         return tasks.fill_mask(self, text, top_k)

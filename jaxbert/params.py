@@ -23,7 +23,7 @@ def _norm(d: int):
 
 def _layer_spec(config: BertConfig, i: int):
     D, F, K = config.hidden_size, config.intermediate_size, config.head_size
-    HK = len(config.kept_heads(i)) * K  # pruned layers keep fewer heads
+    HK = (config.num_attention_heads - len(config.pruned_heads.get(i, ()))) * K  # pruned layers keep fewer heads
     self_attn = {name: _dense(D, HK) for name in ("query", "key", "value")}
     if config.position_embedding_type != "absolute":
         self_attn["distance_embedding"] = {"embedding": ((2 * config.max_position_embeddings - 1, K), "normal")}

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 from tqdm.auto import tqdm
 
+from jaxbert.inputs import positive_int
+
 _MLM_HEADS = ("BertForMaskedLM", "BertForPreTraining")
 
 
@@ -32,8 +34,7 @@ def fill_mask(bert, text: str, top_k: int = 5) -> list[list[dict]]:
     _require(bert, _MLM_HEADS, "fill_mask")
     if not isinstance(text, str):
         raise TypeError(f"text is {type(text).__name__}, not a string")
-    if not 1 <= top_k <= bert.config.vocab_size:
-        raise ValueError(f"top_k {top_k}: must be in [1, {bert.config.vocab_size}]")
+    top_k = positive_int("top_k", top_k, bert.config.vocab_size)
     tok = bert.tokenizer
     enc = tok.encode([text], max_length=bert.max_length(None), truncation=False)
     ids = np.asarray(enc.ids[0])
@@ -76,6 +77,7 @@ def classify(bert, texts, pairs=None, batch_size: int = 32) -> list[dict]:
     """Sequence classification: per text {label, score, scores: {label: probability}}; for regression
     {score}; for multi-label {labels: [label with probability > 0.5], scores}."""
     _require(bert, ("BertForSequenceClassification",), "classify")
+    batch_size = positive_int("batch_size", batch_size)
     enc = bert.tokenizer.encode(texts, pairs, max_length=bert.max_length(None))
     names = [bert.config.id2label[i] for i in range(bert.config.num_labels)]
     problem = bert.config.problem_type
@@ -100,6 +102,7 @@ def tag(bert, texts, batch_size: int = 32) -> list[list[dict]]:
     """Token classification aligned to words: each word takes the label of its first word piece, and carries
     its character span {word, label, score, start, end} in the original text."""
     _require(bert, ("BertForTokenClassification",), "tag")
+    batch_size = positive_int("batch_size", batch_size)
     enc = bert.tokenizer.encode(texts, max_length=bert.max_length(None))
     names = [bert.config.id2label[i] for i in range(bert.config.num_labels)]
     results = []

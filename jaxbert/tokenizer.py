@@ -8,12 +8,16 @@ truncation are jaxbert's own: settings stored in tokenizer.json (MiniLM's pads e
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
+import threading
 
 import numpy as np
 from tokenizers import AddedToken, Tokenizer
 from tokenizers.implementations import BertWordPieceTokenizer
+
+from jaxbert.files import existing_file, read_json
+from jaxbert.inputs import positive_int
+
+_NO_LIMIT = 10**6  # transformers writes model_max_length ~1e30 for "no limit"; the model's positions decide
 
 
 @dataclasses.dataclass
@@ -43,38 +47,73 @@ def _check_texts(texts, name="texts") -> list[str]:
     return texts
 
 
+def _setting(config: dict, path: str, key: str, kinds: tuple, default):
+    value = config.get(key, default)
+    if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
+        raise ValueError(f"{path}: {key}={value!r} has the wrong type")
+    return value
+
+
+def _read_config(directory: str) -> tuple[dict, str]:
+    path = existing_file(directory, "tokenizer_config.json")
+    return (read_json(path), path) if path else ({}, "tokenizer_config.json")
+
+
+def _load(path: str, build):
+    """Build a tokenizer from `path`; the tokenizers library raises many types for a corrupt file."""
+    try:
+        return build()
+    except Exception as e:  # noqa: BLE001 - Rust errors surface as plain Exception
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"{path}: not a readable tokenizer file ({first})") from None
+
+
 class WordPiece:
+    """Thread-safe: the wrapped tokenizer is never mutated after construction; truncation to each max_length
+    is a separate copy, built once (tokenizers' settings are shared mutable state, so toggling them per call
+    would let concurrent calls see each other's settings)."""
+
     def __init__(self, tokenizer: Tokenizer, model_max_length: int = 512):
         tokenizer.no_padding()
         tokenizer.no_truncation()
         self._tok = tokenizer
+        self._truncating: dict[int, Tokenizer] = {}
+        self._lock = threading.Lock()
         self.model_max_length = model_max_length
         self.vocab = tokenizer.get_vocab()
 
     @classmethod
     def from_dir(cls, directory: str) -> "WordPiece":
-        config = {}
-        path = os.path.join(directory, "tokenizer_config.json")
-        if os.path.isfile(path):
-            with open(path, encoding="utf-8") as f:
-                config = json.load(f)
-        max_len = config.get("model_max_length", 512)
-        max_len = 512 if not isinstance(max_len, int) or max_len > 10**6 else max_len
-        if os.path.isfile(os.path.join(directory, "tokenizer.json")):
-            return cls(Tokenizer.from_file(os.path.join(directory, "tokenizer.json")), max_len)
-        vocab = os.path.join(directory, "vocab.txt")
-        if not os.path.isfile(vocab):
+        config, config_path = _read_config(directory)
+        max_len = _setting(config, config_path, "model_max_length", (int, float), 512)
+        if not max_len > 0:
+            raise ValueError(f"{config_path}: model_max_length={max_len!r} must be positive")
+        max_len = 512 if max_len > _NO_LIMIT else int(max_len)
+        path = existing_file(directory, "tokenizer.json")
+        if path:
+            return cls(_load(path, lambda: Tokenizer.from_file(path)), max_len)
+        vocab = existing_file(directory, "vocab.txt")
+        if not vocab:
             raise FileNotFoundError(f"{directory}: no tokenizer (looked for tokenizer.json, vocab.txt)")
-        lowercase = config.get("do_lower_case", True)
-        strip = config.get("strip_accents")  # None: follow lowercase, as BERT's BasicTokenizer does
-        wp = BertWordPieceTokenizer(vocab, clean_text=True, lowercase=lowercase,
-                                    handle_chinese_chars=config.get("tokenize_chinese_chars", True),
-                                    strip_accents=strip)
-        tok = wp._tokenizer
-        never_split = [t for t in (config.get("never_split") or []) if t in tok.get_vocab()]
+        options = dict(
+            lowercase=_setting(config, config_path, "do_lower_case", (bool,), True),
+            strip_accents=_setting(config, config_path, "strip_accents", (bool, type(None)), None),
+            handle_chinese_chars=_setting(config, config_path, "tokenize_chinese_chars", (bool,), True))
+        never_split = _setting(config, config_path, "never_split", (list, type(None)), None) or []
+        tok = _load(vocab, lambda: BertWordPieceTokenizer(vocab, clean_text=True, **options)._tokenizer)
+        never_split = [t for t in never_split if isinstance(t, str) and t in tok.get_vocab()]
         if never_split:  # whole tokens, matched before normalization, never split into word pieces
             tok.add_tokens([AddedToken(t, single_word=True, normalized=False) for t in never_split])
         return cls(tok, max_len)
+
+    def _truncated(self, limit: int) -> Tokenizer:
+        with self._lock:
+            tok = self._truncating.get(limit)
+            if tok is None:
+                tok = Tokenizer.from_str(self._tok.to_str())
+                tok.enable_truncation(limit)
+                self._truncating[limit] = tok
+            return tok
 
     # -- vocabulary ------------------------------------------------------------------------------------------
     def token_to_id(self, token: str) -> int | None:
@@ -106,13 +145,9 @@ class WordPiece:
             pairs = _check_texts(pairs, "pairs")
             if len(pairs) != len(texts):
                 raise ValueError(f"{len(texts)} texts but {len(pairs)} pairs")
-        limit = max_length or self.model_max_length
-        if truncation:
-            self._tok.enable_truncation(limit)
-        try:
-            encs = self._tok.encode_batch(list(zip(texts, pairs)) if pairs is not None else texts)
-        finally:
-            self._tok.no_truncation()
+        limit = self.model_max_length if max_length is None else positive_int("max_length", max_length)
+        tok = self._truncated(limit) if truncation else self._tok
+        encs = tok.encode_batch(list(zip(texts, pairs)) if pairs is not None else texts)
         for i, enc in enumerate(encs):
             if len(enc.ids) > limit:
                 raise ValueError(f"texts[{i}] has {len(enc.ids)} tokens, more than max_length {limit} "

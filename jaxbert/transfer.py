@@ -15,12 +15,13 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from jaxbert.checkpoint import (FLAX_MSGPACK, SAFETENSORS, atomic_directory, copy_tokenizer_files, find_weights,
-                                load_params, write_msgpack)
+from jaxbert.checkpoint import FLAX_MSGPACK, SAFETENSORS, copy_tokenizer_files, find_weights, load_params, write_msgpack
 from jaxbert.config import BertConfig
-from jaxbert.convert import flax_to_torch
+from jaxbert.convert import cast_checked, flax_to_torch
+from jaxbert.files import atomic_directory, check_disjoint, existing_file
 from jaxbert.heads import resolve_head
 from jaxbert.params import count_params
+from jaxbert.tokenizer import WordPiece
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
@@ -42,11 +43,14 @@ class TransferSummary:
 
 
 def cast_floating(params, dtype: str):
-    """Cast floating leaves to `dtype` (integer leaves, if any, are kept)."""
+    """Cast floating leaves to `dtype` (integer leaves, if any, are kept), checked for overflow."""
     target = DTYPES[dtype]
-    return jax.tree_util.tree_map(
-        lambda x: x.astype(target) if np.issubdtype(x.dtype, np.floating) or x.dtype == ml_dtypes.bfloat16 else x,
-        params)
+
+    def cast(path, x):
+        floating = np.issubdtype(x.dtype, np.floating) or x.dtype == ml_dtypes.bfloat16
+        return cast_checked(jax.tree_util.keystr(path, simple=True, separator="/"), x, target) if floating else x
+
+    return jax.tree_util.tree_map_with_path(cast, params)
 
 
 def _stored_dtype(params) -> str:
@@ -59,6 +63,8 @@ def _read(src: str, dtype: str | None):
         raise FileNotFoundError(f"{src}: no such directory")
     config = BertConfig.from_pretrained(src)
     head = resolve_head(None, config)
+    if existing_file(src, "tokenizer.json") or existing_file(src, "vocab.txt"):
+        WordPiece.from_dir(src)  # copied verbatim later: a corrupt tokenizer fails here, not at the user's first call
     source_file = find_weights(src)
     params, report = load_params(src, config, head)
     if dtype is not None:
@@ -87,7 +93,7 @@ def _listing(directory: str) -> dict[str, int]:
 def write_jaxbert_dir(params, config: BertConfig, head: str, dst: str, *, tokenizer_from: str | None = None,
                       force: bool = False) -> dict[str, int]:
     """A jaxbert directory: config.json, flax_model.msgpack, tokenizer files; written atomically."""
-    with atomic_directory(dst, force) as tmp:
+    with atomic_directory(dst, force, sources=(tokenizer_from,) if tokenizer_from else ()) as tmp:
         _write_config(config, head, _stored_dtype(params), tmp)
         with open(os.path.join(tmp, FLAX_MSGPACK), "wb") as f:
             write_msgpack(params, f)
@@ -97,11 +103,17 @@ def write_jaxbert_dir(params, config: BertConfig, head: str, dst: str, *, tokeni
     return files
 
 
+def _check_destination(src: str, dst: str, force: bool) -> None:
+    """Before reading anything large: DST must not be, contain or lie in SRC, nor exist unless forced."""
+    check_disjoint(src, dst)
+    if os.path.lexists(dst) and not force:
+        raise FileExistsError(f"{os.path.abspath(dst)}: already exists (use --force to replace it)")
+
+
 def convert_checkpoint(src: str, dst: str, *, dtype: str | None = None, force: bool = False) -> TransferSummary:
     """transformers BERT directory (or a transformers 4.x Flax one) -> jaxbert directory."""
     start = time.perf_counter()
-    if os.path.exists(dst) and not force:  # refuse before reading anything large
-        raise FileExistsError(f"{os.path.abspath(dst)}: already exists (use --force to replace it)")
+    _check_destination(src, dst, force)
     config, head, source_file, params, report = _read(src, dtype)
     files = write_jaxbert_dir(params, config, head, dst, tokenizer_from=src, force=force)
     return TransferSummary(src, dst, head, os.path.basename(source_file), _stored_dtype(params),
@@ -116,16 +128,19 @@ def export_checkpoint(src: str, dst: str, *, dtype: str = "float32", force: bool
     left out, as transformers' own `save_pretrained` does; transformers ties it again on load.
     """
     start = time.perf_counter()
-    if os.path.exists(dst) and not force:
-        raise FileExistsError(f"{os.path.abspath(dst)}: already exists (use --force to replace it)")
+    _check_destination(src, dst, force)
     config, head, source_file, params, report = _read(src, dtype)
+    from safetensors import SafetensorError
     from safetensors.numpy import save_file
 
     state = flax_to_torch(params, config, head, include_tied=False)
-    with atomic_directory(dst, force) as tmp:
+    with atomic_directory(dst, force, sources=(src,)) as tmp:
         _write_config(config, head, dtype, tmp)
-        save_file({k: np.ascontiguousarray(v) for k, v in state.items()}, os.path.join(tmp, SAFETENSORS),
-                  metadata={"format": "pt"})
+        path = os.path.join(tmp, SAFETENSORS)
+        try:
+            save_file({k: np.ascontiguousarray(v) for k, v in state.items()}, path, metadata={"format": "pt"})
+        except SafetensorError as e:  # e.g. a full disk: an I/O error in safetensors' own exception type
+            raise OSError(f"{dst}: writing {SAFETENSORS} failed ({e})") from None
         copy_tokenizer_files(src, tmp)
         files = _listing(tmp)
     return TransferSummary(src, dst, head, os.path.basename(source_file), dtype, count_params(params),

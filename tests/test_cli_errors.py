@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from conftest import hf_model
+from conftest import cli_fails as fails, hf_model
 from jaxbert.cli import main
 
 torch = pytest.importorskip("torch")
@@ -23,19 +23,6 @@ def src(tmp_path):
     model = hf_model("BertForMaskedLM")
     model.save_pretrained(tmp_path / "src")
     return tmp_path / "src"
-
-
-def fails(capsys, tmp_path, *args, match: str):
-    dst = tmp_path / "dst"
-    rc = main([str(a) for a in args] + ([str(dst)] if args[0] in ("convert", "export") else []))
-    out, err = capsys.readouterr()
-    assert rc == 1, out
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert match in lines[0], lines[0]
-    assert not dst.exists()
-    assert not [p for p in os.listdir(tmp_path) if p.startswith(".dst.")], "partial output left behind"
-    return lines[0]
 
 
 def _rewrite(src, change):

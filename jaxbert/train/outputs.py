@@ -1,62 +1,47 @@
-"""What a run leaves on disk besides the final model: orbax checkpoints, metrics.jsonl, loss.png."""
+"""What a run leaves on disk besides the checkpoints and the final model: metrics.jsonl and loss.png."""
 
 from __future__ import annotations
 
 import json
 import os
 
-import orbax.checkpoint as ocp
+from jaxbert.files import atomic_file
 
 
-def checkpoint_manager(directory: str, keep: int) -> ocp.CheckpointManager:
-    # Synchronous saves: a step is only reported saved once it is complete on disk. orbax writes each step
-    # into a temporary directory and renames it when finished, so a crash mid-save never harms older steps.
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False)
-    return ocp.CheckpointManager(os.path.abspath(directory), options=options)
-
-
-def save(manager: ocp.CheckpointManager, step: int, state, meta: dict) -> None:
-    manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-                 force=True)
-    manager.wait_until_finished()
-
-
-def restore(manager: ocp.CheckpointManager, step: int, abstract_state):
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
-                                                             meta=ocp.args.JsonRestore()))
-    return restored["state"], restored["meta"]
-
-
-def resume_location(resume: str, output_dir: str) -> tuple[str, int | None]:
-    """`auto` -> OUT/checkpoints (latest step); a checkpoints directory (latest); or one step directory."""
-    if resume == "auto":
-        return os.path.join(output_dir, "checkpoints"), None
-    path = os.path.abspath(resume)
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"--resume {resume}: no such directory")
-    name = os.path.basename(path.rstrip("/"))
-    if name.isdigit():
-        return os.path.dirname(path), int(name)
-    return path, None
+def read_metrics(path: str) -> list[dict]:
+    """The records of OUT/metrics.jsonl. A last line cut short (the run was killed mid-write) is dropped; any
+    other line that is not a JSON object with an integer "step" is an error naming file:line."""
+    if not os.path.isfile(path):
+        return []
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    records = []
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            if number == len(lines):  # no newline after it: a half-written last record
+                break
+            raise ValueError(f"{path}:{number}: not a JSON record ({str(e).splitlines()[0]})") from None
+        step = record.get("step") if isinstance(record, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise ValueError(f"{path}:{number}: a record without an integer \"step\"")
+        records.append(record)
+    return records
 
 
 class Metrics:
     """OUT/metrics.jsonl, one JSON object per line; on resume, records after the restored step are dropped so
     the file reads as one uninterrupted run."""
 
-    def __init__(self, path: str, keep_through_step: int | None):
+    def __init__(self, path: str, records: list[dict]):
         self.path = path
-        self.records: list[dict] = []
-        if keep_through_step is not None and os.path.isfile(path):
-            with open(path, encoding="utf-8") as f:
-                self.records = [r for r in map(json.loads, f) if r["step"] <= keep_through_step]
-        self._rewrite()
-
-    def _rewrite(self):
-        tmp = self.path + ".partial"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in self.records)
-        os.replace(tmp, self.path)
+        self.records = list(records)
+        with atomic_file(path) as tmp:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(r) + "\n" for r in self.records)
 
     def add(self, record: dict) -> None:
         self.records.append(record)
@@ -82,5 +67,6 @@ def plot(records: list[dict], path: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with atomic_file(path, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=100)
     plt.close(fig)

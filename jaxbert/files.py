@@ -1,0 +1,171 @@
+"""The file-system rules every reader and writer shares: files named by a checkpoint stay inside it, writers
+never touch their source, outputs appear whole or not at all, JSON is read with its failures named.
+
+Symlink policy: a checkpoint file may be a symlink only if its target resolves inside the checkpoint
+directory, or, when the directory is a Hugging Face cache snapshot (`…/models--ORG--NAME/snapshots/REV`, whose
+files link to `../../blobs/HASH`), inside that model's cache entry (`…/models--ORG--NAME`). Anything else
+(an absolute path, `..` out of the directory, a link elsewhere) is refused, naming the file and its target.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+
+MAX_MESSAGE = 600  # characters of an error line; longer ones are cut (a file can name a million keys)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # ANSI escapes start with \x1b: shown, not obeyed
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def allowed_roots(directory: str) -> tuple[str, ...]:
+    """Where files of `directory` may resolve: the directory itself, and its HF cache entry if it is a snapshot."""
+    real = os.path.realpath(directory)
+    snapshots, rev = os.path.split(real)
+    entry = os.path.dirname(snapshots)
+    if rev and os.path.basename(snapshots) == "snapshots" and os.path.basename(entry).startswith("models--"):
+        return real, entry
+    return (real,)
+
+
+def checkpoint_file(directory: str, name: str) -> str:
+    """`directory/name` after checking that `name` (read from a file, e.g. a shard index) and the file it leads
+    to through any symlinks stay inside the checkpoint (see the policy above). Existence is not checked."""
+    if not isinstance(name, str) or not name or os.path.isabs(name) or "\0" in name:
+        raise ValueError(f"{directory}: file name {name!r} is not a relative path inside the checkpoint")
+    path = os.path.join(directory, name)
+    if os.path.normpath(name).split(os.sep)[0] == os.pardir:
+        raise ValueError(f"{path}: names a file outside the checkpoint directory")
+    target = os.path.realpath(path)
+    if not any(_within(target, root) for root in allowed_roots(directory)):
+        raise ValueError(f"{path}: resolves to {target}, outside the checkpoint directory (symlinks must stay "
+                         "inside it, or inside the model's Hugging Face cache entry)")
+    return path
+
+
+def existing_file(directory: str, name: str) -> str | None:
+    """The checked path of `name` in `directory` if it is a file there, else None."""
+    path = checkpoint_file(directory, name)
+    return path if os.path.isfile(path) else None
+
+
+def read_json(path: str, expect: type = dict):
+    """A JSON file's value, which must be of type `expect`; every failure is a ValueError naming the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: invalid JSON ({e})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deeply") from None
+    if not isinstance(value, expect):
+        raise ValueError(f"{path}: expected a JSON {_JSON_NAMES.get(expect, expect.__name__)}, "
+                         f"got {_JSON_NAMES.get(type(value), type(value).__name__)}")
+    return value
+
+
+_JSON_NAMES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+               type(None): "null"}
+
+
+def check_disjoint(src: str, dst: str) -> None:
+    """Refuse a destination that is the source, lies inside it, or contains it (replacing it would delete the
+    source): writers never write into, over or above what they read. Symlinks are resolved first."""
+    a, b = os.path.realpath(src), os.path.realpath(dst)
+    if a == b:
+        raise ValueError(f"{dst}: is the source {src} itself; choose another destination")
+    if _within(b, a):
+        raise ValueError(f"{dst}: lies inside the source {src}; choose a destination outside it")
+    if _within(a, b):
+        raise ValueError(f"{dst}: contains the source {src}; choose a destination that does not")
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+@contextlib.contextmanager
+def atomic_directory(dst: str, force: bool = False, sources: tuple[str, ...] = ()):
+    """Yield a temporary directory beside `dst`; rename it to `dst` only if the block succeeds.
+
+    Any failure removes the temporary directory, so `dst` is either complete or untouched. With `force`, an
+    existing `dst` (directory, file or symlink; never one of `sources`) is replaced and then removed.
+    """
+    for src in sources:
+        check_disjoint(src, dst)
+    dst = os.path.abspath(dst)
+    if os.path.lexists(dst) and not force:
+        raise FileExistsError(f"{dst}: already exists (use --force to replace it)")
+    parent = os.path.dirname(dst)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.", suffix=".partial", dir=parent)
+    try:
+        yield tmp
+        if os.path.lexists(dst):  # --force: swap, then drop the old one
+            old = tmp + ".old"
+            os.rename(dst, old)
+            try:
+                os.rename(tmp, dst)
+            except BaseException:
+                os.rename(old, dst)
+                raise
+            _remove(old)
+        else:
+            os.rename(tmp, dst)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _raise_named(e, dst)
+
+
+def _raise_named(e: BaseException, path: str):
+    """Re-raise `e`; an OSError that does not say which output failed (a full disk: "[Errno 28] No space left
+    on device", numpy's "N requested and M written") gets the path."""
+    if isinstance(e, OSError) and e.filename is None and path not in str(e):
+        raise OSError(f"{path}: writing failed ({e.strerror or e})") from None
+    raise e
+
+
+def check_output_file(path: str) -> None:
+    """An output file can be written at `path` (checked before the work that produces it)."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path}: is a directory")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(f"{path}: no such directory {parent}")
+
+
+@contextlib.contextmanager
+def atomic_file(path: str, suffix: str = ""):
+    """Yield a temporary path beside `path` (ending in `suffix`, e.g. ".npy" for np.save); it replaces `path`
+    only if the block succeeds, and is removed on any failure (a full disk included)."""
+    check_output_file(path)
+    parent = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".partial" + suffix, dir=parent)
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        _raise_named(e, path)
+
+
+def one_line(message: str) -> str:
+    """An error message fit for one terminal line: control characters (ANSI escapes included) made visible,
+    newlines folded, and cut at MAX_MESSAGE characters."""
+    text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], " ".join(str(message).split("\n")))
+    if len(text) > MAX_MESSAGE:
+        text = f"{text[:MAX_MESSAGE]}… ({len(text) - MAX_MESSAGE:,} more characters)"
+    return text

@@ -1,0 +1,63 @@
+"""Host-side checks of what callers pass in, before anything reaches a device.
+
+JAX gathers clamp out-of-range indices and `jnp.asarray(x, int32)` truncates floats, so a bad token id, a float
+mask or a wrong shape would otherwise give a wrong answer instead of an error. Each check names the argument,
+the value and its position.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxbert.config import BertConfig
+
+
+def positive_int(name: str, value, upper: int | None = None) -> int:
+    """An integer argument (not a bool, float or string) in [1, upper]."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if value < 1 or (upper is not None and value > upper):
+        raise ValueError(f"{name} {value}: must be in [1, {upper}]" if upper else f"{name} {value}: must be ≥ 1")
+    return int(value)
+
+
+def _integer_array(name: str, value, allow_bool: bool = False) -> np.ndarray:
+    arr = np.asarray(value)
+    if not (np.issubdtype(arr.dtype, np.integer) or (allow_bool and arr.dtype == np.bool_)):
+        raise TypeError(f"{name} must be integers{' or booleans' if allow_bool else ''}, got dtype {arr.dtype}")
+    return arr
+
+
+def _check_range(name: str, values: np.ndarray, upper: int, what: str):
+    bad = np.argwhere((values < 0) | (values >= upper))
+    if bad.size:
+        pos = tuple(int(i) for i in bad[0])
+        raise ValueError(f"{name} {int(values[pos])} at position {pos} is outside [0, {upper}) ({what})")
+
+
+def check_arrays(config: BertConfig, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
+                 ndim: int = 2) -> None:
+    """input_ids [B, L] ([B, C, L] for multiple choice, ndim=3), non-empty, in the vocabulary; the others of the
+    same shape, integer-typed and in range (attention_mask 0/1, may be boolean)."""
+    ids = _integer_array("input_ids", input_ids)
+    layout = "[batch, choices, length]" if ndim == 3 else "[batch, length]"
+    if ids.ndim != ndim:
+        hint = " (wrap a single sequence in a list)" if ids.ndim == ndim - 1 else ""
+        raise ValueError(f"input_ids must be {ndim}-D {layout}, got shape {ids.shape}{hint}")
+    if 0 in ids.shape:
+        raise ValueError(f"input_ids is empty: shape {ids.shape}")
+    _check_range("token id", ids, config.vocab_size, "vocab_size")
+    others = (("attention_mask", attention_mask, "attention mask value", 2, "0 or 1"),
+              ("token_type_ids", token_type_ids, "token type id", config.type_vocab_size, "type_vocab_size"),
+              ("position_ids", position_ids, "position id", config.max_position_embeddings,
+               "max_position_embeddings"))
+    for name, arr, label, upper, what in others:
+        if arr is None:
+            continue
+        arr = _integer_array(name, arr, allow_bool=name == "attention_mask")
+        if arr.shape != ids.shape:
+            raise ValueError(f"{name} shape {arr.shape} does not match input_ids shape {ids.shape}")
+        _check_range(label, arr.astype(np.int64), upper, what)
+    if position_ids is None and ids.shape[-1] > config.max_position_embeddings:
+        raise ValueError(f"sequence length {ids.shape[-1]} exceeds max_position_embeddings "
+                         f"{config.max_position_embeddings}")

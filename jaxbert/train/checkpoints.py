@@ -1,0 +1,202 @@
+"""Training checkpoints: orbax steps (train state + JSON meta), each sealed with a digest file.
+
+orbax writes a step into a temporary directory and renames it when complete, but nothing notices a step
+damaged afterwards (a truncated or overwritten file restores silently with wrong parameters). So after each
+save, the sha256 and size of every file of the step go into STEP/jaxbert_digests.json (written atomically, last:
+a step without it is incomplete), and a step is verified before anything is restored from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+
+import orbax.checkpoint as ocp
+
+from jaxbert.files import atomic_file, checkpoint_file, read_json
+
+DIGESTS = "jaxbert_digests.json"
+ASIDE = ".damaged"  # suffix of a damaged step moved out of orbax's sight (its step number is free again)
+# BertConfig keys that do not shape the train state or its computation (head labels, bookkeeping).
+MODEL_KEYS_IGNORED = ("architectures", "extra", "id2label", "label2id", "problem_type", "classifier_dropout")
+
+
+class DamagedCheckpoint(ValueError):
+    """A step whose files do not match its digests, or that has none; the message names the file."""
+
+
+def manager(directory: str, keep: int, create: bool = True) -> ocp.CheckpointManager:
+    """A manager of `directory`; with create=False it is only read from (another run's checkpoints)."""
+    # Synchronous saves: a step is only reported saved once it is complete on disk.
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=create, enable_async_checkpointing=False)
+    return ocp.CheckpointManager(os.path.abspath(directory), options=options)
+
+
+def step_dir(mgr: ocp.CheckpointManager, step: int) -> str:
+    return os.path.join(mgr.directory.as_posix(), str(step))
+
+
+def save(mgr: ocp.CheckpointManager, step: int, state, meta: dict) -> None:
+    mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+             force=True)
+    mgr.wait_until_finished()
+    write_digests(step_dir(mgr, step))
+
+
+def _digest(path: str) -> dict:
+    with open(path, "rb") as f:
+        return {"size": os.fstat(f.fileno()).st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+
+
+def write_digests(directory: str) -> None:
+    files = {}
+    for root, dirs, names in os.walk(directory):
+        dirs.sort()
+        for name in sorted(names):
+            rel = os.path.relpath(os.path.join(root, name), directory)
+            if rel != DIGESTS:
+                files[rel] = _digest(os.path.join(root, name))
+    with atomic_file(os.path.join(directory, DIGESTS)) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"format": 1, "files": files}, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def verify(directory: str) -> None:
+    """Raise DamagedCheckpoint naming the first file of the step that is missing or differs from its digest."""
+    path = os.path.join(directory, DIGESTS)
+    if not os.path.isfile(path):
+        raise DamagedCheckpoint(f"{path}: missing (the save did not complete)")
+    try:
+        files = read_json(path).get("files")
+    except ValueError as e:
+        raise DamagedCheckpoint(str(e)) from None
+    if not isinstance(files, dict) or not files:
+        raise DamagedCheckpoint(f"{path}: lists no files")
+    for name, want in files.items():
+        try:
+            file = checkpoint_file(directory, name)
+        except ValueError as e:
+            raise DamagedCheckpoint(str(e)) from None
+        if not (isinstance(want, dict) and isinstance(want.get("size"), int) and isinstance(want.get("sha256"), str)):
+            raise DamagedCheckpoint(f"{path}: malformed entry for {name}")
+        if not os.path.isfile(file):
+            raise DamagedCheckpoint(f"{file}: missing")
+        got = _digest(file)
+        if got["size"] != want["size"]:
+            raise DamagedCheckpoint(f"{file}: {got['size']} bytes, its digest says {want['size']} (truncated or "
+                                    "damaged)")
+        if got["sha256"] != want["sha256"]:
+            raise DamagedCheckpoint(f"{file}: contents differ from its sha256 digest (damaged)")
+
+
+def resume_location(resume: str, output_dir: str) -> tuple[str, int | None]:
+    """`auto` -> OUT/checkpoints (latest step); a checkpoints directory (latest); or one step directory."""
+    if resume == "auto":
+        return os.path.abspath(os.path.join(output_dir, "checkpoints")), None
+    path = os.path.abspath(resume)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"--resume {resume}: no such directory")
+    name = os.path.basename(path.rstrip("/"))
+    if name.isdigit():
+        return os.path.dirname(path), int(name)
+    return path, None
+
+
+def latest_intact(mgr: ocp.CheckpointManager, say) -> int | None:
+    """The newest verified step; damaged or incomplete newer ones are skipped with a notice naming the file."""
+    for step in sorted(mgr.all_steps(), reverse=True):
+        try:
+            verify(step_dir(mgr, step))
+            return step
+        except DamagedCheckpoint as e:
+            say(f"resume: skipping checkpoint {step}: {e}")
+    return None
+
+
+def clear_after(mgr: ocp.CheckpointManager, step: int, say) -> None:
+    """Make room for the steps a resumed run will save after `step`: damaged later steps are moved aside
+    (kept for inspection, renamed STEP.damaged); an intact later step is never overwritten: refuse."""
+    for later in sorted(s for s in mgr.all_steps() if s > step):
+        directory = step_dir(mgr, later)
+        try:
+            verify(directory)
+        except DamagedCheckpoint:
+            aside = directory + ASIDE
+            n = 1
+            while os.path.lexists(aside):
+                aside, n = f"{directory}{ASIDE}.{n}", n + 1
+            os.rename(directory, aside)
+            say(f"resume: moved the damaged checkpoint {later} aside to {aside}")
+            continue
+        raise ValueError(f"--resume: {directory} is an intact checkpoint after step {step} that this run would "
+                         f"overwrite; resume from it, or move it away first")
+    mgr.reload()
+
+
+def read_meta(mgr: ocp.CheckpointManager, step: int) -> dict:
+    meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    if not isinstance(meta, dict):
+        raise DamagedCheckpoint(f"{step_dir(mgr, step)}/meta: not a JSON object")
+    return meta
+
+
+def model_fields(config) -> dict:
+    """The model config as stored in a checkpoint's meta (JSON types), minus keys that do not matter."""
+    out = {k: v for k, v in config.to_dict().items() if k not in MODEL_KEYS_IGNORED}
+    return {f.name: out[f.name] for f in dataclasses.fields(config) if f.name in out}
+
+
+def check_meta(meta: dict, expected: dict, where: str) -> None:
+    """Refuse a checkpoint made for another model or another data/schedule, naming the first difference."""
+    stored, model = meta.get("model_config"), json.loads(json.dumps(expected["model_config"]))
+    if not isinstance(stored, dict):
+        raise ValueError(f"--resume: {where} has no model config in its meta")
+    for key in model:
+        if stored.get(key) != model[key]:
+            raise ValueError(f"--resume: {where} was made for a different model: {key}={stored.get(key)!r} there, "
+                             f"{model[key]!r} in --model")
+    for key, value in expected.items():
+        if key not in ("step", "epoch", "offset", "model_config") and meta.get(key) != value:
+            raise ValueError(f"--resume: {where} was made with {key}={meta.get(key)!r}, this run has {value!r}")
+
+
+def restore_state(mgr: ocp.CheckpointManager, step: int, abstract_state):
+    try:
+        restored = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        why = " ".join(str(e).split())[:300] or type(e).__name__
+        raise ValueError(f"--resume: {step_dir(mgr, step)}: the train state does not fit this run: {why}") from None
+    return restored["state"]
+
+
+def resume_point(cfg, own: ocp.CheckpointManager, expected_meta, say):
+    """(manager, step) to restore from, or None to start afresh; every check (digests, model config, data and
+    schedule options) is done here, before anything compiles. `expected_meta(step)` is this run's meta."""
+    if not cfg.resume:
+        if own.latest_step() is not None:
+            raise ValueError(f"{cfg.output_dir} has checkpoints up to step {own.latest_step()}: pass --resume auto "
+                             "to continue, or choose a new --output-dir")
+        return None
+    root, step = resume_location(cfg.resume, cfg.output_dir)
+    mine = os.path.realpath(root) == os.path.realpath(own.directory.as_posix())
+    source = own if mine else manager(root, cfg.save_total_limit, create=False)
+    if step is None:
+        step = latest_intact(source, say)
+        if step is None and source is not own:
+            raise FileNotFoundError(f"--resume {cfg.resume}: no intact checkpoint in it")
+    else:
+        try:
+            verify(step_dir(source, step))
+        except DamagedCheckpoint as e:
+            raise DamagedCheckpoint(f"--resume: checkpoint {step} cannot be used: {e}") from None
+    if step is None:
+        clear_after(own, 0, say)
+        say("resume: no intact checkpoint yet, starting from the beginning")
+        return None
+    check_meta(read_meta(source, step), expected_meta(step), f"checkpoint {step_dir(source, step)}")
+    clear_after(own, step, say)
+    return source, step

@@ -1,0 +1,101 @@
+"""A run's plan: the checked inputs (model config, texts, batch sizes), the tokenized data and the step counts.
+
+`prepare` finds everything that can be wrong with the inputs before anything is compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from jaxbert.config import BertConfig
+from jaxbert.texts import read_text_file
+from jaxbert.train import data as D
+from jaxbert.train.config import TrainConfig
+from jaxbert.train.masking import default_max_predictions, mask_tokens
+
+
+@dataclasses.dataclass
+class Run:
+    cfg: TrainConfig
+    config: BertConfig
+    train: D.Batches
+    val: np.ndarray
+    special: list[int]
+    mask_id: int
+    continuation: np.ndarray | None
+    max_predictions: int
+    total_steps: int
+    warmup_steps: int
+    log: list[str] = dataclasses.field(default_factory=list)
+
+    def say(self, message: str) -> None:
+        self.log.append(message)
+        tqdm.write(message)
+
+    def masked(self, ids: np.ndarray, seed) -> dict:
+        """Mask a [..., L] block of ids; the Generator is seeded by `seed` (a list), never global."""
+        flat = ids.reshape(-1, ids.shape[-1])
+        inputs, positions, labels = mask_tokens(
+            flat, rng=np.random.default_rng(seed), special_ids=self.special, mask_id=self.mask_id,
+            vocab_size=self.config.vocab_size, probability=self.cfg.mlm_probability,
+            max_predictions=self.max_predictions, continuation=self.continuation)
+        lead = ids.shape[:-1]
+        return {"input_ids": inputs.reshape(ids.shape),
+                "attention_mask": (flat != self.config.pad_token_id).astype(np.int32).reshape(ids.shape),
+                "positions": positions.reshape(*lead, -1), "labels": labels.reshape(*lead, -1)}
+
+
+def prepare(cfg: TrainConfig) -> Run:
+    """Everything that can be wrong with the inputs is found here, before any compilation."""
+    from jaxbert.tokenizer import WordPiece
+
+    config = BertConfig.from_pretrained(cfg.model)
+    if cfg.max_seq_length > config.max_position_embeddings:
+        raise ValueError(f"--max-seq-length {cfg.max_seq_length} exceeds the model's max_position_embeddings "
+                         f"{config.max_position_embeddings}")
+    n = jax.device_count()
+    batch = cfg.global_batch_size or cfg.per_device_batch_size * n
+    if batch % n:
+        raise ValueError(f"batch size {batch} does not divide across {n} devices")
+    train_text = read_text_file(cfg.train_file)
+    if cfg.validation_file:
+        val_texts = read_text_file(cfg.validation_file).texts
+        train_texts = train_text.texts
+    else:
+        cut = len(train_text.texts) * cfg.validation_split_percentage // 100
+        if cut == 0:
+            raise ValueError(f"{cfg.train_file}: {len(train_text.texts)} lines leave no validation set at "
+                             f"{cfg.validation_split_percentage}%: pass --validation-file")
+        val_texts, train_texts = train_text.texts[:cut], train_text.texts[cut:]
+    tok = WordPiece.from_dir(cfg.model)
+    key = D.tokenizer_key(cfg.model)
+    cache = os.path.join(cfg.output_dir, "cache")
+    args = (cfg.max_seq_length, cfg.line_by_line, config.pad_token_id, cache)
+    train_blocks = D.tokenized(tok, train_texts, *args, "train", key)
+    val_blocks = D.tokenized(tok, val_texts, *args, "validation", key)
+    if len(val_blocks) == 0:
+        raise ValueError("the validation set is shorter than one --max-seq-length block")
+    batches = D.Batches(train_blocks, batch, cfg.grad_accum_steps, cfg.seed)
+    total = cfg.max_steps or math.ceil(cfg.num_train_epochs * batches.steps_per_epoch)
+    warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * total)
+    continuation = None
+    if cfg.whole_word_mask:
+        continuation = np.zeros(max(config.vocab_size, max(tok.vocab.values()) + 1), bool)
+        for token, i in tok.vocab.items():
+            continuation[i] = token.startswith("##")
+    special = [tok.token_to_id(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]")]
+    run = Run(cfg, config, batches, np.asarray(val_blocks), [i for i in special if i is not None],
+              tok.mask_token_id, continuation,
+              cfg.max_predictions_per_seq or default_max_predictions(cfg.max_seq_length, cfg.mlm_probability),
+              total, warmup)
+    run.say(f"data: {len(train_texts)} training texts -> {len(train_blocks)} sequences of {cfg.max_seq_length} "
+            f"tokens, {len(val_blocks)} validation sequences; {train_text.empty_lines} empty lines skipped")
+    run.say(f"plan: {total} steps of {batch} sequences x {cfg.grad_accum_steps} accumulation on {n} device(s)"
+            f"{' (FSDP)' if cfg.fsdp else ''}, warm-up {warmup}, {cfg.dtype}{', remat' if cfg.remat else ''}")
+    return run

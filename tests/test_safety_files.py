@@ -1,0 +1,188 @@
+"""No data loss and no reading outside a checkpoint: writers never touch their source, shard and symlink paths
+stay inside the checkpoint (Hugging Face cache snapshots still load), `--force` and failed writes leave nothing
+behind, a full disk ends in one line."""
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import jaxbert
+from conftest import cli_fails, model_dir
+from jaxbert.cli import main
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture
+def src(tmp_path):
+    """A transformers BertModel directory with MiniLM's tokenizer, inside tmp_path/work."""
+    directory = tmp_path / "work" / "src"
+    model_dir(directory)
+    return directory
+
+
+def _digest(directory):
+    """Every file below `directory` with its content hash: equal before and after means nothing was touched."""
+    out = {}
+    for root, _, files in os.walk(directory):
+        for name in files:
+            path = os.path.join(root, name)
+            out[os.path.relpath(path, directory)] = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    return out
+
+
+def _leftovers(directory):
+    return [p for p in os.listdir(directory) if ".partial" in p]
+
+
+@pytest.mark.parametrize("command", ["convert", "export"])
+@pytest.mark.parametrize("where", ["itself", "ancestor", "inside", "symlink"])
+def test_a_writer_never_replaces_or_writes_into_its_source(src, tmp_path, capsys, command, where):
+    if command == "export":
+        assert main(["convert", str(src), str(tmp_path / "jax")]) == 0
+        (tmp_path / "work" / "jax").mkdir()
+        os.rename(tmp_path / "jax", tmp_path / "work" / "jax" / "src")
+        src = tmp_path / "work" / "jax" / "src"
+    (tmp_path / "work" / "beside.txt").write_text("keep me")
+    before = _digest(tmp_path / "work")
+    dst = {"itself": src, "ancestor": src.parent, "inside": src / "out", "symlink": tmp_path / "link"}[where]
+    if where == "symlink":
+        os.symlink(src, dst)
+    rc = main([command, str(src), str(dst), "--force"])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert {"itself": "is the source", "ancestor": "contains the source", "inside": "lies inside the source",
+            "symlink": "is the source"}[where] in err
+    assert _digest(tmp_path / "work") == before
+    assert not _leftovers(src.parent) and not _leftovers(tmp_path)
+
+
+def _shard(src, layout):
+    """Split src's model.safetensors into shards placed as `layout` says: {shard name: key prefix list}."""
+    state = load_file(src / "model.safetensors")
+    (src / "model.safetensors").unlink()
+    weight_map = {}
+    for name, keys in layout.items():
+        save_file({k: state[k] for k in keys}, os.path.join(src, name), metadata={"format": "pt"})
+        weight_map.update({k: name for k in keys})
+    with open(src / "model.safetensors.index.json", "w") as f:
+        f.write(__import__("json").dumps({"metadata": {}, "weight_map": weight_map}))
+    return sorted(state)
+
+
+def test_shards_must_stay_inside_the_checkpoint_and_hold_each_key_once(src, tmp_path, capsys):
+    keys = sorted(load_file(src / "model.safetensors"))
+    half = len(keys) // 2
+    _shard(src, {"a.safetensors": keys[:half], "b.safetensors": keys[half:]})
+    assert main(["info", str(src)]) == 0  # a regular sharded checkpoint loads
+    capsys.readouterr()
+    outside = tmp_path / "outside.safetensors"
+    os.rename(src / "b.safetensors", outside)
+    index = (src / "model.safetensors.index.json").read_text()
+    (src / "model.safetensors.index.json").write_text(index.replace('"b.safetensors"', '"../../outside.safetensors"'))
+    cli_fails(capsys, tmp_path, "convert", src, match="outside.safetensors: names a file outside the checkpoint")
+    (src / "model.safetensors.index.json").write_text(index.replace('"b.safetensors"', f'"{outside}"'))
+    cli_fails(capsys, tmp_path, "convert", src, match="is not a relative path inside the checkpoint")
+    os.symlink(outside, src / "b.safetensors")
+    (src / "model.safetensors.index.json").write_text(index)
+    cli_fails(capsys, tmp_path, "convert", src, match=f"b.safetensors: resolves to {outside}, outside the checkpoint")
+    os.unlink(src / "b.safetensors")
+    state = load_file(outside)
+    state[keys[0]] = load_file(src / "a.safetensors")[keys[0]]  # the first key again, in the second shard
+    save_file(state, src / "b.safetensors", metadata={"format": "pt"})
+    cli_fails(capsys, tmp_path, "convert", src, match=f"key {keys[0]!r} is also in shard a.safetensors")
+
+
+def _hub_cache(src, root):
+    """src laid out as a Hugging Face cache entry: blobs by hash, a snapshot of relative symlinks into them."""
+    entry = root / "models--org--tiny"
+    (entry / "blobs").mkdir(parents=True)
+    snapshot = entry / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    for name in os.listdir(src):
+        data = open(src / name, "rb").read()
+        blob = hashlib.sha256(data).hexdigest()
+        (entry / "blobs" / blob).write_bytes(data)
+        os.symlink(os.path.join("..", "..", "blobs", blob), snapshot / name)
+    return snapshot
+
+
+def test_hugging_face_cache_snapshots_load_but_links_out_of_the_entry_are_refused(src, tmp_path, capsys):
+    snapshot = _hub_cache(src, tmp_path / "hub")
+    assert main(["convert", str(snapshot), str(tmp_path / "jax")]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    copied = tmp_path / "jax" / "vocab.txt"
+    assert not os.path.islink(copied) and copied.read_bytes() == (src / "vocab.txt").read_bytes()
+    bert = jaxbert.load(snapshot)
+    assert bert.embed(["a snapshot loads"]).shape == (1, 32)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not a vocabulary")
+    for name in ("vocab.txt", "config.json", "model.safetensors"):
+        target = snapshot / name
+        saved = os.readlink(target)
+        os.unlink(target)
+        os.symlink(secret, target)
+        match = f"{name}: resolves to {secret}, outside the checkpoint directory"
+        cli_fails(capsys, tmp_path, "convert", snapshot, match=match)
+        os.unlink(target)
+        os.symlink(saved, target)
+    os.unlink(src / "tokenizer.json")
+    os.symlink(os.path.join("..", "..", "secret.txt"), src / "tokenizer.json")  # a plain directory: `..` escapes
+    cli_fails(capsys, tmp_path, "convert", src, match="tokenizer.json: resolves to")
+
+
+@pytest.mark.parametrize("kind", ["file", "symlink"])
+def test_force_onto_a_file_or_symlink_replaces_it_and_leaves_nothing_behind(src, tmp_path, capsys, kind):
+    dst = tmp_path / "dst"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("the link's target survives")
+    if kind == "file":
+        dst.write_text("a file")
+    else:
+        os.symlink(other, dst)
+    assert main(["convert", str(src), str(dst), "--force"]) == 0, capsys.readouterr().err
+    assert dst.is_dir() and not dst.is_symlink() and (dst / "flax_model.msgpack").is_file()
+    assert (other / "keep.txt").read_text() == "the link's target survives"
+    assert not _leftovers(tmp_path)
+
+
+def test_embed_into_a_directory_fails_before_any_work_and_leaves_nothing(src, tmp_path, capsys):
+    (tmp_path / "texts.txt").write_text("one\ntwo\n")
+    (tmp_path / "out.npy").mkdir()
+    cli_fails(capsys, tmp_path, "embed", src, "--input", tmp_path / "texts.txt", "--output", tmp_path / "out.npy",
+              match="out.npy: is a directory")
+    assert not _leftovers(tmp_path)
+
+
+def _limited(limit_bytes, *args):
+    """The CLI in a subprocess whose files may not grow beyond `limit_bytes`: writes fail as on a full disk
+    (SIGXFSZ ignored, so a write fails with EFBIG instead of killing the process)."""
+    code = ("import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit_bytes}, {limit_bytes})); "
+            "from jaxbert.cli import main; sys.exit(main(sys.argv[1:]))")
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("command", ["export", "convert", "embed"])
+def test_a_full_disk_ends_in_one_line_and_leaves_nothing(src, tmp_path, command):
+    if command == "export":
+        assert main(["convert", str(src), str(tmp_path / "jax")]) == 0
+    (tmp_path / "texts.txt").write_text("\n".join(f"text number {i}" for i in range(300)))
+    args = {"export": ("export", tmp_path / "jax", tmp_path / "dst"),
+            "convert": ("convert", src, tmp_path / "dst"),
+            "embed": ("embed", src, "--input", tmp_path / "texts.txt", "--output", tmp_path / "dst.npy")}[command]
+    proc = _limited(20_000, *args)  # room for config.json, not for the weights or 300 embeddings
+    assert proc.returncode == 1, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    written = tmp_path / ("dst.npy" if command == "embed" else "dst")
+    assert f"error: {written}: writing" in proc.stderr and "failed" in proc.stderr, proc.stderr
+    assert not (tmp_path / "dst").exists() and not (tmp_path / "dst.npy").exists()
+    assert not _leftovers(tmp_path)
+    assert np.all(np.isfinite(load_file(src / "model.safetensors")["embeddings.word_embeddings.weight"]))

