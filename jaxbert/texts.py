@@ -33,6 +33,8 @@ def read_text_file(path: str, allow_empty: bool = False) -> TextFile:
                     record = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path}:{n}: invalid JSON ({e.msg})") from None
+                except RecursionError:
+                    raise ValueError(f"{path}:{n}: JSON nested too deeply") from None
                 if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                     raise ValueError(f"{path}:{n}: expected an object with a string \"text\" field")
                 line = record["text"]

@@ -52,6 +52,12 @@ def test_deeply_nested_json_is_one_line(src, tmp_path, capsys, name):
     cli_fails(capsys, tmp_path, "convert", src, match=f"{name}: JSON nested too deeply")
 
 
+def test_deeply_nested_json_lines_are_one_line(src, tmp_path, capsys):
+    (tmp_path / "texts.jsonl").write_text('{"text": "fine"}\n' + _deep() + "\n")
+    cli_fails(capsys, tmp_path, "embed", src, "--input", tmp_path / "texts.jsonl", "--output", tmp_path / "e.npy",
+              match="texts.jsonl:2: JSON nested too deeply")
+
+
 def test_json_of_the_wrong_shape(src, tmp_path, capsys):
     (src / "config.json").write_text("[1, 2]")
     cli_fails(capsys, tmp_path, "info", src, match="config.json: expected a JSON object, got array")
