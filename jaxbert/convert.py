@@ -15,7 +15,7 @@ import numpy as np
 from flax import traverse_util
 
 from jaxbert.config import BertConfig
-from jaxbert.heads import HEADS, WITHOUT_POOLER, resolve_head
+from jaxbert.heads import HEADS, TABLE, resolve_head
 from jaxbert.params import param_spec
 
 # Buffers transformers keeps in some checkpoints; they hold no learned weights.
@@ -161,7 +161,7 @@ def torch_to_flax(state_dict: dict[str, np.ndarray], config: BertConfig, head: s
     if missing and (not allow_missing_head or base_missing):
         more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
         raise ValueError(f"missing keys for {head}: {', '.join(missing[:10])}{more}")
-    if head in WITHOUT_POOLER and not any(canonical_key(k, head).startswith("bert.pooler.") for k in state_dict):
+    if not TABLE[head].pooler and not any(canonical_key(k, head).startswith("bert.pooler.") for k in state_dict):
         report.absent.append("pooler")  # as in transformers, this head is built without one
     report.missing = missing
     return traverse_util.unflatten_dict(found), report

@@ -1,4 +1,8 @@
-"""Task heads over the base model (transformers' BertFor* classes) and their losses.
+"""Task heads over the base model (transformers' BertFor* classes), declared once in the `TABLE`.
+
+Each `Head` says whether its base model has the pooler, the parameters it adds beside `bert` (as (shape, init)
+specs), how it turns the base model's output into its output fields and loss, and which fields those are.
+Initialization, conversion, `forward` and `convert --verify` all read the table.
 
 `forward(params, config, head, ...)` is the single entry point: it runs `model.bert` on `params["bert"]` (or on
 `params` itself for BertModel), applies the head, and computes the loss when labels are given.
@@ -6,25 +10,137 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
-import optax
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float
 
 from jaxbert.config import BertConfig
+from jaxbert.losses import cross_entropy, sequence_classification_loss, span_loss
 from jaxbert.model import BertOutput, bert
-from jaxbert.ops import activation, dense, dropout, layer_norm
+from jaxbert.ops import activation, dense, dense_spec, dropout, layer_norm, norm_spec
 
-HEADS = ("BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForNextSentencePrediction",
-         "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
-         "BertForMultipleChoice")
+
+@dataclasses.dataclass(frozen=True)
+class Head:
+    name: str
+    pooler: bool  # transformers builds heads that only read token states without the pooler
+    spec: Callable[[BertConfig], dict]  # parameters beside "bert": {"cls" | "classifier" | "qa_outputs": ...}
+    apply: Callable | None  # (params, config, out, targets, rng, label_smoothing) -> (fields, loss)
+    fields: tuple[str, ...]  # the outputs it adds to the base model's
+    choices: bool = False  # inputs [B, C, L], flattened to [B*C, L] for the base model
+
+
+# -- the heads' computations --------------------------------------------------------------------------------------
+def mlm_logits(p_cls, config: BertConfig, word_embeddings: Float[Array, "V D"],
+               x: Float[Array, "... D"]) -> Float[Array, "... V"]:
+    """Transform (dense, activation, LayerNorm) then the decoder tied to the word embeddings plus a bias."""
+    p = p_cls["predictions"]
+    h = activation(config.hidden_act)(dense(p["transform"]["dense"], x))
+    h = layer_norm(p["transform"]["LayerNorm"], h, config.layer_norm_eps)
+    decoder = p["decoder"]["kernel"] if "decoder" in p else word_embeddings.T
+    logits = jnp.dot(h.astype(decoder.dtype), decoder, preferred_element_type=jnp.float32)
+    return logits + p["bias"].astype(jnp.float32)
+
+
+def _classifier_dropout(config: BertConfig) -> float:
+    return config.hidden_dropout_prob if config.classifier_dropout is None else config.classifier_dropout
+
+
+def _predictions(params, config, out):
+    return mlm_logits(params["cls"], config, params["bert"]["embeddings"]["word_embeddings"]["embedding"],
+                      out.last_hidden_state)
+
+
+def _masked_lm(params, config, out, targets, rng, smoothing):
+    logits = _predictions(params, config, out)
+    labels = targets.get("labels")
+    return {"logits": logits}, None if labels is None else cross_entropy(logits, labels, label_smoothing=smoothing)
+
+
+def _next_sentence(params, config, out, targets, rng, smoothing):
+    logits = dense(params["cls"]["seq_relationship"], out.pooler_output)
+    label = targets.get("next_sentence_label")
+    loss = None if label is None else cross_entropy(logits, label.reshape(-1), label_smoothing=smoothing)
+    return {"logits": logits}, loss
+
+
+def _pretraining(params, config, out, targets, rng, smoothing):
+    (mlm, mlm_loss), (nsp, nsp_loss) = (_masked_lm(params, config, out, targets, rng, smoothing),
+                                        _next_sentence(params, config, out, targets, rng, smoothing))
+    losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
+    return ({"prediction_logits": mlm["logits"], "seq_relationship_logits": nsp["logits"]},
+            sum(losses) if losses else None)
+
+
+def _sequence_classification(params, config, out, targets, rng, smoothing):
+    logits = dense(params["classifier"], dropout(out.pooler_output, _classifier_dropout(config), rng))
+    labels = targets.get("labels")
+    loss = None if labels is None else sequence_classification_loss(config, logits, labels, smoothing)
+    return {"logits": logits}, loss
+
+
+def _multiple_choice(params, config, out, targets, rng, smoothing):
+    logits = dense(params["classifier"], dropout(out.pooler_output, _classifier_dropout(config), rng))
+    logits = logits.reshape(-1, targets["choices"])
+    labels = targets.get("labels")
+    return {"logits": logits}, None if labels is None else cross_entropy(logits, labels, label_smoothing=smoothing)
+
+
+def _token_classification(params, config, out, targets, rng, smoothing):
+    logits = dense(params["classifier"], dropout(out.last_hidden_state, _classifier_dropout(config), rng))
+    labels = targets.get("labels")
+    return {"logits": logits}, None if labels is None else cross_entropy(logits, labels, label_smoothing=smoothing)
+
+
+def _question_answering(params, config, out, targets, rng, smoothing):
+    span = dense(params["qa_outputs"], out.last_hidden_state)
+    if span.shape[-1] != 2:
+        raise ValueError(f"BertForQuestionAnswering needs num_labels=2 (start, end), got {span.shape[-1]}")
+    start, end = span[..., 0], span[..., 1]
+    loss = None
+    if targets.get("start_positions") is not None and targets.get("end_positions") is not None:
+        loss = span_loss(start, end, targets["start_positions"], targets["end_positions"], smoothing)
+    return {"start_logits": start, "end_logits": end}, loss
+
+
+# -- the table ------------------------------------------------------------------------------------------------------
+def _mlm_spec(config: BertConfig) -> dict:
+    D, V = config.hidden_size, config.vocab_size
+    spec = {"transform": {"dense": dense_spec(D, D), "LayerNorm": norm_spec(D)}, "bias": ((V,), "zeros")}
+    if not config.tie_word_embeddings:
+        spec["decoder"] = {"kernel": ((D, V), "normal")}
+    return spec
+
+
+_TABLE = (
+    Head("BertModel", True, lambda c: {}, None, ()),
+    Head("BertForPreTraining", True,
+         lambda c: {"cls": {"predictions": _mlm_spec(c), "seq_relationship": dense_spec(c.hidden_size, 2)}},
+         _pretraining, ("prediction_logits", "seq_relationship_logits")),
+    Head("BertForMaskedLM", False, lambda c: {"cls": {"predictions": _mlm_spec(c)}}, _masked_lm, ("logits",)),
+    Head("BertForNextSentencePrediction", True,
+         lambda c: {"cls": {"seq_relationship": dense_spec(c.hidden_size, 2)}}, _next_sentence, ("logits",)),
+    Head("BertForSequenceClassification", True,
+         lambda c: {"classifier": dense_spec(c.hidden_size, c.num_labels)}, _sequence_classification, ("logits",)),
+    Head("BertForTokenClassification", False,
+         lambda c: {"classifier": dense_spec(c.hidden_size, c.num_labels)}, _token_classification, ("logits",)),
+    # transformers sizes qa_outputs by num_labels (2 in practice)
+    Head("BertForQuestionAnswering", False,
+         lambda c: {"qa_outputs": dense_spec(c.hidden_size, c.num_labels)}, _question_answering,
+         ("start_logits", "end_logits")),
+    Head("BertForMultipleChoice", True, lambda c: {"classifier": dense_spec(c.hidden_size, 1)}, _multiple_choice,
+         ("logits",), choices=True),
+)
+TABLE: dict[str, Head] = {h.name: h for h in _TABLE}
+HEADS = tuple(TABLE)
 ALIASES = {"base": "BertModel", "pretraining": "BertForPreTraining", "mlm": "BertForMaskedLM",
            "nsp": "BertForNextSentencePrediction", "sequence_classification": "BertForSequenceClassification",
            "token_classification": "BertForTokenClassification", "qa": "BertForQuestionAnswering",
            "question_answering": "BertForQuestionAnswering", "multiple_choice": "BertForMultipleChoice"}
-# As in transformers: heads that only read token states are built without the pooler.
-WITHOUT_POOLER = frozenset({"BertForMaskedLM", "BertForTokenClassification", "BertForQuestionAnswering"})
-HEAD_KEYS = ("cls", "classifier", "qa_outputs")
+BASE_FIELDS = ("last_hidden_state", "pooler_output")
 
 
 def resolve_head(head: str | None, config: BertConfig) -> str:
@@ -41,110 +157,24 @@ def base_params(params, head: str):
     return params if head == "BertModel" else params["bert"]
 
 
-# -- losses ---------------------------------------------------------------------------------------------------
-def cross_entropy(logits: Float[Array, "... C"], labels: Int[Array, "..."], ignore_index: int = -100,
-                  label_smoothing: float = 0.0) -> Float[Array, ""]:
-    """Mean integer-label cross-entropy over labels != ignore_index (PyTorch's CrossEntropyLoss semantics)."""
-    valid = labels != ignore_index
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(logp, jnp.where(valid, labels, 0)[..., None], axis=-1)[..., 0]
-    if label_smoothing:
-        nll = (1.0 - label_smoothing) * nll - label_smoothing * logp.mean(-1)
-    return jnp.sum(jnp.where(valid, nll, 0.0)) / jnp.maximum(valid.sum(), 1)
-
-
-def sequence_classification_loss(config: BertConfig, logits: Float[Array, "B C"], labels: Array,
-                                 label_smoothing: float = 0.0) -> Float[Array, ""]:
-    problem = config.problem_type
-    if problem is None:  # transformers infers it from num_labels and the label dtype
-        integer = jnp.issubdtype(labels.dtype, jnp.integer)
-        problem = ("regression" if config.num_labels == 1 else
-                   "single_label_classification" if integer else "multi_label_classification")
-    if problem == "regression":
-        preds = logits[:, 0] if config.num_labels == 1 else logits
-        return jnp.mean(jnp.square(preds.astype(jnp.float32) - labels.reshape(preds.shape)))
-    if problem == "single_label_classification":
-        return cross_entropy(logits, labels.reshape(-1), label_smoothing=label_smoothing)
-    return optax.sigmoid_binary_cross_entropy(logits.astype(jnp.float32), labels.astype(jnp.float32)).mean()
-
-
-def span_loss(start_logits: Float[Array, "B L"], end_logits: Float[Array, "B L"], start: Int[Array, "B"],
-              end: Int[Array, "B"], label_smoothing: float = 0.0) -> Float[Array, ""]:
-    """QA loss: positions outside the sequence are clamped to L and ignored, as in transformers."""
-    L = start_logits.shape[-1]
-    start, end = jnp.clip(start, 0, L), jnp.clip(end, 0, L)
-    return (cross_entropy(start_logits, start, L, label_smoothing)
-            + cross_entropy(end_logits, end, L, label_smoothing)) / 2
-
-
-# -- heads ----------------------------------------------------------------------------------------------------
-def mlm_logits(p_cls, config: BertConfig, word_embeddings: Float[Array, "V D"],
-               x: Float[Array, "... D"]) -> Float[Array, "... V"]:
-    """Transform (dense, activation, LayerNorm) then the decoder tied to the word embeddings plus a bias."""
-    p = p_cls["predictions"]
-    h = activation(config.hidden_act)(dense(p["transform"]["dense"], x))
-    h = layer_norm(p["transform"]["LayerNorm"], h, config.layer_norm_eps)
-    decoder = p["decoder"]["kernel"] if "decoder" in p else word_embeddings.T
-    logits = jnp.dot(h.astype(decoder.dtype), decoder, preferred_element_type=jnp.float32)
-    return logits + p["bias"].astype(jnp.float32)
-
-
-def _classifier_dropout(config: BertConfig) -> float:
-    return config.hidden_dropout_prob if config.classifier_dropout is None else config.classifier_dropout
-
-
 def forward(params, config: BertConfig, head: str, input_ids=None, attention_mask=None, token_type_ids=None,
             position_ids=None, head_mask=None, inputs_embeds=None, output_hidden_states: bool = False,
             output_attentions: bool = False, *, labels=None, next_sentence_label=None, start_positions=None,
             end_positions=None, rng=None, remat: bool = False, label_smoothing: float = 0.0) -> BertOutput:
     """Any head on a batch, with transformers' output fields; the loss is computed when labels are given."""
-    head = resolve_head(head, config)
+    spec = TABLE[resolve_head(head, config)]
     params = jax.tree_util.tree_map(jnp.asarray, params)
     r_bert, r_head = (None, None) if rng is None else jax.random.split(rng)
-    choices = None
-    if head == "BertForMultipleChoice":  # [B, C, L] -> [B*C, L]; logits come back as [B, C]
-        ref = input_ids if input_ids is not None else inputs_embeds
-        choices = ref.shape[1]
+    targets = {"labels": labels, "next_sentence_label": next_sentence_label, "start_positions": start_positions,
+               "end_positions": end_positions}
+    if spec.choices:  # [B, C, L] -> [B*C, L]; the head gives logits [B, C] back
+        targets["choices"] = (input_ids if input_ids is not None else inputs_embeds).shape[1]
         flat = lambda a: None if a is None else a.reshape(-1, *a.shape[2:])  # noqa: E731
-        input_ids, attention_mask, token_type_ids, position_ids = map(
-            flat, (input_ids, attention_mask, token_type_ids, position_ids))
-        inputs_embeds = flat(inputs_embeds)
-    out = bert(base_params(params, head), config, input_ids, attention_mask, token_type_ids, position_ids,
+        input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds = map(
+            flat, (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds))
+    out = bert(base_params(params, spec.name), config, input_ids, attention_mask, token_type_ids, position_ids,
                head_mask, inputs_embeds, output_hidden_states, output_attentions, rng=r_bert, remat=remat)
-    if head == "BertModel":
+    if spec.apply is None:
         return out
-    x, pooled = out.last_hidden_state, out.pooler_output
-    word_embeddings = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
-    fields, loss = {}, None
-    if head in ("BertForMaskedLM", "BertForPreTraining"):
-        prediction = mlm_logits(params["cls"], config, word_embeddings, x)
-        if labels is not None:
-            loss = cross_entropy(prediction, labels, label_smoothing=label_smoothing)
-        fields["logits" if head == "BertForMaskedLM" else "prediction_logits"] = prediction
-    if head in ("BertForNextSentencePrediction", "BertForPreTraining"):
-        relationship = dense(params["cls"]["seq_relationship"], pooled)
-        if next_sentence_label is not None:
-            nsp = cross_entropy(relationship, next_sentence_label.reshape(-1), label_smoothing=label_smoothing)
-            loss = nsp if loss is None else loss + nsp
-        fields["logits" if head == "BertForNextSentencePrediction" else "seq_relationship_logits"] = relationship
-    if head in ("BertForSequenceClassification", "BertForMultipleChoice"):
-        logits = dense(params["classifier"], dropout(pooled, _classifier_dropout(config), r_head))
-        if choices is not None:
-            logits = logits.reshape(-1, choices)
-        if labels is not None:
-            loss = (cross_entropy(logits, labels, label_smoothing=label_smoothing) if choices is not None
-                    else sequence_classification_loss(config, logits, labels, label_smoothing))
-        fields["logits"] = logits
-    if head == "BertForTokenClassification":
-        fields["logits"] = dense(params["classifier"], dropout(x, _classifier_dropout(config), r_head))
-        if labels is not None:
-            loss = cross_entropy(fields["logits"], labels, label_smoothing=label_smoothing)
-    if head == "BertForQuestionAnswering":
-        span = dense(params["qa_outputs"], x)
-        if span.shape[-1] != 2:
-            raise ValueError(f"BertForQuestionAnswering needs num_labels=2 (start, end), got {span.shape[-1]}")
-        fields["start_logits"], fields["end_logits"] = span[..., 0], span[..., 1]
-        if start_positions is not None and end_positions is not None:
-            loss = span_loss(fields["start_logits"], fields["end_logits"], start_positions, end_positions,
-                             label_smoothing)
-    return out.replace(pooler_output=None if head in WITHOUT_POOLER else pooled, loss=loss, **fields)
+    fields, loss = spec.apply(params, config, out, targets, r_head, label_smoothing)
+    return out.replace(pooler_output=out.pooler_output if spec.pooler else None, loss=loss, **fields)

@@ -33,6 +33,15 @@ def take_rows(table: Float[Array, "V D"], ids: Int[Array, "..."]) -> Float[Array
     return from_bits(as_bits(table)[ids], table.dtype)
 
 
+# Parameter specs: leaves are (shape, init), init one of "normal" (std = initializer_range), "zeros", "ones".
+def dense_spec(i: int, o: int, bias: bool = True) -> dict:
+    return {"kernel": ((i, o), "normal"), **({"bias": ((o,), "zeros")} if bias else {})}
+
+
+def norm_spec(d: int) -> dict:
+    return {"scale": ((d,), "ones"), "bias": ((d,), "zeros")}
+
+
 def dense(p: dict, x: Float[Array, "... I"]) -> Float[Array, "... O"]:
     """`x @ kernel + bias` in float32; kernel is [in, out] (the transpose of PyTorch's Linear.weight).
 

@@ -8,17 +8,8 @@ import numpy as np
 from flax import traverse_util
 
 from jaxbert.config import BertConfig
-from jaxbert.heads import WITHOUT_POOLER, resolve_head
-
-# Leaf spec: (shape, init) with init one of "normal" (std = initializer_range), "zeros", "ones".
-
-
-def _dense(i: int, o: int):
-    return {"kernel": ((i, o), "normal"), "bias": ((o,), "zeros")}
-
-
-def _norm(d: int):
-    return {"scale": ((d,), "ones"), "bias": ((d,), "zeros")}
+from jaxbert.heads import TABLE, resolve_head
+from jaxbert.ops import dense_spec as _dense, norm_spec as _norm
 
 
 def _layer_spec(config: BertConfig, i: int):
@@ -50,28 +41,9 @@ def base_spec(config: BertConfig, with_pooler: bool = True):
 
 def param_spec(config: BertConfig, head: str | None = None) -> dict:
     """Nested dict of (shape, init) leaves: exactly the tree transformers' FlaxBert used for this head."""
-    head = resolve_head(head, config)
-    base = base_spec(config, with_pooler=head not in WITHOUT_POOLER)
-    if head == "BertModel":
-        return base
-    D, V = config.hidden_size, config.vocab_size
-    tree = {"bert": base}
-    cls = {}
-    if head in ("BertForMaskedLM", "BertForPreTraining"):
-        cls["predictions"] = {"transform": {"dense": _dense(D, D), "LayerNorm": _norm(D)}, "bias": ((V,), "zeros")}
-        if not config.tie_word_embeddings:
-            cls["predictions"]["decoder"] = {"kernel": ((D, V), "normal")}
-    if head in ("BertForNextSentencePrediction", "BertForPreTraining"):
-        cls["seq_relationship"] = _dense(D, 2)
-    if cls:
-        tree["cls"] = cls
-    if head in ("BertForSequenceClassification", "BertForTokenClassification"):
-        tree["classifier"] = _dense(D, config.num_labels)
-    if head == "BertForMultipleChoice":
-        tree["classifier"] = _dense(D, 1)
-    if head == "BertForQuestionAnswering":
-        tree["qa_outputs"] = _dense(D, config.num_labels)  # transformers sizes it by num_labels (2 in practice)
-    return tree
+    spec = TABLE[resolve_head(head, config)]
+    base = base_spec(config, with_pooler=spec.pooler)
+    return base if spec.name == "BertModel" else {"bert": base, **spec.spec(config)}
 
 
 def init_params(config: BertConfig, rng: jax.Array, head: str | None = None, dtype=jnp.float32) -> dict:

@@ -6,13 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from jaxbert.config import BertConfig
-from jaxbert.heads import resolve_head
+from jaxbert.heads import BASE_FIELDS, TABLE, resolve_head
 
 # Tolerance on max |difference| at real (unpadded) positions: absolute for float32; for half precision,
 # relative to max(1, max |reference|), by what an 8- or 11-bit mantissa can hold.
 TOLERANCE = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 2e-2}
-FIELDS = ("last_hidden_state", "pooler_output", "logits", "prediction_logits", "seq_relationship_logits",
-          "start_logits", "end_logits")
 
 
 SENTENCES = (("The quick brown fox jumps over the lazy dog.", "It was not amused."),
@@ -80,7 +78,7 @@ def verify(src: str, dst: str) -> dict[str, tuple[float, float]]:
     dtype = str(converted.params_dtype)
     results = {}
     real = feed["attention_mask"].astype(bool)
-    for field in FIELDS:
+    for field in BASE_FIELDS + TABLE[head].fields:
         if expected.get(field) is None or got[field] is None:
             continue
         ref, out = expected[field].float().numpy(), np.asarray(got[field], np.float32)

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import optax
 
 from jaxbert.config import BertConfig
-from jaxbert.heads import cross_entropy, mlm_logits
+from jaxbert.heads import mlm_logits
+from jaxbert.losses import cross_entropy
 from jaxbert.model import bert
 from jaxbert.train.state import TrainState
 

@@ -1,0 +1,46 @@
+"""Losses with PyTorch's semantics (transformers' reference): integer-label cross-entropy ignoring -100, the
+sequence-classification losses chosen by `problem_type`, and the extractive-QA span loss."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from jaxtyping import Array, Float, Int
+
+from jaxbert.config import BertConfig
+
+
+def cross_entropy(logits: Float[Array, "... C"], labels: Int[Array, "..."], ignore_index: int = -100,
+                  label_smoothing: float = 0.0) -> Float[Array, ""]:
+    """Mean integer-label cross-entropy over labels != ignore_index (PyTorch's CrossEntropyLoss semantics)."""
+    valid = labels != ignore_index
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(logp, jnp.where(valid, labels, 0)[..., None], axis=-1)[..., 0]
+    if label_smoothing:
+        nll = (1.0 - label_smoothing) * nll - label_smoothing * logp.mean(-1)
+    return jnp.sum(jnp.where(valid, nll, 0.0)) / jnp.maximum(valid.sum(), 1)
+
+
+def sequence_classification_loss(config: BertConfig, logits: Float[Array, "B C"], labels: Array,
+                                 label_smoothing: float = 0.0) -> Float[Array, ""]:
+    problem = config.problem_type
+    if problem is None:  # transformers infers it from num_labels and the label dtype
+        integer = jnp.issubdtype(labels.dtype, jnp.integer)
+        problem = ("regression" if config.num_labels == 1 else
+                   "single_label_classification" if integer else "multi_label_classification")
+    if problem == "regression":
+        preds = logits[:, 0] if config.num_labels == 1 else logits
+        return jnp.mean(jnp.square(preds.astype(jnp.float32) - labels.reshape(preds.shape)))
+    if problem == "single_label_classification":
+        return cross_entropy(logits, labels.reshape(-1), label_smoothing=label_smoothing)
+    return optax.sigmoid_binary_cross_entropy(logits.astype(jnp.float32), labels.astype(jnp.float32)).mean()
+
+
+def span_loss(start_logits: Float[Array, "B L"], end_logits: Float[Array, "B L"], start: Int[Array, "B"],
+              end: Int[Array, "B"], label_smoothing: float = 0.0) -> Float[Array, ""]:
+    """QA loss: positions outside the sequence are clamped to L and ignored, as in transformers."""
+    L = start_logits.shape[-1]
+    start, end = jnp.clip(start, 0, L), jnp.clip(end, 0, L)
+    return (cross_entropy(start_logits, start, L, label_smoothing)
+            + cross_entropy(end_logits, end, L, label_smoothing)) / 2
