@@ -17,14 +17,13 @@ from jaxbert.ops import ACTIVATIONS
 
 POSITION_EMBEDDING_TYPES = ("absolute", "relative_key", "relative_key_query")
 PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
-# Keys transformers writes that carry no meaning for an encoder-only JAX model; kept verbatim in `extra`.
-_UNSUPPORTED_TRUE = ("is_decoder", "add_cross_attention")
 _SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
           "max_position_embeddings", "type_vocab_size")
 _MAX_SIZE = 2**31 - 1  # JAX indexes with int32
 _FIELD_KINDS = {**{f: int for f in _SIZES}, "pad_token_id": int, "hidden_act": str,
                 "position_embedding_type": str, "problem_type": str, "model_type": str,
-                "tie_word_embeddings": bool, "hidden_dropout_prob": float, "attention_probs_dropout_prob": float,
+                "tie_word_embeddings": bool, "is_decoder": bool, "add_cross_attention": bool,
+                "hidden_dropout_prob": float, "attention_probs_dropout_prob": float,
                 "classifier_dropout": float, "initializer_range": float, "layer_norm_eps": float}
 _OPTIONAL = ("problem_type", "classifier_dropout")
 _KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
@@ -65,6 +64,8 @@ class BertConfig:
     architectures: tuple[str, ...] | None = None
     pruned_heads: dict[int, tuple[int, ...]] | None = None
     tie_word_embeddings: bool = True
+    is_decoder: bool = False  # causal self-attention (BertLMHeadModel, the decoder of a bert2bert)
+    add_cross_attention: bool = False  # a cross-attention sublayer over encoder_hidden_states
     model_type: str = "bert"
     extra: dict[str, Any] | None = None
 
@@ -142,9 +143,8 @@ class BertConfig:
         for layer, heads in self.pruned_heads.items():
             if not 0 <= layer < self.num_hidden_layers or any(not 0 <= h < self.num_attention_heads for h in heads):
                 bad("pruned_heads", f"layer {layer} heads {list(heads)} out of range")
-        for key in _UNSUPPORTED_TRUE:
-            if self.extra.get(key):
-                raise ValueError(f"BertConfig.{key}=True: decoder / cross-attention BERT is not implemented yet")
+        if self.add_cross_attention and not self.is_decoder:
+            bad("add_cross_attention", "cross-attention needs a decoder (is_decoder=true), as in transformers")
 
     # -- derived quantities -------------------------------------------------------------------------------
     @property

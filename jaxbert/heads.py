@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from jaxbert.config import BertConfig
-from jaxbert.losses import cross_entropy, sequence_classification_loss, span_loss
+from jaxbert.losses import causal_lm_loss, cross_entropy, sequence_classification_loss, span_loss
 from jaxbert.model import BertOutput, bert
 from jaxbert.ops import activation, dense, dense_spec, dropout, layer_norm, norm_spec
 
@@ -58,6 +58,12 @@ def _masked_lm(params, config, out, targets, rng, smoothing):
     logits = _predictions(params, config, out)
     labels = targets.get("labels")
     return {"logits": logits}, None if labels is None else cross_entropy(logits, labels, label_smoothing=smoothing)
+
+
+def _causal_lm(params, config, out, targets, rng, smoothing):
+    logits = _predictions(params, config, out)
+    labels = targets.get("labels")
+    return {"logits": logits}, None if labels is None else causal_lm_loss(logits, labels, smoothing)
 
 
 def _next_sentence(params, config, out, targets, rng, smoothing):
@@ -133,13 +139,15 @@ _TABLE = (
          ("start_logits", "end_logits")),
     Head("BertForMultipleChoice", True, lambda c: {"classifier": dense_spec(c.hidden_size, 1)}, _multiple_choice,
          ("logits",), choices=True),
+    Head("BertLMHeadModel", False, lambda c: {"cls": {"predictions": _mlm_spec(c)}}, _causal_lm, ("logits",)),
 )
 TABLE: dict[str, Head] = {h.name: h for h in _TABLE}
 HEADS = tuple(TABLE)
 ALIASES = {"base": "BertModel", "pretraining": "BertForPreTraining", "mlm": "BertForMaskedLM",
            "nsp": "BertForNextSentencePrediction", "sequence_classification": "BertForSequenceClassification",
            "token_classification": "BertForTokenClassification", "qa": "BertForQuestionAnswering",
-           "question_answering": "BertForQuestionAnswering", "multiple_choice": "BertForMultipleChoice"}
+           "question_answering": "BertForQuestionAnswering", "multiple_choice": "BertForMultipleChoice",
+           "causal_lm": "BertLMHeadModel", "BertForCausalLM": "BertLMHeadModel"}
 BASE_FIELDS = ("last_hidden_state", "pooler_output")
 
 
@@ -160,8 +168,11 @@ def base_params(params, head: str):
 def forward(params, config: BertConfig, head: str, input_ids=None, attention_mask=None, token_type_ids=None,
             position_ids=None, head_mask=None, inputs_embeds=None, output_hidden_states: bool = False,
             output_attentions: bool = False, *, labels=None, next_sentence_label=None, start_positions=None,
-            end_positions=None, rng=None, remat: bool = False, label_smoothing: float = 0.0) -> BertOutput:
-    """Any head on a batch, with transformers' output fields; the loss is computed when labels are given."""
+            end_positions=None, encoder_hidden_states=None, encoder_attention_mask=None, past_key_values=None,
+            use_cache: bool = False, rng=None, remat: bool = False, label_smoothing: float = 0.0) -> BertOutput:
+    """Any head on a batch, with transformers' output fields; the loss is computed when labels are given.
+    Decoders take `encoder_hidden_states`, `encoder_attention_mask`, `past_key_values` and `use_cache` as
+    `model.bert` does (BertLMHeadModel's loss predicts token t+1 from tokens ≤ t, as transformers')."""
     spec = TABLE[resolve_head(head, config)]
     params = jax.tree_util.tree_map(jnp.asarray, params)
     r_bert, r_head = (None, None) if rng is None else jax.random.split(rng)
@@ -173,7 +184,9 @@ def forward(params, config: BertConfig, head: str, input_ids=None, attention_mas
         input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds = map(
             flat, (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds))
     out = bert(base_params(params, spec.name), config, input_ids, attention_mask, token_type_ids, position_ids,
-               head_mask, inputs_embeds, output_hidden_states, output_attentions, rng=r_bert, remat=remat)
+               head_mask, inputs_embeds, output_hidden_states, output_attentions, rng=r_bert, remat=remat,
+               encoder_hidden_states=encoder_hidden_states, encoder_attention_mask=encoder_attention_mask,
+               past_key_values=past_key_values, use_cache=use_cache)
     if spec.apply is None:
         return out
     fields, loss = spec.apply(params, config, out, targets, r_head, label_smoothing)

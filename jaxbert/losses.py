@@ -22,6 +22,13 @@ def cross_entropy(logits: Float[Array, "... C"], labels: Int[Array, "..."], igno
     return jnp.sum(jnp.where(valid, nll, 0.0)) / jnp.maximum(valid.sum(), 1)
 
 
+def causal_lm_loss(logits: Float[Array, "B L V"], labels: Int[Array, "B L"],
+                   label_smoothing: float = 0.0) -> Float[Array, ""]:
+    """Next-token cross-entropy: position t predicts label t+1 (labels are the inputs, -100 ignored), as
+    transformers' ForCausalLMLoss."""
+    return cross_entropy(logits[:, :-1], labels[:, 1:], label_smoothing=label_smoothing)
+
+
 def sequence_classification_loss(config: BertConfig, logits: Float[Array, "B C"], labels: Array,
                                  label_smoothing: float = 0.0) -> Float[Array, ""]:
     problem = config.problem_type

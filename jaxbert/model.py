@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from jaxbert.attention import Keys, cross_attention, cross_keys, keys_for, self_attention
+from jaxbert.cache import KVCache, init_cache
 from jaxbert.config import BertConfig
 from jaxbert.layout import can_stack, is_stacked, stack_layers
 from jaxbert.ops import activation, as_bits, compute_dtype, dense, dropout, from_bits, layer_norm, take_rows
@@ -33,6 +35,8 @@ class BertOutput:
     start_logits: Array | None = None
     end_logits: Array | None = None
     loss: Array | None = None
+    cross_attentions: tuple[Array, ...] | None = None
+    past_key_values: KVCache | None = None
 
     def to_dict(self) -> dict:
         return {k: v for k, v in vars(self).items() if v is not None}
@@ -58,96 +62,27 @@ def embeddings(p, config: BertConfig, input_ids: Int[Array, "L"] | None, token_t
     return dropout(x, config.hidden_dropout_prob, rng)
 
 
-def _relative_scores(p, config: BertConfig, q: Float[Array, "L H K"], k: Float[Array, "M H K"]):
-    L, M = q.shape[0], k.shape[0]
-    distance = jnp.arange(L)[:, None] - jnp.arange(M)[None, :]
-    pos = take_rows(p["distance_embedding"]["embedding"], distance + config.max_position_embeddings - 1).astype(q.dtype)
-    scores = jnp.einsum("lhk,lmk->hlm", q, pos, preferred_element_type=jnp.float32)
-    if config.position_embedding_type == "relative_key_query":
-        scores = scores + jnp.einsum("mhk,lmk->hlm", k, pos, preferred_element_type=jnp.float32)
-    return scores
-
-
-# Backends on which `jax.nn.dot_product_attention` is used when no probabilities are needed: on GPU it picks
-# cuDNN's fused kernel. On CPU it lowers to the same XLA ops as the explicit path below in a slower layout
-# (scripts/benchmark.py, bert-base 8 x 128: about 10% fewer tokens/s), so CPU keeps the explicit path.
-FUSED_ATTENTION_BACKENDS = ("gpu", "cuda", "rocm", "tpu")
-
-
-def _fused_attention(config: BertConfig, with_probs: bool, head_mask, rng) -> bool:
-    return (jax.default_backend() in FUSED_ATTENTION_BACKENDS and not with_probs and head_mask is None
-            and config.position_embedding_type == "absolute"
-            and (rng is None or config.attention_probs_dropout_prob == 0.0))
-
-
-def _project_qkv(p, x: Float[Array, "L D"], K: int):
-    """q, k, v as [L, H, K] each: one [D, 3D] matmul in the fused (stacked) layout, three otherwise."""
-    if "qkv" in p:
-        qkv = dense(p["qkv"], x).reshape(x.shape[0], 3, -1, K)
-        return qkv[:, 0], qkv[:, 1], qkv[:, 2]
-    return tuple(dense(p[name], x).reshape(x.shape[0], -1, K) for name in ("query", "key", "value"))
-
-
-def _probs_attention(config: BertConfig, q, k, v, scores, head_mask, rng):
-    """Softmax probabilities [H, L, M] (dropout, head mask) and the context [L, H, K]: the path that returns
-    probabilities and trains."""
-    probs = jax.nn.softmax(scores, axis=-1)
-    probs = dropout(probs, config.attention_probs_dropout_prob, rng)
-    if head_mask is not None:
-        probs = probs * head_mask[:, None, None].astype(probs.dtype)
-    return jnp.einsum("hlm,mhk->lhk", probs.astype(v.dtype), v, preferred_element_type=jnp.float32), probs
-
-
-def _normalized_late(q, k, v, mask, scale: float, relative):
-    """Inference without probabilities: heads first, so both products are plain batched matmuls over H (as
-    [L, H, K] they need strided access, which made attention a third of MiniLM's time), and the softmax
-    normalized after the value product (the division runs over [H, L, K] instead of [H, L, M] and a pass over
-    the scores goes). MiniLM 32 x 128: +78% tokens/s in scripts/benchmark.py."""
-    q, k, v = (t.transpose(1, 0, 2) for t in (q, k, v))
-    scores = jnp.einsum("hlk,hmk->hlm", q * jnp.asarray(scale, q.dtype), k, preferred_element_type=jnp.float32)
-    if relative is not None:
-        scores = scores + relative * scale
-    scores = jnp.where(mask[None, None, :], scores, jnp.finfo(jnp.float32).min)
-    weights = jnp.exp(scores - scores.max(-1, keepdims=True))
-    context = jnp.einsum("hlm,hmk->hlk", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    return (context / weights.sum(-1, keepdims=True)).transpose(1, 0, 2)
-
-
-def self_attention(p, config: BertConfig, x: Float[Array, "L D"], mask: Bool[Array, "M"],
-                   head_mask: Float[Array, "H"] | None = None, *, rng=None, with_probs: bool = True):
-    """Scaled dot-product attention over the unpruned heads; returns (context [L, H*K], probs [H, L, M] or
-    None when not `with_probs`). Matmul inputs in the weights' dtype, scores and softmax in float32."""
-    K, cd = config.head_size, compute_dtype(p)
-    q, k, v = (t.astype(cd) for t in _project_qkv(p, x, K))
-    if _fused_attention(config, with_probs, head_mask, rng):
-        context = jax.nn.dot_product_attention(q, k, v, mask=mask[None, None, :])
-        return context.reshape(x.shape[0], -1).astype(jnp.float32), None
-    scale = 1.0 / math.sqrt(K)
-    relative = _relative_scores(p, config, q, k) if config.position_embedding_type != "absolute" else None
-    dropping = rng is not None and config.attention_probs_dropout_prob > 0.0
-    if not (with_probs or head_mask is not None or dropping):
-        return _normalized_late(q, k, v, mask, scale, relative).reshape(x.shape[0], -1), None
-    scores = jnp.einsum("lhk,mhk->hlm", q, k, preferred_element_type=jnp.float32)
-    scores = (scores if relative is None else scores + relative) * scale
-    scores = jnp.where(mask[None, None, :], scores, jnp.finfo(jnp.float32).min)
-    context, probs = _probs_attention(config, q, k, v, scores, head_mask, rng)
-    return context.reshape(x.shape[0], -1), probs if with_probs else None
-
-
 def _residual_norm(p, config: BertConfig, h: Array, residual: Array, rng) -> Float[Array, "L D"]:
     h = dropout(dense(p["dense"], h), config.hidden_dropout_prob, rng)
     return layer_norm(p["LayerNorm"], h + residual, config.layer_norm_eps)
 
 
-def layer(p, config: BertConfig, x: Float[Array, "L D"], mask: Bool[Array, "M"],
-          head_mask: Float[Array, "H"] | None = None, *, rng=None, with_probs: bool = True):
-    """One encoder layer: attention, add & norm, GELU feed-forward, add & norm. Returns (x, attention probs)."""
-    r_attn, r_out, r_ffn = _split(rng, 3)
-    context, probs = self_attention(p["attention"]["self"], config, x, mask, head_mask, rng=r_attn,
-                                    with_probs=with_probs)
+def layer(p, config: BertConfig, x: Float[Array, "L D"], keys: Keys, head_mask: Float[Array, "H"] | None = None,
+          past=None, cross=None, *, rng=None, with_probs: bool = True):
+    """One layer: self-attention, add & norm, [cross-attention over `cross` = ((keys, values) [S, H, K], mask
+    [S]), add & norm,] GELU feed-forward, add & norm. Returns (x, self-attention probs, cross-attention probs,
+    (k, v) of the new tokens for a cache); see attention.self_attention for `past`."""
+    r_attn, r_out, r_cross, r_cross_out, r_ffn = _split(rng, 5)
+    context, probs, new = self_attention(p["attention"]["self"], config, x, keys, head_mask, past, rng=r_attn,
+                                         with_probs=with_probs)
     x = _residual_norm(p["attention"]["output"], config, context, x, r_out)
+    cross_probs = None
+    if cross is not None:
+        context, cross_probs = cross_attention(p["crossattention"]["self"], config, x, *cross, head_mask,
+                                               rng=r_cross, with_probs=with_probs)
+        x = _residual_norm(p["crossattention"]["output"], config, context, x, r_cross_out)
     h = activation(config.hidden_act)(dense(p["intermediate"]["dense"], x))
-    return _residual_norm(p["output"], config, h, x, r_ffn), probs
+    return _residual_norm(p["output"], config, h, x, r_ffn), probs, cross_probs, new
 
 
 def layer_head_mask(config: BertConfig, head_mask: Float[Array, "N H"] | None, i: int):
@@ -157,57 +92,109 @@ def layer_head_mask(config: BertConfig, head_mask: Float[Array, "N H"] | None, i
     return head_mask[i][jnp.asarray(config.kept_heads(i), dtype=jnp.int32)]
 
 
-def _scan(stacked, config: BertConfig, x, mask, head_mask, rng, remat: bool, with_probs: bool):
+@flax.struct.dataclass
+class _Context:
+    """What each layer of one forward shares besides its own parameters."""
+
+    keys: Keys
+    cache: KVCache | None  # per sequence: key/value [N, C, H, K]
+    encoder_states: Array | None  # [S, D], when cross keys/values are computed in this forward
+    encoder_mask: Array | None  # [S]
+
+
+def _step(config: BertConfig, ctx: _Context, carry, params, i, head_mask, rng, with_probs: bool):
+    """Layer i (a Python int in the per-layer loop, traced in the scan) with its cache slots and cross keys."""
+    h, ck, cv = carry
+    past = None if ck is None else (ck[i], cv[i])
+    cross, new_cross = None, None
+    if ctx.cache is not None and ctx.cache.has_cross:
+        cross = ((ctx.cache.cross_key[i], ctx.cache.cross_value[i]), ctx.cache.cross_mask)
+    elif ctx.encoder_states is not None:
+        new_cross = cross_keys(params["crossattention"]["self"], config, ctx.encoder_states)
+        cross = (new_cross, ctx.encoder_mask)
+    h, probs, cross_probs, (k, v) = layer(params, config, h, ctx.keys, head_mask, past, cross, rng=rng,
+                                          with_probs=with_probs)
+    if ck is not None:  # in place: only the new tokens' slots of layer i are written
+        at = (i, ctx.keys.index, 0, 0)
+        ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), at)
+        cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), at)
+    return (h, ck, cv), (h, probs, cross_probs, new_cross)
+
+
+def _scan(stacked, config: BertConfig, ctx: _Context, x, head_mask, rng, remat: bool, with_probs: bool):
     """The layers as one `lax.scan` over stacked parameters: one compiled body whatever the depth.
 
     Remat goes through the scan too: under a Python loop XLA is free to hoist every layer's recomputation to
     the start of the backward pass, which keeps all activations alive and saves nothing; a scan runs the
-    backward one layer at a time, so only the layer inputs are stored."""
-    def body(h, xs):
-        params, i, hm = xs
-        r = None if rng is None else jax.random.fold_in(rng, i)
-        h, probs = layer(params, config, h, mask, hm, rng=r, with_probs=with_probs)
-        return h, (h, probs)
-
+    backward one layer at a time, so only the layer inputs are stored. A cache is part of the carry, so each
+    layer writes its new keys into it in place."""
     dtypes = jax.tree_util.tree_map(lambda a: a.dtype, stacked)  # 16-bit weights enter as bits: see ops.as_bits
 
-    def scanned(h, xs):
+    def body(carry, xs):
+        params, i, hm = xs
+        r = None if rng is None else jax.random.fold_in(rng, i)
+        return _step(config, ctx, carry, params, i, hm, r, with_probs)
+
+    def scanned(carry, xs):
         bits, i, hm = xs
-        return body(h, (jax.tree_util.tree_map(from_bits, bits, dtypes), i, hm))
+        return body(carry, (jax.tree_util.tree_map(from_bits, bits, dtypes), i, hm))
 
     body = jax.checkpoint(body, prevent_cse=False) if remat else body
     n = config.num_hidden_layers
-    last, (hidden, probs) = jax.lax.scan(scanned, x, (jax.tree_util.tree_map(as_bits, stacked), jnp.arange(n),
-                                                       head_mask))
-    return last, (x, *hidden), tuple(probs) if with_probs else ()
+    carry = (x, *((None, None) if ctx.cache is None else (ctx.cache.key, ctx.cache.value)))
+    carry, ys = jax.lax.scan(scanned, carry, (jax.tree_util.tree_map(as_bits, stacked), jnp.arange(n), head_mask))
+    return carry, ys
 
 
-def encoder(p, config: BertConfig, x: Float[Array, "L D"], mask: Bool[Array, "M"],
-            head_mask: Float[Array, "N H"] | None = None, *, rng=None, remat: bool = False,
-            with_probs: bool = True):
-    """All layers; returns (last hidden, hidden states: embeddings + each layer, attentions per layer).
-
-    The stacked layout (layout.py) runs as a scan. The stored per-layer tree runs as a Python loop (no copy of
-    the weights per call), or, with `remat`, as a scan over layers stacked in the trace; pruned layers, whose
-    shapes differ, always loop. With `remat`, each layer's activations are recomputed in the backward pass."""
-    if is_stacked(p):
-        return _scan(p["stacked"], config, x, mask, head_mask, rng, remat, with_probs)
-    if remat and can_stack(config):
-        stacked = stack_layers(p, config, fuse_qkv=False)["stacked"]  # a copy per call: the backward needs it
-        return _scan(stacked, config, x, mask, head_mask, rng, remat, with_probs)
-
-    def step(p_, x_, m_, hm_, r_):
-        return layer(p_, config, x_, m_, hm_, rng=r_, with_probs=with_probs)
+def _loop(p, config: BertConfig, ctx: _Context, x, head_mask, rng, remat: bool, with_probs: bool):
+    """The stored per-layer tree as a Python loop (no copy of the weights per call); pruned layers, whose
+    shapes differ, always run this way. Outputs stacked over layers as the scan's are."""
+    def step(carry, params, i, hm, r):
+        return _step(config, ctx, carry, params, i, hm, r, with_probs)
 
     if remat:
-        step = jax.checkpoint(step)
-    hidden, attentions = [x], []
+        step = jax.checkpoint(step, static_argnums=(2,))
+    carry = (x, *((None, None) if ctx.cache is None else (ctx.cache.key, ctx.cache.value)))
+    outputs = []
     for i in range(config.num_hidden_layers):
         r = None if rng is None else jax.random.fold_in(rng, i)
-        x, probs = step(p["layer"][str(i)], x, mask, layer_head_mask(config, head_mask, i), r)
-        hidden.append(x)
-        attentions.append(probs)
-    return x, tuple(hidden), tuple(attentions) if with_probs else ()
+        carry, out = step(carry, p["layer"][str(i)], i, layer_head_mask(config, head_mask, i), r)
+        outputs.append(out)
+    # Per-layer probabilities keep their own shapes (pruned layers have fewer heads): tuples, not stacks.
+    hidden, probs, cross_probs, new_cross = zip(*outputs)
+    new_cross = None if new_cross[0] is None else tuple(jnp.stack(kv) for kv in zip(*new_cross))
+    return carry, (hidden, probs, cross_probs, new_cross)
+
+
+def _per_layer(stacked_or_tuple) -> tuple:
+    if stacked_or_tuple is None or isinstance(stacked_or_tuple, tuple):
+        return stacked_or_tuple
+    return tuple(stacked_or_tuple)
+
+
+def encoder(p, config: BertConfig, x: Float[Array, "L D"], ctx: _Context,
+            head_mask: Float[Array, "N H"] | None = None, *, rng=None, remat: bool = False,
+            with_probs: bool = True):
+    """All layers; returns (last hidden, hidden states: embeddings + each layer, self-attentions per layer,
+    cross-attentions per layer, the updated cache of this sequence or None).
+
+    The stacked layout (layout.py) runs as a scan, and so does the stored tree with `remat` (stacked in the
+    trace: a copy per call, which the backward needs anyway); otherwise the stored tree runs as a loop. With
+    `remat`, each layer's activations are recomputed in the backward pass."""
+    if is_stacked(p) or (remat and can_stack(config)):
+        stacked = p["stacked"] if is_stacked(p) else stack_layers(p, config, fuse_qkv=False)["stacked"]
+        (last, ck, cv), ys = _scan(stacked, config, ctx, x, head_mask, rng, remat, with_probs)
+    else:
+        (last, ck, cv), ys = _loop(p, config, ctx, x, head_mask, rng, remat, with_probs)
+    hidden, probs, cross_probs, new_cross = ys
+    cache = None
+    if ctx.cache is not None:
+        cache = ctx.cache.replace(key=ck, value=cv)
+        if new_cross is not None:
+            cache = cache.replace(cross_key=new_cross[0], cross_value=new_cross[1], cross_mask=ctx.encoder_mask)
+    crossing = ctx.encoder_states is not None or (ctx.cache is not None and ctx.cache.has_cross)
+    return (last, (x, *_per_layer(hidden)), _per_layer(probs) if with_probs else (),
+            _per_layer(cross_probs) if with_probs and crossing else (), cache)
 
 
 def pooler(p, x: Float[Array, "L D"]) -> Float[Array, "D"]:
@@ -215,16 +202,26 @@ def pooler(p, x: Float[Array, "L D"]) -> Float[Array, "D"]:
 
 
 def _bert_one(params, config: BertConfig, input_ids, mask, token_type_ids, position_ids, inputs_embeds,
-              head_mask, rng, remat: bool, with_probs: bool = True):
+              head_mask, rng, remat: bool, with_probs: bool = True, cache: KVCache | None = None,
+              encoder_states=None, encoder_mask=None):
+    """One sequence: embeddings, the layers, the pooler. With a cache, the L new tokens' keys go to slots
+    index … index+L-1; returns (last hidden, pooled, hidden states, attentions, cross-attentions, cache)."""
     r_emb, r_enc = _split(rng, 2)
     x = embeddings(params["embeddings"], config, input_ids, token_type_ids, position_ids, inputs_embeds,
                    rng=r_emb)
-    x, hidden, attentions = encoder(params["encoder"], config, x, mask, head_mask, rng=r_enc, remat=remat,
-                                    with_probs=with_probs)
+    if cache is None:
+        keys = keys_for(config, mask)
+    else:
+        keys = keys_for(config, mask, cache.mask, cache.index)
+        cache = cache.replace(mask=jax.lax.dynamic_update_slice(cache.mask, mask, (cache.index,)))
+    fresh_cross = encoder_states is not None and not (cache is not None and cache.has_cross)
+    ctx = _Context(keys, cache, encoder_states if fresh_cross else None, encoder_mask if fresh_cross else None)
+    x, hidden, attentions, cross_attentions, cache = encoder(params["encoder"], config, x, ctx, head_mask,
+                                                             rng=r_enc, remat=remat, with_probs=with_probs)
+    if cache is not None:
+        cache = cache.replace(index=cache.index + mask.shape[0])
     pooled = pooler(params["pooler"], x) if "pooler" in params else None
-    return x, pooled, hidden, attentions
-
-
+    return x, pooled, hidden, attentions, cross_attentions, cache
 def normalize_head_mask(config: BertConfig, head_mask) -> Float[Array, "N H"] | None:
     """transformers accepts [H] (same for every layer) or [N, H]."""
     if head_mask is None:
@@ -238,26 +235,57 @@ def normalize_head_mask(config: BertConfig, head_mask) -> Float[Array, "N H"] | 
     return head_mask
 
 
+def _check_decoder_inputs(config: BertConfig, encoder_hidden_states, past_key_values, use_cache: bool):
+    if encoder_hidden_states is not None and not config.add_cross_attention:
+        raise ValueError("encoder_hidden_states given, but this model has no cross-attention "
+                         "(config.add_cross_attention is false)")
+    if (past_key_values is not None or use_cache) and not config.is_decoder:
+        raise ValueError("past_key_values / use_cache need a decoder (config.is_decoder is false)")
+
+
 def bert(params, config: BertConfig, input_ids: Int[Array, "B L"] | None = None,
          attention_mask: Int[Array, "B L"] | None = None, token_type_ids: Int[Array, "B L"] | None = None,
          position_ids: Int[Array, "B L"] | None = None, head_mask=None,
          inputs_embeds: Float[Array, "B L D"] | None = None, output_hidden_states: bool = False,
-         output_attentions: bool = False, *, rng=None, remat: bool = False) -> BertOutput:
-    """The base model (transformers' BertModel) on a batch: the per-sequence function under `jax.vmap`."""
+         output_attentions: bool = False, *, encoder_hidden_states: Float[Array, "B S D"] | None = None,
+         encoder_attention_mask: Int[Array, "B S"] | None = None, past_key_values: KVCache | None = None,
+         use_cache: bool = False, rng=None, remat: bool = False) -> BertOutput:
+    """The base model (transformers' BertModel) on a batch: the per-sequence function under `jax.vmap`.
+
+    Decoders (config.is_decoder) attend causally; `encoder_hidden_states` feed cross-attention. With
+    `past_key_values` (a cache.KVCache, e.g. from `cache.init_cache`) or `use_cache`, the new tokens attend over
+    the cache and the updated cache is returned as `past_key_values`; `use_cache` without one makes a cache of
+    exactly L slots. With a cache, `attention_mask` may cover the new tokens or, as in transformers, past and new
+    tokens (its last L columns are used); positions default to the cache's length onward."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("pass exactly one of input_ids and inputs_embeds")
+    _check_decoder_inputs(config, encoder_hidden_states, past_key_values, use_cache)
     params = jax.tree_util.tree_map(jnp.asarray, params)  # host numpy trees (fresh from a checkpoint) too
     B, L = input_ids.shape if inputs_embeds is None else inputs_embeds.shape[:2]
-    mask = jnp.ones((B, L), bool) if attention_mask is None else jnp.asarray(attention_mask).astype(bool)
+    cache = past_key_values
+    if cache is None and use_cache:
+        cache = init_cache(config, B, L, compute_dtype(params["embeddings"]))
+    mask = jnp.ones((B, L), bool) if attention_mask is None else jnp.asarray(attention_mask).astype(bool)[:, -L:]
     types = jnp.zeros((B, L), jnp.int32) if token_type_ids is None else token_type_ids
-    positions = jnp.broadcast_to(jnp.arange(L), (B, L)) if position_ids is None else position_ids
+    start = jnp.zeros((B,), jnp.int32) if cache is None else cache.index
+    positions = start[:, None] + jnp.arange(L) if position_ids is None else position_ids
+    encoder_mask = None
+    if encoder_hidden_states is not None:
+        S = encoder_hidden_states.shape[1]
+        encoder_mask = (jnp.ones((B, S), bool) if encoder_attention_mask is None
+                        else jnp.asarray(encoder_attention_mask).astype(bool))
     rngs = None if rng is None else jax.random.split(rng, B)
     one = functools.partial(_bert_one, params, config, remat=remat, with_probs=output_attentions,
                             head_mask=normalize_head_mask(config, head_mask))
-    x, pooled, hidden, attentions = jax.vmap(
-        lambda ids, m, t, pos, emb, r: one(ids, m, t, pos, emb, rng=r),
-        in_axes=(0, 0, 0, 0, 0, None if rngs is None else 0),
-    )(input_ids, mask, types, positions, inputs_embeds, rngs)
+    x, pooled, hidden, attentions, cross_attentions, cache = jax.vmap(
+        lambda ids, m, t, pos, emb, r, c, es, em: one(ids, m, t, pos, emb, rng=r, cache=c, encoder_states=es,
+                                                      encoder_mask=em),
+        in_axes=(0, 0, 0, 0, 0, None if rngs is None else 0, 0, 0, 0),
+    )(input_ids, mask, types, positions, inputs_embeds, rngs, cache, encoder_hidden_states, encoder_mask)
+    if cache is not None:  # a write past the capacity was clamped by XLA: make it loud, not silently wrong
+        x = jnp.where((cache.index > cache.capacity)[:, None, None], jnp.nan, x)
     return BertOutput(last_hidden_state=x, pooler_output=pooled,
                       hidden_states=hidden if output_hidden_states else None,
-                      attentions=attentions if output_attentions else None)
+                      attentions=attentions if output_attentions else None,
+                      cross_attentions=cross_attentions if output_attentions and cross_attentions else None,
+                      past_key_values=cache)

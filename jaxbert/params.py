@@ -18,9 +18,13 @@ def _layer_spec(config: BertConfig, i: int):
     self_attn = {name: _dense(D, HK) for name in ("query", "key", "value")}
     if config.position_embedding_type != "absolute":
         self_attn["distance_embedding"] = {"embedding": ((2 * config.max_position_embeddings - 1, K), "normal")}
-    return {"attention": {"self": self_attn, "output": {"dense": _dense(HK, D), "LayerNorm": _norm(D)}},
+    spec = {"attention": {"self": self_attn, "output": {"dense": _dense(HK, D), "LayerNorm": _norm(D)}},
             "intermediate": {"dense": _dense(D, F)},
             "output": {"dense": _dense(F, D), "LayerNorm": _norm(D)}}
+    if config.add_cross_attention:  # always absolute positions, as in transformers
+        spec["crossattention"] = {"self": {name: _dense(D, HK) for name in ("query", "key", "value")},
+                                  "output": {"dense": _dense(HK, D), "LayerNorm": _norm(D)}}
+    return spec
 
 
 def base_spec(config: BertConfig, with_pooler: bool = True):

@@ -59,8 +59,8 @@ def dataclass_error():
     ({"hidden_size": 30, "num_attention_heads": 4}, "hidden_size"),
     ({"hidden_act": "gelu_magic"}, "hidden_act"),
     ({"position_embedding_type": "rotary"}, "position_embedding_type"),
-    ({"is_decoder": True}, "is_decoder"),
-    ({"add_cross_attention": True}, "add_cross_attention"),
+    ({"is_decoder": 1}, "is_decoder"),
+    ({"add_cross_attention": True}, "add_cross_attention"),  # without is_decoder, as transformers refuses
     ({"model_type": "roberta"}, "model_type"),
     ({"num_hidden_layers": 0}, "num_hidden_layers"),
     ({"vocab_size": "big"}, "vocab_size"),

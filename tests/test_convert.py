@@ -100,8 +100,8 @@ def test_unknown_key_shape_mismatch_and_duplicates_name_the_key(mlm):
     dup = {**sd, "bert.embeddings.LayerNorm.gamma": sd["bert.embeddings.LayerNorm.weight"]}
     with pytest.raises(ValueError, match=r"duplicate key 'bert\.embeddings\.LayerNorm\.weight'"):
         torch_to_flax(dup, config, "mlm")
-    with pytest.raises(ValueError, match="unknown head 'BertForCausalLM'"):
-        torch_to_flax(sd, config, "BertForCausalLM")
+    with pytest.raises(ValueError, match="unknown head 'BertForRanking'"):
+        torch_to_flax(sd, config, "BertForRanking")
 
 
 def test_flax_to_torch_checks_the_tree(mlm):

@@ -12,6 +12,7 @@ import pytest
 import jaxbert
 from conftest import SIZES, assert_close, hf_model, jax_config, padded_batch, state_dict, torch_run
 from jaxbert import layout
+from jaxbert import attention
 from jaxbert import model as M
 
 torch = pytest.importorskip("torch")
@@ -86,7 +87,7 @@ def test_fused_attention_path_matches_transformers(monkeypatch):
     expected = torch_run(hf, feed).last_hidden_state.numpy()
     calls = []
     real = jax.nn.dot_product_attention
-    monkeypatch.setattr(M, "FUSED_ATTENTION_BACKENDS", (jax.default_backend(),))
+    monkeypatch.setattr(attention, "FUSED_ATTENTION_BACKENDS", (jax.default_backend(),))
     monkeypatch.setattr(jax.nn, "dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
     for tree in (params, layout.to_compute(params, config)):
         got = M.bert(tree, config, **{k: jnp.asarray(v) for k, v in feed.items()}).last_hidden_state

@@ -75,8 +75,8 @@ def test_bad_inputs_are_named(saved):
         bert(ids[:1], position_ids=np.arange(30, 41)[None])
     with pytest.raises(TypeError, match="input_ids must be integers"):
         bert(ids.astype(np.float32))
-    with pytest.raises(ValueError, match="unknown head 'BertForCausalLM'"):
-        jaxbert.load(dirs["safetensors"], head="BertForCausalLM")
+    with pytest.raises(ValueError, match="unknown head 'BertForRanking'"):
+        jaxbert.load(dirs["safetensors"], head="BertForRanking")
 
 
 def test_missing_files_are_named(tmp_path, saved):

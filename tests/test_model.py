@@ -39,11 +39,11 @@ def test_vmap_of_the_per_sequence_function_equals_the_batched_call(mlm_params):
     batched = M.bert(base, CONFIG, **feed)
     L = feed["input_ids"].shape[1]
     one = functools.partial(M._bert_one, base, CONFIG, inputs_embeds=None, head_mask=None, rng=None, remat=False)
-    x, pooled, _, _ = jax.vmap(lambda i, m, t: one(i, m.astype(bool), t, jnp.arange(L)))(
+    x, pooled, *_ = jax.vmap(lambda i, m, t: one(i, m.astype(bool), t, jnp.arange(L)))(
         feed["input_ids"], feed["attention_mask"], feed["token_type_ids"])
     assert_close(x, batched.last_hidden_state, "last_hidden_state")
     for b in range(3):  # and each sequence on its own
-        xb, _, _, _ = one(feed["input_ids"][b], feed["attention_mask"][b].astype(bool), feed["token_type_ids"][b],
+        xb, *_ = one(feed["input_ids"][b], feed["attention_mask"][b].astype(bool), feed["token_type_ids"][b],
                           jnp.arange(L))
         assert_close(xb, batched.last_hidden_state[b], f"sequence {b}")
 

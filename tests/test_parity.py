@@ -7,6 +7,7 @@ import pytest
 import jaxbert
 from conftest import assert_close, hf_model, jax_config, padded_batch, state_dict, torch_run
 from jaxbert import model as M
+from jaxbert.attention import keys_for
 
 torch = pytest.importorskip("torch")
 
@@ -24,7 +25,7 @@ def _feed(head, seed=0):
 def _labels(head, feed):
     rng = np.random.default_rng(1)
     ids = feed["input_ids"]
-    if head in ("BertForMaskedLM", "BertForPreTraining", "BertForTokenClassification"):
+    if head in ("BertForMaskedLM", "BertForPreTraining", "BertForTokenClassification", "BertLMHeadModel"):
         labels = rng.integers(0, 5 if "Token" in head else ids.max() + 1, ids.shape)
         labels[rng.random(ids.shape) < 0.4] = -100
         extra = {"next_sentence_label": rng.integers(0, 2, ids.shape[0])} if "PreTraining" in head else {}
@@ -49,7 +50,8 @@ def _jax_labels(head, labels):
 
 @pytest.mark.parametrize("head", jaxbert.HEADS)
 def test_every_head_matches_transformers(head):
-    hf = hf_model(head, **({"num_labels": 2} if head == "BertForQuestionAnswering" else {}))
+    hf = hf_model(head, **({"num_labels": 2} if head == "BertForQuestionAnswering" else {}),
+                  **({"is_decoder": True} if head == "BertLMHeadModel" else {}))
     config = jax_config(hf)
     params, report = jaxbert.torch_to_flax(state_dict(hf), config, head)
     feed, labels = _feed(head), _labels(head, _feed(head))
@@ -81,7 +83,8 @@ def test_each_block_matches_transformers_on_its_own_input():
         assert_close(emb, hs[0][b], "embeddings")
         mask = feed["attention_mask"][b].astype(bool)
         for i in range(config.num_hidden_layers):
-            out, _ = M.layer(params["encoder"]["layer"][str(i)], config, jnp.asarray(hs[i][b]), mask)
+            keys = keys_for(config, jnp.asarray(mask))
+            out, _, _, _ = M.layer(params["encoder"]["layer"][str(i)], config, jnp.asarray(hs[i][b]), keys)
             assert_close(out, hs[i + 1][b], f"layer {i}")
         assert_close(M.pooler(params["pooler"], jnp.asarray(hs[-1][b])), expected.pooler_output[b].numpy(), "pooler")
 
@@ -125,5 +128,5 @@ def test_cross_entropy_matches_torch_with_label_smoothing_and_ignore_index(smoot
     labels[rng.random((4, 6)) < 0.3] = -100
     expected = torch.nn.functional.cross_entropy(torch.tensor(logits).reshape(-1, 13),
                                                  torch.tensor(labels).reshape(-1), label_smoothing=smoothing)
-    got = jaxbert.heads.cross_entropy(jnp.asarray(logits), jnp.asarray(labels), label_smoothing=smoothing)
+    got = jaxbert.losses.cross_entropy(jnp.asarray(logits), jnp.asarray(labels), label_smoothing=smoothing)
     assert_close(got, expected.numpy(), f"smoothing={smoothing}")

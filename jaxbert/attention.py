@@ -1,0 +1,148 @@
+"""Attention for one sequence: self-attention (bidirectional, or causal for decoders, optionally over a key/value
+cache) and cross-attention over an encoder's states.
+
+Shapes: L query positions, M key positions (the cache's capacity when there is one), S encoder positions, D hidden,
+H heads, K head size. Which keys a query may see is one boolean [L, M] mask built once per forward (`Keys`), so
+padding, causality and the cache's filled length are all the same mechanism.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from jaxbert.config import BertConfig
+from jaxbert.ops import compute_dtype, dense, dropout, take_rows
+
+# Backends on which `jax.nn.dot_product_attention` is used when no probabilities are needed: on GPU it picks
+# cuDNN's fused kernel. On CPU it lowers to the same XLA ops as the explicit path below in a slower layout
+# (scripts/benchmark.py, bert-base 8 x 128: about 10% fewer tokens/s), so CPU keeps the explicit path.
+FUSED_ATTENTION_BACKENDS = ("gpu", "cuda", "rocm", "tpu")
+
+
+@flax.struct.dataclass
+class Keys:
+    """What every layer's self-attention shares in one forward: which keys each query sees, the positions of
+    queries and keys (for relative position scores), and where new keys go in a cache."""
+
+    allowed: Bool[Array, "L M"]
+    query_positions: Int[Array, "L"]
+    key_positions: Int[Array, "M"]
+    index: Int[Array, ""] | None = None  # cache slot of the first new key; None without a cache
+    padding_only: bool = flax.struct.field(pytree_node=False, default=True)  # allowed = one row repeated
+
+
+def keys_for(config: BertConfig, mask: Bool[Array, "L"], cache_mask: Bool[Array, "M"] | None = None,
+             index: Int[Array, ""] | None = None) -> Keys:
+    """Keys for a forward over L new tokens with key validity `mask`; with a cache, the new keys are written at
+    `index` of a cache whose valid slots are `cache_mask`. Decoders (config.is_decoder) attend causally."""
+    L = mask.shape[0]
+    if cache_mask is None:
+        valid, q_pos, k_pos = mask, jnp.arange(L), jnp.arange(L)
+    else:
+        valid = jax.lax.dynamic_update_slice(cache_mask, mask, (index,))
+        q_pos, k_pos = index + jnp.arange(L), jnp.arange(cache_mask.shape[0])
+    allowed = jnp.broadcast_to(valid[None, :], (L, valid.shape[0]))
+    if config.is_decoder:
+        allowed = allowed & (k_pos[None, :] <= q_pos[:, None])
+    return Keys(allowed, q_pos, k_pos, index, padding_only=not config.is_decoder and cache_mask is None)
+
+
+def relative_scores(p, config: BertConfig, q: Float[Array, "L H K"], k: Float[Array, "M H K"],
+                    keys: Keys) -> Float[Array, "H L M"]:
+    """The reference's relative position terms; distances from the queries' and keys' absolute positions, so a
+    query after a cache of n keys sits at position n + i, as in transformers."""
+    distance = keys.query_positions[:, None] - keys.key_positions[None, :]
+    pos = take_rows(p["distance_embedding"]["embedding"], distance + config.max_position_embeddings - 1).astype(q.dtype)
+    scores = jnp.einsum("lhk,lmk->hlm", q, pos, preferred_element_type=jnp.float32)
+    if config.position_embedding_type == "relative_key_query":
+        scores = scores + jnp.einsum("mhk,lmk->hlm", k, pos, preferred_element_type=jnp.float32)
+    return scores
+
+
+def _fused(config: BertConfig, keys: Keys, relative: bool, with_probs: bool, head_mask, rng) -> bool:
+    return (jax.default_backend() in FUSED_ATTENTION_BACKENDS and keys.padding_only and not relative
+            and not with_probs and head_mask is None
+            and (rng is None or config.attention_probs_dropout_prob == 0.0))
+
+
+def _normalized_late(q, k, v, allowed, scale: float, relative):
+    """Inference without probabilities: heads first, so both products are plain batched matmuls over H (as
+    [L, H, K] they need strided access, which made attention a third of MiniLM's time), and the softmax
+    normalized after the value product (the division runs over [H, L, K] instead of [H, L, M] and a pass over
+    the scores goes). MiniLM 32 x 128: +78% tokens/s in scripts/benchmark.py."""
+    q, k, v = (t.transpose(1, 0, 2) for t in (q, k, v))
+    scores = jnp.einsum("hlk,hmk->hlm", q * jnp.asarray(scale, q.dtype), k, preferred_element_type=jnp.float32)
+    if relative is not None:
+        scores = scores + relative * scale
+    scores = jnp.where(allowed[None], scores, jnp.finfo(jnp.float32).min)
+    weights = jnp.exp(scores - scores.max(-1, keepdims=True))
+    context = jnp.einsum("hlm,hmk->hlk", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return (context / weights.sum(-1, keepdims=True)).transpose(1, 0, 2)
+
+
+def attend(config: BertConfig, q: Float[Array, "L H K"], k: Float[Array, "M H K"], v: Float[Array, "M H K"],
+           allowed: Bool[Array, "L M"], relative: Float[Array, "H L M"] | None, head_mask, rng,
+           with_probs: bool):
+    """Scaled dot-product attention: (context [L, H*K] float32, probabilities [H, L, M] or None). Scores and
+    softmax in float32; masked scores are finfo.min (a fully masked row averages, as the reference does)."""
+    L, scale = q.shape[0], 1.0 / math.sqrt(q.shape[-1])
+    dropping = rng is not None and config.attention_probs_dropout_prob > 0.0
+    if not (with_probs or head_mask is not None or dropping):
+        return _normalized_late(q, k, v, allowed, scale, relative).reshape(L, -1), None
+    scores = jnp.einsum("lhk,mhk->hlm", q, k, preferred_element_type=jnp.float32)
+    scores = (scores if relative is None else scores + relative) * scale
+    probs = jax.nn.softmax(jnp.where(allowed[None], scores, jnp.finfo(jnp.float32).min), axis=-1)
+    probs = dropout(probs, config.attention_probs_dropout_prob, rng)
+    if head_mask is not None:
+        probs = probs * head_mask[:, None, None].astype(probs.dtype)
+    context = jnp.einsum("hlm,mhk->lhk", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return context.reshape(L, -1), probs if with_probs else None
+
+
+def _project_qkv(p, x: Float[Array, "L D"], K: int):
+    """q, k, v as [L, H, K] each: one [D, 3D] matmul in the fused (stacked) layout, three otherwise."""
+    if "qkv" in p:
+        qkv = dense(p["qkv"], x).reshape(x.shape[0], 3, -1, K)
+        return qkv[:, 0], qkv[:, 1], qkv[:, 2]
+    return tuple(dense(p[name], x).reshape(x.shape[0], -1, K) for name in ("query", "key", "value"))
+
+
+def self_attention(p, config: BertConfig, x: Float[Array, "L D"], keys: Keys,
+                   head_mask: Float[Array, "H"] | None = None, past=None, *, rng=None, with_probs: bool = True):
+    """Self-attention over the new tokens, or, with `past` = (cached keys, values) [M, H, K] each, over the cache
+    with the new keys written at `keys.index`. Returns (context [L, H*K], probs [H, L, M] or None, (k, v) of
+    the new tokens [L, H, K], in the weights' dtype, for the caller's cache)."""
+    K, cd = config.head_size, compute_dtype(p)
+    q, k, v = (t.astype(cd) for t in _project_qkv(p, x, K))
+    new = (k, v)
+    if past is not None:
+        k, v = (jax.lax.dynamic_update_slice(c, n.astype(c.dtype), (keys.index, 0, 0)) for c, n in zip(past, new))
+    relative = config.position_embedding_type != "absolute"
+    if _fused(config, keys, relative, with_probs, head_mask, rng):
+        context = jax.nn.dot_product_attention(q, k, v, mask=keys.allowed[None])
+        return context.reshape(x.shape[0], -1).astype(jnp.float32), None, new
+    scores = relative_scores(p, config, q, k, keys) if relative else None
+    context, probs = attend(config, q, k, v, keys.allowed, scores, head_mask, rng, with_probs)
+    return context, probs, new
+
+
+def cross_keys(p, config: BertConfig, encoder_states: Float[Array, "S D"]):
+    """Cross-attention keys and values [S, H, K] from the encoder's states: computed once per input and cached,
+    since the encoder's states do not change while the decoder generates."""
+    cd = compute_dtype(p)
+    return tuple(dense(p[name], encoder_states).reshape(encoder_states.shape[0], -1, config.head_size).astype(cd)
+                 for name in ("key", "value"))
+
+
+def cross_attention(p, config: BertConfig, x: Float[Array, "L D"], kv, encoder_mask: Bool[Array, "S"],
+                    head_mask: Float[Array, "H"] | None = None, *, rng=None, with_probs: bool = True):
+    """Queries from the decoder, keys/values `kv` from the encoder (always absolute positions, as in the
+    reference). Returns (context [L, H*K], probs [H, L, S] or None)."""
+    q = dense(p["query"], x).reshape(x.shape[0], -1, config.head_size).astype(compute_dtype(p))
+    allowed = jnp.broadcast_to(encoder_mask[None, :], (x.shape[0], encoder_mask.shape[0]))
+    return attend(config, q, kv[0], kv[1], allowed, None, head_mask, rng, with_probs)

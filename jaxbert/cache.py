@@ -1,0 +1,55 @@
+"""The key/value cache of a decoding BERT: fixed-capacity arrays written in place, never grown.
+
+A forward with a cache writes its L new keys and values at `index` and attends over all `capacity` slots, masked
+to those filled and (causally) not after the query. The capacity is fixed when the cache is made, so a decoding
+loop compiles one program whatever its length; cross-attention keys and values are computed from the encoder's
+states once and kept. A forward that would write past the capacity returns NaN (XLA clamps out-of-range writes,
+which would otherwise overwrite the last slots silently).
+
+transformers keeps `past_key_values` per layer as [B, H, T, K]; here the layers are stacked (one scan over them):
+key/value [B, N, C, H, K], C the capacity.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from jaxbert.config import BertConfig
+
+
+@flax.struct.dataclass
+class KVCache:
+    key: Float[Array, "B N C H K"]
+    value: Float[Array, "B N C H K"]
+    mask: Bool[Array, "B C"]  # which slots hold a real (not padding) key
+    index: Int[Array, "B"]  # slots filled so far (the same for every row)
+    cross_key: Float[Array, "B N S H K"] | None = None
+    cross_value: Float[Array, "B N S H K"] | None = None
+    cross_mask: Bool[Array, "B S"] | None = None
+
+    @property
+    def capacity(self) -> int:
+        return self.key.shape[2]
+
+    @property
+    def has_cross(self) -> bool:
+        return self.cross_key is not None
+
+    def reorder(self, rows: Int[Array, "R"]) -> "KVCache":
+        """The cache of rows `rows` (beam search keeps its best beams by gathering, not by recomputing)."""
+        return jax.tree_util.tree_map(lambda a: jnp.take(a, rows, axis=0), self)
+
+
+def init_cache(config: BertConfig, batch_size: int, capacity: int, dtype=jnp.float32) -> KVCache:
+    """An empty cache for `capacity` positions (at most max_position_embeddings), as FlaxBert's `init_cache`."""
+    if config.pruned_heads:
+        raise ValueError("a key/value cache needs every layer to have the same heads; this model has pruned heads")
+    if not 0 < capacity <= config.max_position_embeddings:
+        raise ValueError(f"cache capacity {capacity}: must be in [1, max_position_embeddings="
+                         f"{config.max_position_embeddings}]")
+    shape = (batch_size, config.num_hidden_layers, capacity, config.num_attention_heads, config.head_size)
+    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch_size, capacity), bool),
+                   jnp.zeros((batch_size,), jnp.int32))
