@@ -129,6 +129,10 @@ def load_params(directory: str, config: BertConfig, head: str, *,
         state = flax_to_torch_any(read_msgpack(path))
     else:
         state = read_state_dict(path)
+    if getattr(config, "is_encoder_decoder", False):
+        from jaxbert import seq2seq
+
+        return seq2seq.torch_to_flax(state, config)
     return torch_to_flax(state, config, head, allow_missing_head=allow_missing_head)
 
 

@@ -13,26 +13,32 @@ import numpy as np
 
 def _info(args) -> None:
     from jaxbert.checkpoint import find_weights, load_params
-    from jaxbert.config import BertConfig
     from jaxbert.heads import resolve_head
     from jaxbert.params import count_params
+    from jaxbert.seq2seq import load_config
 
-    config = BertConfig.from_pretrained(args.dir)
+    config = load_config(args.dir)
     head = resolve_head(None, config)
     weights = find_weights(args.dir)
     params, report = load_params(args.dir, config, head)
     print(f"{args.dir}: {head} ({weights.rsplit('/', 1)[-1]})")
-    print(f"  layers {config.num_hidden_layers}, hidden {config.hidden_size}, heads {config.num_attention_heads}, "
-          f"intermediate {config.intermediate_size}, vocab {config.vocab_size}, "
-          f"max positions {config.max_position_embeddings}")
-    print(f"  activation {config.hidden_act}, position embeddings {config.position_embedding_type}"
-          + (f", pruned heads {dict(config.pruned_heads)}" if config.pruned_heads else ""))
+    sides = (("encoder", config.encoder), ("decoder", config.decoder)) if head == "EncoderDecoderModel" else (
+        ("", config),)
+    for side, c in sides:
+        kind = "; causal decoder" * c.is_decoder + " with cross-attention" * c.add_cross_attention
+        print(f"  {side + ': ' if side else ''}layers {c.num_hidden_layers}, hidden {c.hidden_size}, "
+              f"heads {c.num_attention_heads}, intermediate {c.intermediate_size}, vocab {c.vocab_size}, "
+              f"max positions {c.max_position_embeddings}")
+        print(f"  {' ' * (len(side) + 2) if side else ''}activation {c.hidden_act}, position embeddings "
+              f"{c.position_embedding_type}{kind}"
+              + (f", pruned heads {dict(c.pruned_heads)}" if c.pruned_heads else ""))
     counts = count_params(params)
     itemsize = {np.asarray(x).dtype.itemsize for x in _leaves(params)}
     dtypes = sorted({str(np.asarray(x).dtype) for x in _leaves(params)})
-    print(f"  {'component':<12}{'parameters':>14}{'bytes':>14}")
+    width = max(12, *(len(name) + 2 for name in counts))
+    print(f"  {'component':<{width}}{'parameters':>14}{'bytes':>14}")
     for name, n in counts.items():
-        print(f"  {name:<12}{n:>14,}{n * max(itemsize):>14,}")
+        print(f"  {name:<{width}}{n:>14,}{n * max(itemsize):>14,}")
     print(f"  stored dtype: {', '.join(dtypes)}")
     for key, reason in sorted(report.ignored.items()):
         print(f"  ignored {key}: {reason}")

@@ -152,7 +152,12 @@ BASE_FIELDS = ("last_hidden_state", "pooler_output")
 
 
 def resolve_head(head: str | None, config: BertConfig) -> str:
-    """The canonical head name: `head` (a class name or alias), else config.architectures[0], else BertModel."""
+    """The canonical head name: `head` (a class name or alias), else config.architectures[0], else BertModel.
+    A bert2bert config (seq2seq.EncoderDecoderConfig) has the one architecture EncoderDecoderModel."""
+    if getattr(config, "is_encoder_decoder", False):
+        if head not in (None, "EncoderDecoderModel"):
+            raise ValueError(f"head {head!r}: an encoder-decoder checkpoint is EncoderDecoderModel")
+        return "EncoderDecoderModel"
     if head is None:
         head = config.architectures[0] if config.architectures else "BertModel"
     name = ALIASES.get(head, head)

@@ -22,9 +22,10 @@ from jaxbert.checkpoint import load_params
 from jaxbert.config import BertConfig
 from jaxbert.convert import check_cast
 from jaxbert.heads import base_params, forward, mlm_logits, resolve_head
-from jaxbert.inputs import check_arrays, positive_int
+from jaxbert.inputs import check_arrays, check_encoder_states, positive_int
 from jaxbert.layout import to_compute, to_stored
 from jaxbert.model import BertOutput, bert
+from jaxbert.seq2seq import load_config
 from jaxbert.ops import as_bits, from_bits
 from jaxbert.tokenizer import WordPiece, pad
 
@@ -118,11 +119,13 @@ class Bert:
     def _unbits(self, weights):
         return jax.tree_util.tree_map(from_bits, weights, self._dtypes)
 
-    def _forward_impl(self, weights, input_ids, attention_mask, token_type_ids, position_ids, head_mask, *,
-                      output_hidden_states=False, output_attentions=False):
+    def _forward_impl(self, weights, input_ids, attention_mask, token_type_ids, position_ids, head_mask,
+                      encoder_hidden_states=None, encoder_attention_mask=None, *, output_hidden_states=False,
+                      output_attentions=False):
         return forward(self._unbits(weights), self.config, self.head, input_ids, attention_mask, token_type_ids,
                        position_ids, head_mask, output_hidden_states=output_hidden_states,
-                       output_attentions=output_attentions)
+                       output_attentions=output_attentions, encoder_hidden_states=encoder_hidden_states,
+                       encoder_attention_mask=encoder_attention_mask)
 
     def _embed_impl(self, weights, input_ids, attention_mask, token_type_ids, *, pooling, normalize):
         out = bert(base_params(self._unbits(weights), self.head), self.config, input_ids, attention_mask,
@@ -184,11 +187,18 @@ class Bert:
         return out
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, head_mask=None,
-                 output_hidden_states: bool = False, output_attentions: bool = False) -> BertOutput:
+                 output_hidden_states: bool = False, output_attentions: bool = False, *,
+                 encoder_hidden_states=None, encoder_attention_mask=None, decoder_input_ids=None) -> BertOutput:
+        """transformers' forward; decoders with cross-attention also take the encoder's states and mask."""
+        if decoder_input_ids is not None:
+            raise ValueError(f"decoder_input_ids: this is a {self.head} checkpoint, not an encoder-decoder one")
         self.check_inputs(input_ids, attention_mask, token_type_ids, position_ids)
+        states, states_mask = check_encoder_states(self.config, np.shape(input_ids)[0], encoder_hidden_states,
+                                                   encoder_attention_mask)
+        states, states_mask = (None if a is None else jnp.asarray(a) for a in (states, states_mask))
         head_mask = None if head_mask is None else jnp.asarray(head_mask, jnp.float32)
         return self._forward(self.weights, *self._put(input_ids, attention_mask, token_type_ids, position_ids),
-                             head_mask, output_hidden_states=output_hidden_states,
+                             head_mask, states, states_mask, output_hidden_states=output_hidden_states,
                              output_attentions=output_attentions)
 
     # -- texts in --------------------------------------------------------------------------------------------
@@ -239,8 +249,12 @@ def load(path: str | os.PathLike, head: str | None = None, dtype: str | None = N
     statistics stay in float32.
     """
     path = os.fspath(path)
-    config = BertConfig.from_pretrained(path)
+    config = load_config(path)
     head = resolve_head(head, config)
     _check_dtype(dtype)
+    if head == "EncoderDecoderModel":
+        from jaxbert.inference_seq2seq import EncoderDecoder
+
+        return EncoderDecoder(config, load_params(path, config, head)[0], path, dtype=dtype, consume=True)
     # Inline, so the tree's only reference is Bert's argument and `consume` can free each layer once stacked.
     return Bert(config, load_params(path, config, head)[0], head, path, dtype=dtype, consume=True)

@@ -61,3 +61,27 @@ def check_arrays(config: BertConfig, input_ids, attention_mask=None, token_type_
     if position_ids is None and ids.shape[-1] > config.max_position_embeddings:
         raise ValueError(f"sequence length {ids.shape[-1]} exceeds max_position_embeddings "
                          f"{config.max_position_embeddings}")
+
+
+def check_encoder_states(config: BertConfig, batch: int, states, mask):
+    """encoder_hidden_states [B, S, D] (finite floats) and its mask [B, S] (0/1), for cross-attention only;
+    returned as float32 / int32 numpy arrays (or None)."""
+    if states is None:
+        if mask is not None:
+            raise ValueError("encoder_attention_mask given without encoder_hidden_states")
+        return None, None
+    if not config.add_cross_attention:
+        raise ValueError("encoder_hidden_states given, but this model has no cross-attention")
+    states = np.asarray(states)
+    if states.ndim != 3 or states.shape[0] != batch or states.shape[2] != config.hidden_size:
+        raise ValueError(f"encoder_hidden_states shape {states.shape}: expected ({batch}, S, {config.hidden_size})")
+    if not np.issubdtype(states.dtype, np.floating) or not np.isfinite(states).all():
+        raise ValueError("encoder_hidden_states must be finite floating-point values")
+    if mask is not None:
+        mask = _integer_array("encoder_attention_mask", mask, allow_bool=True)
+        if mask.shape != states.shape[:2]:
+            raise ValueError(f"encoder_attention_mask shape {mask.shape} does not match encoder_hidden_states "
+                             f"{states.shape[:2]}")
+        _check_range("encoder attention mask value", mask.astype(np.int64), 2, "0 or 1")
+        mask = mask.astype(np.int32)
+    return states.astype(np.float32), mask

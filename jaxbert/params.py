@@ -68,7 +68,14 @@ def init_params(config: BertConfig, rng: jax.Array, head: str | None = None, dty
 
 
 def count_params(params) -> dict[str, int]:
-    """Parameter counts per component (embeddings, encoder, pooler, each head present) and the total."""
+    """Parameter counts per component (embeddings, encoder, pooler, each head present) and the total; for a
+    bert2bert, per side ("encoder embeddings", …, "decoder cls", "enc_to_dec_proj")."""
+    if "decoder" in params and "bert" in params["decoder"]:
+        counts = {f"{side} {name}": n for side in ("encoder", "decoder")
+                  for name, n in count_params(params[side]).items() if name != "total"}
+        if "enc_to_dec_proj" in params:
+            counts["enc_to_dec_proj"] = _size(params["enc_to_dec_proj"])
+        return {**counts, "total": sum(counts.values())}
     base = params.get("bert", params)
     counts = {name: _size(base[name]) for name in ("embeddings", "encoder", "pooler") if name in base}
     counts.update({name: _size(params[name]) for name in ("cls", "classifier", "qa_outputs") if name in params})

@@ -16,11 +16,13 @@ import ml_dtypes
 import numpy as np
 
 from jaxbert.checkpoint import FLAX_MSGPACK, SAFETENSORS, copy_tokenizer_files, find_weights, load_params, write_msgpack
+from jaxbert import seq2seq
 from jaxbert.config import BertConfig
 from jaxbert.convert import cast_checked, flax_to_torch
 from jaxbert.files import atomic_directory, check_disjoint, existing_file
 from jaxbert.heads import resolve_head
 from jaxbert.params import count_params
+from jaxbert.seq2seq import load_config
 from jaxbert.tokenizer import WordPiece
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
@@ -61,7 +63,7 @@ def _stored_dtype(params) -> str:
 def _read(src: str, dtype: str | None):
     if not os.path.isdir(src):
         raise FileNotFoundError(f"{src}: no such directory")
-    config = BertConfig.from_pretrained(src)
+    config = load_config(src)
     head = resolve_head(None, config)
     if existing_file(src, "tokenizer.json") or existing_file(src, "vocab.txt"):
         WordPiece.from_dir(src)  # copied verbatim later: a corrupt tokenizer fails here, not at the user's first call
@@ -133,7 +135,10 @@ def export_checkpoint(src: str, dst: str, *, dtype: str = "float32", force: bool
     from safetensors import SafetensorError
     from safetensors.numpy import save_file
 
-    state = flax_to_torch(params, config, head, include_tied=False)
+    if head == "EncoderDecoderModel":
+        state = seq2seq.flax_to_torch(params, config, include_tied=False)
+    else:
+        state = flax_to_torch(params, config, head, include_tied=False)
     with atomic_directory(dst, force, sources=(src,)) as tmp:
         _write_config(config, head, dtype, tmp)
         path = os.path.join(tmp, SAFETENSORS)

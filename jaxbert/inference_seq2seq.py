@@ -1,0 +1,78 @@
+"""`jaxbert.load` of a bert2bert directory -> `EncoderDecoder`: two loaded `Bert`s (the encoder, and the decoder
+with its causal-LM head) and the optional projection between them, with a jitted forward and generation whose
+encoder runs once per input."""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxbert.inference import Bert
+from jaxbert.inputs import check_arrays
+from jaxbert.seq2seq import EncoderDecoderConfig, Seq2SeqOutput, encoder_decoder
+
+
+class EncoderDecoder:
+    """A loaded EncoderDecoderModel: `config`, `params`, `encoder` and `decoder` (each a `Bert`), `tokenizer`."""
+
+    def __init__(self, config: EncoderDecoderConfig, params, directory: str | None = None, *,
+                 dtype: str | None = None, consume: bool = False):
+        self.config, self.directory, self.head = config, directory, "EncoderDecoderModel"
+        proj = params.pop("enc_to_dec_proj", None) if consume else params.get("enc_to_dec_proj")
+        self.encoder = Bert(config.encoder, params["encoder"], "BertModel", directory, dtype=dtype, consume=consume)
+        self.decoder = Bert(config.decoder, params["decoder"], "BertLMHeadModel", directory, dtype=dtype,
+                            consume=consume)
+        self.proj = None if proj is None else jax.tree_util.tree_map(jnp.asarray, proj)
+        self._lock = threading.Lock()
+        self._own_compiles = 0
+        self._forward = jax.jit(self._count(self._forward_impl),
+                                static_argnames=("output_hidden_states", "output_attentions"))
+
+    def _count(self, fn):
+        def traced(*args, **kwargs):
+            with self._lock:
+                self._own_compiles += 1
+            return fn(*args, **kwargs)
+
+        return traced
+
+    @property
+    def compile_count(self) -> int:
+        return self._own_compiles + self.encoder.compile_count + self.decoder.compile_count
+
+    def _params(self, enc_weights, dec_weights, proj):
+        tree = {"encoder": self.encoder._unbits(enc_weights), "decoder": self.decoder._unbits(dec_weights)}
+        return tree if proj is None else {**tree, "enc_to_dec_proj": proj}
+
+    def _forward_impl(self, enc_weights, dec_weights, proj, input_ids, attention_mask, decoder_input_ids,
+                      decoder_attention_mask, *, output_hidden_states=False, output_attentions=False):
+        return encoder_decoder(self._params(enc_weights, dec_weights, proj), self.config, input_ids,
+                               attention_mask, decoder_input_ids, decoder_attention_mask,
+                               output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+
+    @property
+    def params(self):
+        """The stored layout (transformers 4.x FlaxEncoderDecoderModel's tree; a new tree on each access)."""
+        tree = {"encoder": self.encoder.params, "decoder": self.decoder.params}
+        return tree if self.proj is None else {**tree, "enc_to_dec_proj": self.proj}
+
+    @property
+    def tokenizer(self):
+        return self.decoder.tokenizer
+
+    def __call__(self, input_ids, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
+                 output_hidden_states: bool = False, output_attentions: bool = False) -> Seq2SeqOutput:
+        if decoder_input_ids is None:
+            raise ValueError("decoder_input_ids: required (generate() makes them from decoder_start_token_id)")
+        check_arrays(self.config.encoder, input_ids, attention_mask)
+        check_arrays(self.config.decoder, decoder_input_ids, decoder_attention_mask)
+        if np.shape(decoder_input_ids)[0] != np.shape(input_ids)[0]:
+            raise ValueError(f"decoder_input_ids has {np.shape(decoder_input_ids)[0]} rows, input_ids "
+                             f"{np.shape(input_ids)[0]}")
+        as_int = lambda a: None if a is None else jnp.asarray(a, jnp.int32)  # noqa: E731
+        return self._forward(self.encoder.weights, self.decoder.weights, self.proj, as_int(input_ids),
+                             as_int(attention_mask), as_int(decoder_input_ids), as_int(decoder_attention_mask),
+                             output_hidden_states=output_hidden_states, output_attentions=output_attentions)
