@@ -174,11 +174,24 @@ def forward(params, config: BertConfig, head: str, input_ids=None, attention_mas
             position_ids=None, head_mask=None, inputs_embeds=None, output_hidden_states: bool = False,
             output_attentions: bool = False, *, labels=None, next_sentence_label=None, start_positions=None,
             end_positions=None, encoder_hidden_states=None, encoder_attention_mask=None, past_key_values=None,
-            use_cache: bool = False, rng=None, remat: bool = False, label_smoothing: float = 0.0) -> BertOutput:
+            use_cache: bool = False, decoder_input_ids=None, decoder_attention_mask=None, rng=None,
+            remat: bool = False, label_smoothing: float = 0.0) -> BertOutput:
     """Any head on a batch, with transformers' output fields; the loss is computed when labels are given.
     Decoders take `encoder_hidden_states`, `encoder_attention_mask`, `past_key_values` and `use_cache` as
-    `model.bert` does (BertLMHeadModel's loss predicts token t+1 from tokens ≤ t, as transformers')."""
-    spec = TABLE[resolve_head(head, config)]
+    `model.bert` does (BertLMHeadModel's loss predicts token t+1 from tokens ≤ t, as transformers'). A bert2bert
+    (head EncoderDecoderModel) runs `seq2seq.encoder_decoder`: `decoder_input_ids`, or `labels` shifted right."""
+    head = resolve_head(head, config)
+    if head == "EncoderDecoderModel":
+        from jaxbert.seq2seq import encoder_decoder
+
+        return encoder_decoder(params, config, input_ids, attention_mask, decoder_input_ids, decoder_attention_mask,
+                               labels=labels, token_type_ids=token_type_ids,
+                               output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                               past_key_values=past_key_values, use_cache=use_cache, rng=rng, remat=remat,
+                               label_smoothing=label_smoothing)
+    if decoder_input_ids is not None:
+        raise ValueError(f"decoder_input_ids: {head} is not an encoder-decoder model")
+    spec = TABLE[head]
     params = jax.tree_util.tree_map(jnp.asarray, params)
     r_bert, r_head = (None, None) if rng is None else jax.random.split(rng)
     targets = {"labels": labels, "next_sentence_label": next_sentence_label, "start_positions": start_positions,

@@ -63,8 +63,8 @@ def test_forward_and_loss_match_transformers(s2s):
     assert isinstance(config, seq2seq.EncoderDecoderConfig) and config.projects == (model.config.decoder.hidden_size
                                                                                    != SIZES["hidden_size"])
     params, _ = jaxbert.checkpoint.load_params(directory, config, "EncoderDecoderModel")
-    got = seq2seq.encoder_decoder(params, config, jnp.asarray(ids), jnp.asarray(mask), labels=jnp.asarray(labels),
-                                  output_attentions=True, output_hidden_states=True)
+    got = jaxbert.forward(params, config, "EncoderDecoderModel", jnp.asarray(ids), jnp.asarray(mask),
+                          labels=jnp.asarray(labels), output_attentions=True, output_hidden_states=True)
     assert_close(got.logits, expected.logits.numpy(), "logits")
     assert_close(got.loss, expected.loss.numpy(), "loss")
     real = mask.astype(bool)
