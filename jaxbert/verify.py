@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxbert.config import BertConfig
+from jaxbert.seq2seq import load_config
 from jaxbert.heads import BASE_FIELDS, TABLE, resolve_head
 
 # Tolerance on max |difference| at real (unpadded) positions: absolute for float32; for half precision,
@@ -61,9 +62,13 @@ def verify(src: str, dst: str) -> dict[str, tuple[float, float]]:
     import jaxbert
 
     transformers.utils.logging.disable_progress_bar()
-    config = BertConfig.from_pretrained(src)
+    config = load_config(src)
     head = resolve_head(None, config)
-    if config.position_embedding_type != "absolute" or config.pruned_heads:
+    if head == "EncoderDecoderModel":
+        sides = (config.encoder, config.decoder)
+    else:
+        sides = (config,)
+    if any(c.position_embedding_type != "absolute" or c.pruned_heads for c in sides):
         raise ValueError(f"--verify: transformers {transformers.__version__} cannot run this checkpoint "
                          "(relative position embeddings / pruned heads were removed in transformers 5)")
     try:
@@ -71,15 +76,22 @@ def verify(src: str, dst: str) -> dict[str, tuple[float, float]]:
     except OSError as e:
         raise ValueError(f"--verify: transformers cannot load {src} ({str(e).splitlines()[0]})") from None
     converted = jaxbert.load(dst, head=head)
-    feed = fixed_batch(config, head, src)
+    feed = fixed_batch(sides[0], head, src)
+    if head == "EncoderDecoderModel":  # the decoder reads the start token then the first tokens of the input
+        start = config.decoder_start_token_id if config.decoder_start_token_id is not None else 0
+        feed["decoder_input_ids"] = np.concatenate([np.full((len(feed["input_ids"]), 1), start),
+                                                    feed["input_ids"][:, 1:5] % config.decoder.vocab_size], axis=1)
+        feed.pop("token_type_ids", None)
     with torch.no_grad():
         expected = reference(**{k: torch.as_tensor(v) for k, v in feed.items()}, return_dict=True)
     got = converted(**feed)
-    dtype = str(converted.params_dtype)
+    if head == "EncoderDecoderModel":  # compare the decoder's logits (every decoder position is real)
+        feed = {"attention_mask": np.ones(feed["decoder_input_ids"].shape, np.int64)}
+    dtype = str((converted.decoder if head == "EncoderDecoderModel" else converted).params_dtype)
     results = {}
     real = feed["attention_mask"].astype(bool)
-    for field in BASE_FIELDS + TABLE[head].fields:
-        if expected.get(field) is None or got[field] is None:
+    for field in BASE_FIELDS + (TABLE[head].fields if head in TABLE else ("logits",)):
+        if expected.get(field) is None or getattr(got, field, None) is None:
             continue
         ref, out = expected[field].float().numpy(), np.asarray(got[field], np.float32)
         diff = np.abs(out - ref)
