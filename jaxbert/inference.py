@@ -17,7 +17,7 @@ import numpy as np
 from flax import traverse_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxbert import batching, tasks
+from jaxbert import batching, decoders, generate_inputs, tasks
 from jaxbert.checkpoint import load_params
 from jaxbert.config import BertConfig
 from jaxbert.convert import check_cast
@@ -27,27 +27,10 @@ from jaxbert.layout import to_compute, to_stored
 from jaxbert.model import BertOutput, bert
 from jaxbert.seq2seq import load_config
 from jaxbert.ops import as_bits, from_bits
+from jaxbert.pooling import POOLINGS, pool
 from jaxbert.tokenizer import WordPiece, pad
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-POOLINGS = ("cls", "mean", "pooler")
-
-
-def pool(out: BertOutput, mask, pooling: str, normalize: bool):
-    """Sentence embeddings from a base-model output: [CLS] state, masked mean (as sentence-transformers), or the
-    pooler; optionally unit length. Statistics in float32 whatever the compute dtype."""
-    if pooling == "cls":
-        emb = out.last_hidden_state[:, 0].astype(jnp.float32)
-    elif pooling == "mean":
-        m = mask[..., None].astype(jnp.float32)
-        emb = (out.last_hidden_state.astype(jnp.float32) * m).sum(1) / jnp.maximum(m.sum(1), 1e-9)
-    else:
-        emb = out.pooler_output.astype(jnp.float32)
-    if normalize:
-        emb = emb / jnp.maximum(jnp.linalg.norm(emb, axis=-1, keepdims=True), 1e-12)
-    return emb
-
-
 def _check_dtype(dtype: str | None):
     if dtype is not None and dtype not in _DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(_DTYPES)}")
@@ -106,6 +89,7 @@ class Bert:
                                 static_argnames=("output_hidden_states", "output_attentions"))
         self._embed = jax.jit(self._counted(self._embed_impl), static_argnames=("pooling", "normalize"))
         self._masked_logits = jax.jit(self._counted(self._masked_logits_impl))
+        self._generate = jax.jit(self._counted(self._generate_impl), static_argnames=("search", "bound"))
 
     def _counted(self, fn):
         @functools.wraps(fn)  # keeps fn's signature for jit's static_argnames
@@ -140,6 +124,10 @@ class Bert:
         hidden = jnp.take_along_axis(out.last_hidden_state, positions[..., None], axis=1)
         return mlm_logits(params["cls"], self.config,
                           params["bert"]["embeddings"]["word_embeddings"]["embedding"], hidden)
+
+    def _generate_impl(self, weights, *arrays, search, bound):
+        return decoders.causal_lm(to_stored(self._unbits(weights), self.config), self.config, *arrays,
+                                  search=search, bound=bound)
 
     # -- properties ------------------------------------------------------------------------------------------
     @property
@@ -200,6 +188,25 @@ class Bert:
         return self._forward(self.weights, *self._put(input_ids, attention_mask, token_type_ids, position_ids),
                              head_mask, states, states_mask, output_hidden_states=output_hidden_states,
                              output_attentions=output_attentions)
+
+    def generate(self, prompt_ids=None, attention_mask=None, max_new_tokens: int | None = None, *,
+                 num_beams: int | None = None, do_sample: bool | None = None, temperature: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+                 num_return_sequences: int | None = None, length_penalty: float | None = None,
+                 early_stopping: bool | str | None = None, eos_token_id=None, pad_token_id=None) -> np.ndarray:
+        """transformers' `generate` for a causal LM: prompt_ids [B, P] (rows left-padded, with attention_mask) ->
+        [B * num_return_sequences, P + steps run] as np.int32. Greedy by default; num_beams > 1 beam search;
+        do_sample=True samples (temperature, top_k, top_p) reproducibly from `seed`. Unset options come from the
+        checkpoint's generation_config.json, then config.json, then transformers' defaults. Compiles one program
+        per (batch, prompt length, new-token) bucket and search mode; see generate.py."""
+        given = dict(max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=do_sample,
+                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                     num_return_sequences=num_return_sequences, length_penalty=length_penalty,
+                     early_stopping=early_stopping, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+        settings = generate_inputs.file_settings(self.directory)
+        req = generate_inputs.request(self.config, self.head, self.length_buckets, settings, prompt_ids,
+                                      attention_mask, given)
+        return req.assemble(*self._generate(self.weights, *req.arrays, search=req.search, bound=req.bound))
 
     # -- texts in --------------------------------------------------------------------------------------------
     def batches(self, enc, batch_size: int):

@@ -7,12 +7,11 @@ Every function takes its params subtree first, then activations of one sequence.
 from __future__ import annotations
 
 import functools
-import math
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Float, Int
 
 from jaxbert.attention import Keys, cross_attention, cross_keys, keys_for, self_attention
 from jaxbert.cache import KVCache, init_cache

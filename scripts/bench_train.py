@@ -114,15 +114,17 @@ def child_train_torch() -> dict:
 
 
 
-def make_bert_base(directory: str) -> int:
+def make_checkpoint(directory: str, head: str = "BertModel", **config) -> int:
+    """A random bert-base-size checkpoint with `head` (config overrides as keywords), saved as safetensors like
+    any transformers checkpoint; returns the weights' size in bytes."""
     import jax
     from safetensors.numpy import save_file
 
     import jaxbert
 
-    config = jaxbert.BertConfig(architectures=("BertModel",))
-    params = jaxbert.init_params(config, jax.random.key(0), "BertModel")
-    state = jaxbert.flax_to_torch(jax.device_get(params), config, "BertModel")
+    config = jaxbert.BertConfig(architectures=(head,), **config)
+    params = jaxbert.init_params(config, jax.random.key(0), head)
+    state = jaxbert.flax_to_torch(jax.device_get(params), config, head)
     os.makedirs(directory, exist_ok=True)
     save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(directory, "config.json"), "w") as f:

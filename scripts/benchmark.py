@@ -20,6 +20,10 @@ Sections (peers that are not installed are skipped with a note):
            and the compiled temporaries of the step with and without --remat.
   convert  `jaxbert convert` of a bert-base-size safetensors checkpoint: seconds and peak RSS, beside
            transformers loading and re-saving it.
+  generate greedy generation with a bert-base-size BertLMHeadModel (random weights, a safetensors directory), prompt
+           32, 64 new tokens, batch 1 and 8, in generated tokens/s: jaxbert float32 and bfloat16 vs transformers'
+           PyTorch `generate` (eager, inference_mode, its cache). Beside them the machine's limit: memory bandwidth
+           over the weight bytes every step reads (decoding at small batches is bandwidth bound).
 """
 
 from __future__ import annotations
@@ -39,13 +43,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
+import bench_generate as G  # noqa: E402
 import bench_peers as P  # noqa: E402
 import bench_train as T  # noqa: E402
 
 CHILDREN = {f.__name__: f for f in (P.infer_jax, P.infer_torch, P.infer_ort, P.export_onnx, P.matmul,
                                     P.compile_jax, P.mix_jax, P.mix_torch, T.child_convert,
                                     T.child_transformers_resave, T.child_baseline, T.child_train_jax_f32,
-                                    T.child_train_jax_bf16, T.child_train_jax_remat_memory, T.child_train_torch)}
+                                    T.child_train_jax_bf16, T.child_train_jax_remat_memory, T.child_train_torch,
+                                    G.generate_jax, G.generate_torch, G.bandwidth)}
 
 
 def run_child(name: str, *args: str) -> dict:
@@ -78,7 +84,7 @@ def available(*modules: str) -> bool:
 def bert_base_dir(tmp: str) -> str:
     directory = os.path.join(tmp, "bert-base")
     if not os.path.exists(directory):
-        T.make_bert_base(directory)
+        T.make_checkpoint(directory)
     return directory
 
 
@@ -180,8 +186,27 @@ def section_convert(repeats: int, tmp: str) -> dict:
     return {f"bert-base ({size:.0f} MiB safetensors)": rows}
 
 
+def section_generate(repeats: int, tmp: str) -> dict:
+    model_dir = os.path.join(tmp, "bert-base-causal")
+    if not os.path.exists(model_dir):
+        G.make_bert_causal(model_dir)
+    results = {}
+    for batch in (1, 8):
+        peers = {"jaxbert float32": ("generate_jax", model_dir, "float32", batch),
+                 "jaxbert bfloat16": ("generate_jax", model_dir, "bfloat16", batch)}
+        if available("torch", "transformers"):
+            peers["PyTorch eager float32"] = ("generate_torch", model_dir, batch)
+        peers.update({f"bandwidth limit {dt}": ("bandwidth", model_dir, dt, batch) for dt in ("float32", "bfloat16")})
+        rows = alternate(peers, repeats)
+        base = rows.get("PyTorch eager float32", {}).get("tokens_per_s")
+        for row in rows.values():
+            row["x_torch"] = row["tokens_per_s"] / base if base else None
+        results[f"bert-base LM, batch {batch}, prompt {G.PROMPT}, {G.NEW} new tokens"] = rows
+    return results
+
+
 SECTIONS = {"infer": section_infer, "compile": section_compile, "mix": section_mix, "train": section_train,
-            "convert": section_convert}
+            "convert": section_convert, "generate": section_generate}
 
 
 def print_table(name: str, table: dict) -> None:

@@ -81,10 +81,11 @@ def test_loaded_model_and_its_round_trip_through_convert_and_export(s2s, tmp_pat
     ids, mask, labels = _inputs(1)
     decoder_ids = np.concatenate([np.full((3, 1), 2), np.maximum(labels[:, :-1], 0)], axis=1)
     expected = _torch(model, input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits.numpy()
-    assert main(["convert", directory, str(tmp_path / "jax")]) == 0
+    assert main(["convert", directory, str(tmp_path / "jax"), "--verify"]) == 0
     assert main(["export", str(tmp_path / "jax"), str(tmp_path / "pt")]) == 0
     out = capsys.readouterr().out
     assert "head EncoderDecoderModel" in out and "encoder embeddings" in out
+    assert "verify logits" in out and "ok" in out
     for d in (directory, tmp_path / "jax"):
         loaded = jaxbert.load(d)
         assert type(loaded).__name__ == "EncoderDecoder"

@@ -1,0 +1,231 @@
+"""Autoregressive decoding over a preallocated key/value cache: greedy search, multinomial sampling and beam
+search, each one `lax.while_loop`, as pure functions of a model-agnostic step
+
+    step(cache, ids [R, L], mask [R, L], positions [R, L]) -> (logits [R, L, V] float32, cache)
+
+which runs the model on L new tokens per row and writes their keys at `cache.index`. The cache is KVCache-like
+(cache.py): a pytree with `index` [R], `replace` and `reorder(rows)`; beam search gathers the rows of the beams it
+keeps instead of recomputing their prefixes. A decoder-only LM passes an empty cache and its prompt; an
+encoder-decoder passes a cache already holding the cross-attention keys and the decoder start token as prompt.
+
+Shapes are fixed per program: R rows, the prompt padded on the right to Pb columns (its real length `length`
+traced), at most `bound` new tokens (static; the number asked for, `max_new`, traced). So one program serves every
+prompt length and max_new_tokens within its buckets, and the loop never re-enters Python per token. Rows beyond the
+caller's batch (`live` false) ride along and never keep the loop running.
+
+Semantics are transformers 5's `generate` token for token (generation/utils.py `_sample`, `_beam_search` and its
+helpers, logits_process.py's warpers in their order), including what it pads finished rows and hypotheses with and
+when beam search stops. Sampling draws from `jax.random` (reproducible from the key, not torch's stream).
+Shapes: R rows, B batch, K beams, N = bound, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+Step = Callable[..., tuple[Array, Any]]
+_NEG = -1.0e9  # transformers' "impossible" score: added, not a -inf, so ranks among the excluded stay defined
+
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+    """The static choices: part of a compiled program's identity. `pad` is transformers' resolved pad id (eos[0]
+    when the model has none); None only without eos ids, when nothing is ever padded."""
+
+    num_beams: int = 1
+    do_sample: bool = False
+    eos: tuple[int, ...] = ()
+    pad: int | None = 0
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    num_return_sequences: int = 1
+
+    @property
+    def fill(self) -> int:
+        """What beam search writes after a hypothesis ends: transformers' `pad_token_id or eos_token_id[0]`, so a
+        pad id of 0 gives way to eos."""
+        return (self.pad or self.eos[0]) if self.eos else -1
+
+
+class Warp(NamedTuple):
+    """Sampling's traced knobs (changing them does not compile): temperature, top_k (0: off), top_p (1: off)."""
+
+    temperature: Float[Array, ""]
+    top_k: Int[Array, ""]
+    top_p: Float[Array, ""]
+
+
+def warp_logits(logits: Float[Array, "R V"], warp: Warp) -> Float[Array, "R V"]:
+    """Temperature, then top-k, then top-p, as transformers' warpers (filtered tokens become -inf)."""
+    scores = logits / warp.temperature
+    ranked = jnp.sort(scores, axis=-1)  # ascending
+    k = jnp.clip(warp.top_k, 1, scores.shape[-1])
+    kth = jax.lax.dynamic_index_in_dim(ranked, scores.shape[-1] - k, axis=-1)
+    scores = jnp.where((warp.top_k > 0) & (scores < kth), -jnp.inf, scores)
+    order = jnp.argsort(scores, axis=-1)
+    cumulative = jnp.cumsum(jax.nn.softmax(jnp.take_along_axis(scores, order, -1), axis=-1), axis=-1)
+    drop = (cumulative <= 1 - warp.top_p).at[:, -1].set(False)  # the most probable token always stays
+    drop = jnp.zeros_like(drop).at[jnp.arange(drop.shape[0])[:, None], order].set(drop)
+    return jnp.where((warp.top_p < 1) & drop, -jnp.inf, scores)
+
+
+def prefill(step: Step, cache, ids: Int[Array, "R P"], mask: Int[Array, "R P"], positions: Int[Array, "R P"],
+            length: Int[Array, ""]):
+    """Run the prompt; returns (logits after its last real column [R, V], cache, position of the next token [R]).
+    The bucket's padding columns sit after the prompt: rewinding `index` to `length` lets the new tokens overwrite
+    their slots, so a cache as long as the positions fits any prompt + new tokens that fits the positions."""
+    logits, cache = step(cache, ids, mask, positions)
+    last = jax.lax.dynamic_index_in_dim(logits, length - 1, axis=1, keepdims=False)
+    start = jax.lax.dynamic_index_in_dim(positions, length - 1, axis=1, keepdims=False) + 1
+    return last, cache.replace(index=jnp.full_like(cache.index, length)), start
+
+
+def _feed(step: Step, cache, last: Int[Array, "R"], start: Int[Array, "R"], t):
+    """One decoding forward: the token chosen at step t-1, at its row's next position; its logits [R, V]."""
+    ids = last[:, None].astype(jnp.int32)
+    logits, cache = step(cache, ids, jnp.ones_like(ids), (start + t - 1)[:, None])
+    return logits[:, -1], cache
+
+
+# -- greedy search and sampling (transformers' `_sample`) ------------------------------------------------------------
+class _Rows(NamedTuple):
+    t: Int[Array, ""]  # tokens chosen so far
+    tokens: Int[Array, "R N"]
+    unfinished: Bool[Array, "R"]
+    cache: Any
+
+
+def _pick(search: Search, warp: Warp | None, rng, s: _Rows, logits: Float[Array, "R V"]) -> _Rows:
+    if search.do_sample:
+        # One key per (step, row): a row's draws do not depend on how many rows share the batch.
+        keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.fold_in(rng, s.t), r))(jnp.arange(logits.shape[0]))
+        token = jax.vmap(jax.random.categorical)(keys, warp_logits(logits, warp))
+    else:
+        token = jnp.argmax(logits, axis=-1)
+    unfinished = s.unfinished
+    if search.eos:
+        token = jnp.where(unfinished, token, search.pad)
+        unfinished = unfinished & ~jnp.isin(token, jnp.asarray(search.eos))
+    tokens = jax.lax.dynamic_update_slice(s.tokens, token[:, None].astype(s.tokens.dtype), (0, s.t))
+    return _Rows(s.t + 1, tokens, unfinished, s.cache)
+
+
+def sample(step: Step, cache, logits: Float[Array, "R V"], start: Int[Array, "R"], max_new: Int[Array, ""],
+           live: Bool[Array, "R"], search: Search, bound: int, warp: Warp | None = None, rng=None):
+    """Greedy (argmax) or sampled tokens after a prefill: (tokens [R, N], steps run). Finished rows get pad."""
+    s = _Rows(jnp.int32(0), jnp.full((logits.shape[0], bound), search.pad or 0, jnp.int32), live, cache)
+    s = _pick(search, warp, rng, s, logits)
+
+    def body(s: _Rows) -> _Rows:
+        logits, cache = _feed(step, s.cache, s.tokens[jnp.arange(s.tokens.shape[0]), s.t - 1], start, s.t)
+        return _pick(search, warp, rng, s._replace(cache=cache), logits)
+
+    s = jax.lax.while_loop(lambda s: (s.t < max_new) & jnp.any(s.unfinished), body, s)
+    return s.tokens, s.t
+
+
+# -- beam search (transformers' `_beam_search`) ----------------------------------------------------------------------
+class _Beams(NamedTuple):
+    t: Int[Array, ""]
+    running: Int[Array, "B K N"]  # the K live hypotheses
+    running_scores: Float[Array, "B K"]  # their summed log-probabilities
+    source: Int[Array, "BK"]  # the cache row each live hypothesis continues
+    sequences: Int[Array, "B K N"]  # the K best finished hypotheses
+    scores: Float[Array, "B K"]  # theirs, length-penalized
+    lengths: Int[Array, "B K"]  # their generated lengths (0: none yet)
+    finished: Bool[Array, "B K"]
+    open: Bool[Array, "B"]  # the early-stopping heuristic says a live hypothesis may still beat a finished one
+    going: Bool[Array, ""]
+    cache: Any
+
+
+def _gather(a: Array, index: Int[Array, "B J"]) -> Array:
+    return jnp.take_along_axis(a, index.reshape(index.shape + (1,) * (a.ndim - 2)), axis=1)
+
+
+def _candidates(s: _Beams, logits: Float[Array, "BK V"], search: Search):
+    """transformers' `_get_top_k_continuations`: the best max(2, 1 + #eos) * K of all K * V continuations."""
+    B, K, _ = s.running.shape
+    V = logits.shape[-1]
+    logp = jax.nn.log_softmax(logits, axis=-1).reshape(B, K, V) + s.running_scores[..., None]
+    top, index = jax.lax.top_k(logp.reshape(B, K * V), max(2, 1 + len(search.eos)) * K)
+    beam, token = index // V, index % V
+    tokens = jax.lax.dynamic_update_slice(_gather(s.running, beam), token[..., None].astype(jnp.int32), (0, 0, s.t))
+    return top, beam, token, tokens
+
+
+def _finish(s: _Beams, top, tokens, hits, search: Search):
+    """transformers' `_update_finished_beams`: merge the top-K candidates that just ended into the finished set."""
+    K = s.running.shape[1]
+    just = hits & (jnp.arange(top.shape[1]) < K)
+    scores = top / (s.t + 1).astype(jnp.float32) ** search.length_penalty
+    if search.early_stopping is True:
+        scores = scores + jnp.where(jnp.all(s.finished, -1, keepdims=True), _NEG, 0.0)
+    scores = scores + jnp.where(s.open[:, None], 0.0, _NEG)
+    scores = scores + jnp.where(just, 0.0, _NEG)
+    merged = jnp.concatenate([s.scores, scores], axis=1)
+    best = jax.lax.top_k(merged, K)[1]
+    lengths = jnp.concatenate([s.lengths, jnp.broadcast_to(s.t + 1, just.shape)], axis=1)
+    return (_gather(jnp.concatenate([s.sequences, tokens], 1), best), _gather(merged, best), _gather(lengths, best),
+            _gather(jnp.concatenate([s.finished, just], 1), best))
+
+
+def _beam_step(s: _Beams, logits: Float[Array, "BK V"], max_new, live, search: Search) -> _Beams:
+    """One iteration of transformers' beam search after the forward pass."""
+    B, K, _ = s.running.shape
+    top, beam, token, tokens = _candidates(s, logits, search)
+    hits = jnp.isin(token, jnp.asarray(search.eos)) | (s.t + 1 >= max_new) | ~live[:, None]
+    running = top + jnp.where(hits, _NEG, 0.0)
+    keep = jax.lax.top_k(running, K)[1]
+    source = (_gather(beam, keep) + jnp.arange(B)[:, None] * K).reshape(-1)
+    sequences, scores, lengths, finished = _finish(s, top, tokens, hits, search)
+    lp = search.length_penalty
+    horizon = max_new if search.early_stopping == "never" and lp > 0 else s.t + 1
+    best_running = _gather(running, keep)[:, :1] / horizon.astype(jnp.float32) ** lp
+    worst = jnp.where(finished, jnp.min(scores, -1, keepdims=True), _NEG)
+    is_open = s.open & jnp.any(best_running > worst, axis=-1)
+    going = jnp.any(is_open) & ~jnp.all(hits)
+    if search.early_stopping is True:
+        going = going & ~jnp.all(finished)
+    return _Beams(s.t + 1, _gather(tokens, keep), _gather(running, keep), source, sequences, scores, lengths,
+                  finished, is_open, going, s.cache)
+
+
+def beam_search(step: Step, cache, logits: Float[Array, "B V"], start: Int[Array, "B"], max_new: Int[Array, ""],
+                live: Bool[Array, "B"], search: Search, bound: int):
+    """Beam search after a prefill of B rows: (hypotheses [B, num_return_sequences, N], their longest length).
+    The prefilled rows are copied to K beams each (by `reorder`, as every later step keeps its beams)."""
+    B, K = logits.shape[0], search.num_beams
+    rows = jnp.repeat(jnp.arange(B), K)
+    start = start[rows]
+    fill = jnp.full((B, K, bound), search.fill, jnp.int32)
+    first = jnp.where(jnp.arange(K) == 0, 0.0, _NEG)  # all beams start equal: only the first may expand
+    s = _Beams(jnp.int32(0), fill, jnp.broadcast_to(first, (B, K)), rows, fill, jnp.full((B, K), _NEG),
+               jnp.zeros((B, K), jnp.int32), jnp.broadcast_to(~live[:, None], (B, K)), live, jnp.bool_(True),
+               cache.reorder(rows))
+    s = _beam_step(s, logits[rows], max_new, live, search)
+
+    def body(s: _Beams) -> _Beams:
+        last = s.running[:, :, s.t - 1].reshape(-1)
+        logits, cache = _feed(step, s.cache.reorder(s.source), last, start, s.t)
+        return _beam_step(s._replace(cache=cache), logits, max_new, live, search)
+
+    s = jax.lax.while_loop(lambda s: s.going & (s.t < bound), body, s)
+    n = search.num_return_sequences
+    return s.sequences[:, :n], jnp.max(jnp.where(live[:, None], s.lengths[:, :n], 0))
+
+
+def decode(step: Step, cache, ids: Int[Array, "R P"], mask: Int[Array, "R P"], positions: Int[Array, "R P"],
+           length: Int[Array, ""], max_new: Int[Array, ""], live: Bool[Array, "R"], *, search: Search, bound: int,
+           warp: Warp | None = None, rng=None):
+    """Prefill then decode. Returns (tokens [R, N], steps run) for greedy search and sampling, (hypotheses
+    [R, num_return_sequences, N], longest length) for beam search; columns past those lengths are filler."""
+    logits, cache, start = prefill(step, cache, ids, mask, positions, length)
+    if search.num_beams == 1:
+        return sample(step, cache, logits, start, max_new, live, search, bound, warp, rng)
+    return beam_search(step, cache, logits, start, max_new, live, search, bound)
