@@ -1,0 +1,135 @@
+"""Metrics over text: entity spans of IOB2 tag sequences (seqeval's default mode) and SQuAD exact match / F1
+(the official v2.0 script's rules). Re-exported by metrics.py, which documents the conventions."""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+
+def _tag_lists(tags, name: str) -> list[list[str]]:
+    if isinstance(tags, str) or not isinstance(tags, Sequence) or not len(tags):
+        raise ValueError(f"{name} must be a non-empty list of tag lists")
+    if any(isinstance(s, str) or not isinstance(s, Sequence) for s in tags):
+        raise ValueError(f"{name} must hold one list of tags per sentence")
+    out = [list(s) for s in tags]
+    if any(not isinstance(t, str) or not t for s in out for t in s):
+        raise ValueError(f"{name} must hold non-empty tag strings")
+    return out
+
+
+def iob2_spans(tags: Sequence[str]) -> set[tuple[str, int, int]]:
+    """Entity spans (type, start, end) with end INCLUSIVE, exactly as seqeval's get_entities (default mode).
+
+    seqeval reads a tag as its first character plus the type after the first "-" ("_" when none), tolerating
+    ill-formed input the conlleval way: an I- (or E-) without a B- opens an entity, a type change inside an
+    entity splits it, E-/S- close it, B/I/E/S without a type form entities of type "_", and a "." tag neither
+    starts nor ends one (so the next chunk's start is the last one seen: replicated, not corrected)."""
+    if isinstance(tags, str):
+        raise ValueError("tags must be a list of tag strings, not one string")
+    (seq,) = _tag_lists([tags], "tags")
+    return set(_entities(seq))
+
+
+def _entities(seq: list[str]) -> list[tuple[str, int, int]]:
+    prev_tag, prev_type, begin, chunks = "O", "", 0, []
+    for i, chunk in enumerate(seq + ["O"]):  # the sentinel closes a trailing entity
+        tag, type_ = chunk[0], chunk[1:].split("-", maxsplit=1)[-1] or "_"
+        if _ends(prev_tag, tag, prev_type, type_):
+            chunks.append((prev_type, begin, i - 1))
+        if _starts(prev_tag, tag, prev_type, type_):
+            begin = i
+        prev_tag, prev_type = tag, type_
+    return chunks
+
+
+def _ends(prev_tag: str, tag: str, prev_type: str, type_: str) -> bool:  # seqeval's end_of_chunk
+    return (prev_tag in "ES" or (prev_tag in "BI" and tag in "BSO")
+            or (prev_tag not in "O." and prev_type != type_))
+
+
+def _starts(prev_tag: str, tag: str, prev_type: str, type_: str) -> bool:  # seqeval's start_of_chunk
+    return (tag in "BS" or (prev_tag in "ES" and tag in "EI") or (prev_tag == "O" and tag in "EI")
+            or (tag not in "O." and prev_type != type_))
+
+
+def span_prf(pred_tags: Sequence[Sequence[str]], gold_tags: Sequence[Sequence[str]]) -> dict[str, float]:
+    """Micro-averaged entity precision / recall / F1 over all types, = seqeval.metrics.precision_score /
+    recall_score / f1_score in default mode. An entity counts when type, start and end all match; 0/0 gives 0.0
+    (so no entities on either side scores 0.0, as seqeval). Sentences are joined with an "O" between them, as
+    seqeval does, which matters only for the "." quirk of iob2_spans."""
+    p, g = _tag_lists(pred_tags, "pred_tags"), _tag_lists(gold_tags, "gold_tags")
+    if [len(s) for s in p] != [len(s) for s in g]:
+        raise ValueError("pred_tags and gold_tags differ in the number or lengths of their sentences")
+    pred, gold = (set(_entities([t for s in x for t in s + ["O"]])) for x in (p, g))
+    tp = len(pred & gold)
+    precision = tp / len(pred) if pred else 0.0
+    recall = tp / len(gold) if gold else 0.0
+    f1 = 2.0 * precision * recall / (precision + recall) if precision + recall else 0.0  # seqeval's order
+    return {"precision": precision, "recall": recall, "f1": f1}
+
+
+# ---- extractive QA (= the official SQuAD v2.0 evaluation script; v1.1 wherever the two agree) ----
+
+_PUNCT = frozenset(string.punctuation)
+
+
+def squad_normalize(text: str) -> str:
+    """Lowercase, drop ASCII punctuation (string.punctuation), drop the words a/an/the, collapse whitespace."""
+    text = "".join(ch for ch in _text(text, "text").lower() if ch not in _PUNCT)
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+
+
+def _golds(golds: Sequence[str]) -> list[str]:
+    if isinstance(golds, str) or not all(isinstance(a, str) for a in golds):
+        raise ValueError("golds must be a list of answer strings (empty for an unanswerable question)")
+    # v2.0: answers that normalize to nothing are dropped; none left means unanswerable, whose answer is "".
+    return [a for a in golds if squad_normalize(a)] or [""]
+
+
+def squad_exact(prediction: str, golds: Sequence[str]) -> float:
+    """1.0 if the normalized prediction equals some normalized gold answer, else 0.0."""
+    pred = squad_normalize(_text(prediction, "prediction"))
+    return float(max(pred == squad_normalize(a) for a in _golds(golds)))
+
+
+def squad_f1(prediction: str, golds: Sequence[str]) -> float:
+    """Max over gold answers of the F1 between normalized token bags; when either side has no tokens, 1.0 if
+    both have none, else 0.0 (v2.0)."""
+    pred = squad_normalize(_text(prediction, "prediction")).split()
+    return float(max(_token_f1(pred, squad_normalize(a).split()) for a in _golds(golds)))
+
+
+def _token_f1(pred: list[str], gold: list[str]) -> float:
+    if not pred or not gold:
+        return float(pred == gold)
+    same = sum((Counter(gold) & Counter(pred)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred), same / len(gold)
+    return (2 * precision * recall) / (precision + recall)
+
+
+def _text(x, name: str) -> str:
+    if not isinstance(x, str):
+        raise ValueError(f"{name} must be a string, got {type(x).__name__}")
+    return x
+
+
+def squad_scores(predictions: Mapping[str, str], references: Mapping[str, Sequence[str]]) -> dict[str, float]:
+    """Mean EM and F1 over `references` in percent, as the official script prints. A question without a
+    prediction scores 0 (v1.1's rule; v2.0's script leaves it out of the total instead); predictions for ids not
+    in `references` are ignored, as both scripts do."""
+    if not isinstance(references, Mapping) or not references or not isinstance(predictions, Mapping):
+        raise ValueError("references must be a non-empty dict id -> answers, predictions a dict id -> answer")
+    em = f1 = 0.0
+    for qid, golds in references.items():
+        if qid in predictions:
+            em += squad_exact(predictions[qid], golds)
+            f1 += squad_f1(predictions[qid], golds)
+    return {"exact_match": 100.0 * em / len(references), "f1": 100.0 * f1 / len(references)}
+
+
+# ---- retrieval ----

@@ -1,0 +1,430 @@
+"""jaxbert.metrics against the references it reproduces: scikit-learn, scipy, seqeval (default mode), the official
+SQuAD v1.1/v2.0 scripts (copied verbatim below), and brute-force retrieval ranking. The reference libraries are
+test-only dependencies: tests needing one skip without it."""
+
+import collections
+import re
+import string
+import sys
+import warnings
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from jaxbert import metrics as M
+
+
+@pytest.fixture(scope="module")
+def skm():
+    return pytest.importorskip("sklearn.metrics")
+
+
+@pytest.fixture(scope="module")
+def seqeval():
+    pytest.importorskip("seqeval")
+    import seqeval.metrics
+    import seqeval.metrics.sequence_labeling
+    return seqeval
+
+
+def _quiet(fn, *args, **kwargs):
+    """A reference call without its UndefinedMetric / ConstantInput / not-an-NE-tag warnings."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(*args, **kwargs)
+
+
+# ---- single-label classification vs scikit-learn ----
+
+def _label_cases():
+    rng = np.random.default_rng(0)
+    cases = []
+    for _ in range(150):
+        n, k = int(rng.integers(1, 40)), int(rng.integers(1, 6))
+        gold = rng.integers(0, k, n)
+        pred = np.where(rng.random(n) < rng.random(), gold, rng.integers(0, k + 1, n))
+        cases.append((pred, gold))
+    g = np.array([0, 1, 2, 2, 1, 0])
+    cases += [(g, g), ((g + 1) % 3, g),                          # all correct, all wrong
+              (np.zeros(6, int), g), (g, np.zeros(6, int)),       # single class on one side
+              (np.zeros(6, int), np.zeros(6, int)), (np.array([4]), np.array([4])),  # single class on both
+              (np.array([0, 0, 1, 1, 0, 1]), g),                 # gold label 2 never predicted
+              (np.array(["pos", "neg", "neg"]), np.array(["pos", "pos", "neu"]))]   # string labels
+    return cases
+
+
+def test_classification_matches_sklearn(skm):
+    for pred, gold in _label_cases():
+        assert M.accuracy(pred, gold) == skm.accuracy_score(gold, pred)
+        assert M.macro_f1(pred, gold) == pytest.approx(_quiet(skm.f1_score, gold, pred, average="macro"), abs=1e-12)
+        assert M.matthews(pred, gold) == pytest.approx(_quiet(skm.matthews_corrcoef, gold, pred), abs=1e-12)
+        assert all(type(v) is float for v in M.classification_metrics(pred, gold).values())
+
+
+def test_macro_f1_given_labels_matches_sklearn(skm):
+    rng = np.random.default_rng(1)
+    for labels in ([0, 1, 2, 3, 7], [2, 0], [5], [1]):  # absent labels count as 0; unlisted ones are left out
+        for _ in range(20):
+            gold, pred = rng.integers(0, 4, 25), rng.integers(0, 4, 25)
+            want = _quiet(skm.f1_score, gold, pred, labels=labels, average="macro")
+            assert M.macro_f1(pred, gold, labels=labels) == pytest.approx(want, abs=1e-12)
+
+
+def test_degenerate_classification_values():
+    assert M.matthews([1, 1, 1], [0, 1, 2]) == 0.0 and M.matthews([2, 2], [2, 2]) == 0.0
+    assert M.macro_f1([0, 0], [1, 1]) == 0.0 and M.macro_f1([3], [3]) == 1.0
+    assert M.matthews([0, 1, 2], [0, 1, 2]) == 1.0 and M.matthews([1, 0], [0, 1]) == -1.0
+
+
+# ---- regression vs scipy ----
+
+def test_correlations_match_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(2)
+    for _ in range(60):
+        n = int(rng.integers(2, 50))
+        gold = rng.normal(size=n)
+        pred = gold * rng.normal() + rng.normal(size=n) * rng.random()
+        if rng.random() < 0.3:  # ties, which spearman ranks by their average
+            pred, gold = np.round(pred), np.round(gold * 2)
+        if (pred == pred[0]).all() or (gold == gold[0]).all():
+            continue
+        assert M.pearson(pred, gold) == pytest.approx(stats.pearsonr(pred, gold).statistic, abs=1e-12)
+        assert M.spearman(pred, gold) == pytest.approx(stats.spearmanr(pred, gold).statistic, abs=1e-12)
+    assert M.pearson(np.float32([1, 2, 4]), [1, 2, 3]) == pytest.approx(stats.pearsonr([1, 2, 4], [1, 2, 3])[0])
+
+
+def test_constant_input_is_zero_not_nan_and_nonfinite_is_nan():
+    stats = pytest.importorskip("scipy.stats")
+    assert np.isnan(_quiet(stats.pearsonr, [1.0, 1.0, 1.0], [1.0, 2.0, 3.0]).statistic)  # the deliberate difference
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for fn in (M.pearson, M.spearman):
+            assert fn([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]) == 0.0
+            assert fn([1.0, 2.0, 3.0], [5, 5, 5]) == 0.0
+            assert np.isnan(fn([1.0, np.nan, 3.0], [1.0, 2.0, 3.0]))
+            assert np.isnan(fn([1.0, 2.0, 3.0], [1.0, np.inf, 3.0]))
+    assert M.regression_metrics([1.0, 2.0], [1.0, 4.0]) == pytest.approx({"pearson": 1.0, "spearman": 1.0, "mse": 2.0})
+
+
+# ---- multi-label vs scikit-learn ----
+
+def test_multilabel_matches_sklearn(skm):
+    rng = np.random.default_rng(3)
+    cases = [(rng.random((n, c)) < rng.random(), rng.random((n, c)) < rng.random())
+             for n, c in rng.integers(1, 12, (80, 2)) + [0, 1]]
+    z = np.zeros((4, 3), bool)
+    cases += [(z, z), (~z, ~z), (z, ~z), (~z, z), (np.eye(3, dtype=bool), np.eye(3, dtype=bool)[::-1])]
+    for pred, gold in cases:
+        assert M.micro_f1(pred, gold) == pytest.approx(_quiet(skm.f1_score, gold, pred, average="micro"), abs=1e-12)
+        assert M.exact_match(pred, gold) == skm.accuracy_score(gold, pred)
+    assert M.multilabel_metrics([[1, 0], [0, 1]], [[1, 0], [1, 1]]) == {"micro_f1": 0.8, "exact_match": 0.5}
+
+
+# ---- token classification vs seqeval ----
+
+TAGS = ["O", "O", "O", "B-PER", "I-PER", "B-LOC", "I-LOC", "I-MISC", "B-MISC",  # well-formed material
+        "E-PER", "S-LOC", "E-LOC", "S-MISC",                                   # IOBES tags in an IOB2 stream
+        "B", "I", "E", "S", ".", ".-PER", "X-LOC", "O-PER", "B-PER-X", "BPER", "IPER", "I_LOC"]  # odd corners
+
+
+def _tag_cases():
+    rng = np.random.default_rng(4)
+    cases = []
+    for i in range(300):
+        alphabet = TAGS[:9] if i % 3 == 0 else TAGS
+        gold = [[str(t) for t in rng.choice(alphabet, int(rng.integers(0, 9)))] for _ in range(int(rng.integers(1, 5)))]
+        pred = [[t if rng.random() < 0.6 else str(rng.choice(alphabet)) for t in s] for s in gold]
+        cases.append((pred, gold))
+    gold = [["B-PER", "I-PER", "O", "B-LOC"], ["O", "B-MISC"]]
+    cases += [(gold, gold),                                                     # all correct
+              ([["O"] * 4, ["O", "O"]], gold), (gold, [["O"] * 4, ["O", "O"]]),  # no entities on one side
+              ([["O"] * 3], [["O"] * 3]), ([[]], [[]]),                        # no entities at all
+              ([["I-PER", "I-PER", "O", "I-LOC"], ["O", "I-MISC"]], gold),       # I- without B- opens an entity
+              ([["B-PER", "I-LOC", "O", "B-LOC"], ["O", "B-MISC"]], gold),       # type change splits
+              ([["B-PER"], [".-PER", "E-PER"]], [["B-PER"], ["B-PER", "E-PER"]])]  # "." keeps an old start
+    return cases
+
+
+def test_spans_match_seqeval_get_entities(seqeval):
+    get_entities = seqeval.metrics.sequence_labeling.get_entities
+    for pred, gold in _tag_cases():
+        for seq in pred + gold:
+            assert M.iob2_spans(seq) == set(_quiet(get_entities, seq))
+    assert M.iob2_spans(["B-PER", "I-PER", "O", "I-LOC", "B-LOC"]) == {("PER", 0, 1), ("LOC", 3, 3), ("LOC", 4, 4)}
+
+
+def test_span_prf_matches_seqeval(seqeval):
+    sm = seqeval.metrics
+    for pred, gold in _tag_cases():
+        got = M.token_metrics(pred, gold) if any(gold) else {**M.span_prf(pred, gold), "accuracy": None}
+        assert got["precision"] == pytest.approx(_quiet(sm.precision_score, gold, pred), abs=1e-12)
+        assert got["recall"] == pytest.approx(_quiet(sm.recall_score, gold, pred), abs=1e-12)
+        assert got["f1"] == pytest.approx(_quiet(sm.f1_score, gold, pred), abs=1e-12)
+        if got["accuracy"] is not None:
+            assert got["accuracy"] == pytest.approx(sm.accuracy_score(gold, pred), abs=1e-12)
+
+
+def test_sentence_boundaries_and_the_dot_quirk():
+    # The "." tag keeps the previous start, which seqeval takes from the joined stream, across the sentence break.
+    assert M.span_prf([["B-PER"], [".-PER", "E-PER"]], [["B-PER"], [".-PER", "E-PER"]])["f1"] == 1.0
+    assert M.iob2_spans([".-PER", "E-PER"]) == {("PER", 0, 1)}
+    gold, pred = [["O", "B-PER"], [".-PER", "E-PER"]], [["B-PER", "O"], [".-PER", "E-PER"]]  # (PER, 1, 4) vs (PER, 0, 4)
+    assert M.span_prf(pred, gold) == {"precision": 0.0, "recall": 0.0, "f1": 0.0}
+    # An entity never runs over a sentence end.
+    assert M.span_prf([["B-PER"], ["I-PER"]], [["B-PER"], ["B-PER"]]) == {"precision": 1.0, "recall": 1.0, "f1": 1.0}
+
+
+# ---- extractive QA vs the official SQuAD scripts ----
+# v1.1 (evaluate-v1.1.py), verbatim:
+
+def normalize_answer(s):
+    """Lower text and remove punctuation, articles and extra whitespace."""
+    def remove_articles(text):
+        return re.sub(r'\b(a|an|the)\b', ' ', text)
+
+    def white_space_fix(text):
+        return ' '.join(text.split())
+
+    def remove_punc(text):
+        exclude = set(string.punctuation)
+        return ''.join(ch for ch in text if ch not in exclude)
+
+    def lower(text):
+        return text.lower()
+
+    return white_space_fix(remove_articles(remove_punc(lower(s))))
+
+
+def f1_score(prediction, ground_truth):
+    prediction_tokens = normalize_answer(prediction).split()
+    ground_truth_tokens = normalize_answer(ground_truth).split()
+    common = Counter(prediction_tokens) & Counter(ground_truth_tokens)
+    num_same = sum(common.values())
+    if num_same == 0:
+        return 0
+    precision = 1.0 * num_same / len(prediction_tokens)
+    recall = 1.0 * num_same / len(ground_truth_tokens)
+    f1 = (2 * precision * recall) / (precision + recall)
+    return f1
+
+
+def exact_match_score(prediction, ground_truth):
+    return (normalize_answer(prediction) == normalize_answer(ground_truth))
+
+
+def metric_max_over_ground_truths(metric_fn, prediction, ground_truths):
+    scores_for_ground_truths = []
+    for ground_truth in ground_truths:
+        score = metric_fn(prediction, ground_truth)
+        scores_for_ground_truths.append(score)
+    return max(scores_for_ground_truths)
+
+
+def evaluate(dataset, predictions):
+    f1 = exact_match = total = 0
+    for article in dataset:
+        for paragraph in article['paragraphs']:
+            for qa in paragraph['qas']:
+                total += 1
+                if qa['id'] not in predictions:
+                    message = 'Unanswered question ' + qa['id'] + \
+                              ' will receive score 0.'
+                    print(message, file=sys.stderr)
+                    continue
+                ground_truths = list(map(lambda x: x['text'], qa['answers']))
+                prediction = predictions[qa['id']]
+                exact_match += metric_max_over_ground_truths(
+                    exact_match_score, prediction, ground_truths)
+                f1 += metric_max_over_ground_truths(
+                    f1_score, prediction, ground_truths)
+
+    exact_match = 100.0 * exact_match / total
+    f1 = 100.0 * f1 / total
+
+    return {'exact_match': exact_match, 'f1': f1}
+
+# v2.0 (evaluate-v2.0.py), verbatim:
+
+def normalize_answer_v2(s):
+  """Lower text and remove punctuation, articles and extra whitespace."""
+  def remove_articles(text):
+    regex = re.compile(r'\b(a|an|the)\b', re.UNICODE)
+    return re.sub(regex, ' ', text)
+  def white_space_fix(text):
+    return ' '.join(text.split())
+  def remove_punc(text):
+    exclude = set(string.punctuation)
+    return ''.join(ch for ch in text if ch not in exclude)
+  def lower(text):
+    return text.lower()
+  return white_space_fix(remove_articles(remove_punc(lower(s))))
+
+def get_tokens(s):
+  if not s: return []  # noqa: E701
+  return normalize_answer_v2(s).split()
+
+def compute_exact(a_gold, a_pred):
+  return int(normalize_answer_v2(a_gold) == normalize_answer_v2(a_pred))
+
+def compute_f1(a_gold, a_pred):
+  gold_toks = get_tokens(a_gold)
+  pred_toks = get_tokens(a_pred)
+  common = collections.Counter(gold_toks) & collections.Counter(pred_toks)
+  num_same = sum(common.values())
+  if len(gold_toks) == 0 or len(pred_toks) == 0:
+    # If either is no-answer, then F1 is 1 if they agree, 0 otherwise
+    return int(gold_toks == pred_toks)
+  if num_same == 0:
+    return 0
+  precision = 1.0 * num_same / len(pred_toks)
+  recall = 1.0 * num_same / len(gold_toks)
+  f1 = (2 * precision * recall) / (precision + recall)
+  return f1
+
+# (v2.0's get_raw_scores, per question:)
+def v2_scores(answers, a_pred):
+  gold_answers = [a for a in answers if normalize_answer_v2(a)]
+  if not gold_answers:
+    # For unanswerable questions, only correct answer is empty string
+    gold_answers = ['']
+  return (max(compute_exact(a, a_pred) for a in gold_answers),
+          max(compute_f1(a, a_pred) for a in gold_answers))
+
+
+TEXTS = ["The Eiffel Tower", "eiffel tower", "the  eiffel\ttower.", "An apple a day", "a", "the", "an", "The the",
+         "", " ", "...", "?!", "Théâtre de la Ville", "THÉÂTRE", "the théâtre", "athe", "theater", "a-b", "a_b",
+         "U.S.A.", "usa", "1,000", "1000", "“quoted”", '"quoted"', "naïve café", "Straße", "STRASSE", "İstanbul",
+         "50%", "50 %", "$5", "5", "foo\u00a0bar", "foo\u3000bar", "foo bar", "bar foo", "foo foo bar",
+         "red red red", "red", "don't", "dont", "Über-cool", "über cool", "x—y", "x y", "rock 'n' roll", "1 2 3 4"]
+
+
+def test_squad_normalize_matches_both_scripts():
+    for text in TEXTS:
+        assert M.squad_normalize(text) == normalize_answer(text) == normalize_answer_v2(text)
+
+
+def test_squad_exact_and_f1_match_official_scripts():
+    rng = np.random.default_rng(5)
+    cases = [(p, [g]) for p in TEXTS for g in TEXTS]
+    cases += [(str(rng.choice(TEXTS)), [str(t) for t in rng.choice(TEXTS, int(rng.integers(0, 4)))])
+              for _ in range(400)]
+    for pred, golds in cases:
+        em, f1 = v2_scores(golds, pred)
+        assert M.squad_exact(pred, golds) == em and M.squad_f1(pred, golds) == f1
+        if normalize_answer(pred) and golds and all(normalize_answer(g) for g in golds):  # v1.1 agrees here
+            assert M.squad_exact(pred, golds) == metric_max_over_ground_truths(exact_match_score, pred, golds)
+            assert M.squad_f1(pred, golds) == metric_max_over_ground_truths(f1_score, pred, golds)
+    assert M.squad_f1("", []) == 1.0 and M.squad_f1("Paris", []) == 0.0 and M.squad_exact("the", []) == 1.0
+    assert M.squad_f1("the", ["the"]) == 1.0 and f1_score("the", "the") == 0  # v1.1's one disagreement
+
+
+def test_squad_scores_match_v1_evaluate(capsys):
+    refs = {"q1": ["Denver Broncos", "The Denver Broncos"], "q2": ["Santa Clara, California"],
+            "q3": ["1,000 men"], "q4": ["gold"], "q5": ["Levi's Stadium", "Levi's"]}
+    preds = {"q1": "denver broncos!", "q2": "Santa Clara", "q3": "a thousand men", "q5": "Stadium", "zz": "x"}
+    dataset = [{"paragraphs": [{"qas": [{"id": q, "answers": [{"text": a} for a in g]} for q, g in refs.items()]}]}]
+    want = evaluate(dataset, preds)
+    got = M.squad_scores(preds, refs)
+    assert got == pytest.approx(want, abs=1e-12) and got["exact_match"] == 20.0
+
+
+# ---- retrieval vs brute force ----
+
+def _brute_force(queries, corpus, k):
+    """Rank by sorting documents on (-cosine, relevant last), so ties go against the relevant document."""
+    acc, rr = [], []
+    for i, q in enumerate(np.asarray(queries, np.float64)):
+        scores = []
+        for j, c in enumerate(np.asarray(corpus, np.float64)):
+            den = np.linalg.norm(q) * np.linalg.norm(c)
+            scores.append((-(q @ c) / den if den else -0.0, j == i, j))
+        rank = [s[2] for s in sorted(scores)].index(i) + 1
+        acc.append(rank == 1)
+        rr.append(1.0 / rank if rank <= k else 0.0)
+    return {"accuracy@1": float(np.mean(acc)), f"mrr@{k}": float(np.mean(rr))}
+
+
+def test_retrieval_matches_brute_force():
+    rng = np.random.default_rng(6)
+    for _ in range(25):
+        n, extra, d = int(rng.integers(1, 30)), int(rng.integers(0, 10)), int(rng.integers(1, 8))
+        corpus = rng.normal(size=(n + extra, d))
+        queries = corpus[:n] + rng.normal(size=(n, d)) * rng.random() * 2
+        k = int(rng.choice([1, 3, 10]))
+        got = M.retrieval_metrics(queries.astype(np.float32), corpus.astype(np.float32), k=k)
+        assert got == pytest.approx(_brute_force(queries.astype(np.float32), corpus.astype(np.float32), k), abs=1e-12)
+    # exact ties: +-1 vectors (norm 2) whose cosines are exact in any summation order, duplicates and zero rows
+    signs = rng.choice([-1.0, 1.0], (40, 4))
+    corpus = np.concatenate([signs[:20], signs[:5], np.zeros((2, 4))])
+    queries = np.concatenate([signs[20:38], np.zeros((2, 4))])
+    assert M.retrieval_metrics(queries, corpus) == pytest.approx(_brute_force(queries, corpus, 10), abs=1e-12)
+
+
+def test_retrieval_blocks_change_nothing(monkeypatch):
+    rng = np.random.default_rng(7)
+    corpus = rng.choice([-1.0, 1.0], (60, 4))  # exact cosines in any summation order, and many ties
+    queries = np.where(rng.random((50, 4)) < 0.8, corpus[:50], -corpus[:50])
+    whole = M.retrieval_metrics(queries, corpus)
+    monkeypatch.setattr(M, "_SIMILARITIES_PER_BLOCK", 7 * 60)
+    assert M.retrieval_metrics(queries, corpus) == whole == pytest.approx(_brute_force(queries, corpus, 10))
+
+
+def test_retrieval_ties_go_against_the_relevant_document():
+    same = np.ones((5, 3))
+    assert M.retrieval_metrics(same, same) == {"accuracy@1": 0.0, "mrr@10": 0.2}   # collapsed: rank 5 for all
+    assert M.retrieval_metrics(same, same, k=4) == {"accuracy@1": 0.0, "mrr@4": 0.0}
+    assert M.retrieval_metrics(np.eye(3), np.eye(3) * 7) == {"accuracy@1": 1.0, "mrr@10": 1.0}
+    assert np.isnan(M.retrieval_metrics([[np.nan, 1.0]], [[1.0, 1.0]])["mrr@10"])
+
+
+# ---- names, directions, validation ----
+
+def test_bundle_keys_and_directions():
+    bundles = [M.classification_metrics([0, 1], [0, 1]), M.regression_metrics([0.0, 1.0], [0.0, 1.0]),
+               M.multilabel_metrics([[1, 0]], [[1, 0]]), M.token_metrics([["B-PER"]], [["B-PER"]]),
+               M.choice_metrics([2], [2]), M.squad_scores({"a": "x"}, {"a": ["x"]}),
+               M.retrieval_metrics(np.eye(2), np.eye(2))]
+    keys = [sorted(b) for b in bundles]
+    assert keys == [["accuracy", "f1", "mcc"], ["mse", "pearson", "spearman"], ["exact_match", "micro_f1"],
+                    ["accuracy", "f1", "precision", "recall"], ["accuracy"], ["exact_match", "f1"],
+                    ["accuracy@1", "mrr@10"]]
+    assert all(name in M.GREATER_IS_BETTER for b in bundles for name in b)
+    assert not M.greater_is_better("mse") and not M.greater_is_better("loss") and not M.greater_is_better("mlm_loss")
+    assert M.greater_is_better("mrr@5") and M.greater_is_better("accuracy@3") and M.greater_is_better("f1")
+    with pytest.raises(ValueError, match="unknown metric 'bleu'"):
+        M.greater_is_better("bleu")
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: M.accuracy([1, 2], [1]), "pred"),
+    (lambda: M.accuracy([], []), "pred"),
+    (lambda: M.accuracy([[1]], [[1]]), "pred"),
+    (lambda: M.macro_f1([1], ["1"]), "mix text"),
+    (lambda: M.macro_f1([1], [1], labels=[1, 1]), "labels"),
+    (lambda: M.macro_f1([1], [1], labels=[]), "labels"),
+    (lambda: M.matthews([1, 2], [[1], [2]]), "gold"),
+    (lambda: M.pearson([1.0], [1.0]), "at least 2"),
+    (lambda: M.spearman(["a", "b"], ["a", "b"]), "pred"),
+    (lambda: M.micro_f1([[2, 0]], [[1, 0]]), "pred"),
+    (lambda: M.exact_match([[1, 0]], [[1, 0, 0]]), "pred"),
+    (lambda: M.micro_f1([1, 0], [1, 0]), "pred"),
+    (lambda: M.iob2_spans("B-PER"), "tags"),
+    (lambda: M.iob2_spans(["B-PER", ""]), "tags"),
+    (lambda: M.span_prf([["O"]], [["O", "O"]]), "pred_tags and gold_tags"),
+    (lambda: M.span_prf([], []), "pred_tags"),
+    (lambda: M.span_prf(["B-PER"], ["B-PER"]), "pred_tags"),
+    (lambda: M.token_metrics([[]], [[]]), "gold_tags"),
+    (lambda: M.squad_exact(None, ["x"]), "prediction"),
+    (lambda: M.squad_f1("x", "x"), "golds"),
+    (lambda: M.squad_normalize(3), "text"),
+    (lambda: M.squad_scores({}, {}), "references"),
+    (lambda: M.retrieval_metrics(np.ones((3, 2)), np.ones((2, 2))), "corpus"),
+    (lambda: M.retrieval_metrics(np.ones((2, 2)), np.ones((2, 3))), "corpus"),
+    (lambda: M.retrieval_metrics(np.ones(2), np.ones((2, 2))), "queries"),
+    (lambda: M.retrieval_metrics(np.ones((2, 2)), np.ones((2, 2)), k=0), "k"),
+])
+def test_invalid_inputs_name_the_argument(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
