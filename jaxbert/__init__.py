@@ -1,6 +1,7 @@
 """jaxbert: BERT as pure JAX functions over Flax parameter trees, matching transformers' PyTorch BERT."""
 
-from jaxbert import layout, model
+from jaxbert import cache, layout, model
+from jaxbert.cache import KVCache, init_cache
 from jaxbert.config import BertConfig
 from jaxbert.convert import flax_to_torch, torch_to_flax
 from jaxbert.heads import HEADS, forward
@@ -9,5 +10,5 @@ from jaxbert.model import BertOutput, bert
 from jaxbert.params import count_params, init_params, prune_heads
 
 __version__ = "0.1.0"
-__all__ = ["Bert", "BertConfig", "BertOutput", "HEADS", "bert", "count_params", "flax_to_torch", "forward",
-           "init_params", "layout", "load", "model", "prune_heads", "torch_to_flax"]
+__all__ = ["Bert", "BertConfig", "BertOutput", "HEADS", "KVCache", "bert", "cache", "count_params", "flax_to_torch",
+           "forward", "init_cache", "init_params", "layout", "load", "model", "prune_heads", "torch_to_flax"]

@@ -76,7 +76,9 @@ def _convert(args) -> int:
     for field, (err, tol) in verify(args.src, args.dst).items():
         ok = err <= tol
         worst_ok &= ok
-        print(f"  verify {field:<24} max |difference| {err:.2e} (tolerance {tol:.0e}) {'ok' if ok else 'FAILED'}")
+        verdict = f"{int(err)} differ" if field.endswith("tokens") else (
+            f"max |difference| {err:.2e} (tolerance {tol:.0e})")
+        print(f"  verify {field:<24} {verdict} {'ok' if ok else 'FAILED'}")
     if not worst_ok:
         print(f"jaxbert convert: error: --verify: outputs of {args.dst} differ from PyTorch beyond tolerance",
               file=sys.stderr)
@@ -121,6 +123,35 @@ def _fill_mask(args) -> int:
         for c in candidates:
             print(f"  {c['score']:.4f}  {c['token']:<15} {c['sequence']}")
     return 0
+
+
+def _generate(args) -> int:
+    import jaxbert
+    from jaxbert.tasks import generate_text
+
+    options = {k: getattr(args, k) for k in ("max_new_tokens", "num_beams", "num_return_sequences", "temperature",
+                                             "top_k", "top_p", "seed")}
+    model = jaxbert.load(args.dir, dtype=args.dtype)
+    for text in generate_text(model, args.prompt, do_sample=args.do_sample or None, **options):
+        print(text)
+    return 0
+
+
+def _add_generate(sub) -> None:
+    gen = sub.add_parser("generate", help="continue a prompt (BertLMHeadModel) or transform it (bert2bert)")
+    gen.add_argument("dir")
+    gen.add_argument("prompt")
+    gen.add_argument("--max-new-tokens", type=int, default=None, help="default: generation_config.json, else 20")
+    gen.add_argument("--num-beams", type=int, default=None, help="beam search with K beams (default 1: greedy)")
+    gen.add_argument("--num-return-sequences", type=int, default=None, help="sequences printed (beams, samples)")
+    gen.add_argument("--do-sample", action="store_true", help="sample instead of searching")
+    gen.add_argument("--temperature", type=float, default=None)
+    gen.add_argument("--top-k", type=int, default=None, help="sampling: keep the K likeliest tokens (0: all)")
+    gen.add_argument("--top-p", type=float, default=None, help="sampling: nucleus probability mass")
+    gen.add_argument("--seed", type=int, default=0, help="sampling: the same seed draws the same text")
+    gen.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                     help="run in this dtype (default: the checkpoint's)")
+    gen.set_defaults(func=_generate)
 
 
 def _add_train_mlm(sub) -> None:
@@ -208,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     fill.add_argument("text")
     fill.add_argument("--top-k", type=int, default=5)
     fill.set_defaults(func=_fill_mask)
+    _add_generate(sub)
     _add_train_mlm(sub)
     info = sub.add_parser("info", help="config summary and parameter counts of a jaxbert or transformers dir")
     info.add_argument("dir")

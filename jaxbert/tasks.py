@@ -120,3 +120,24 @@ def tag(bert, texts, batch_size: int = 32) -> list[list[dict]]:
         text = texts[t]
         results.append([{"word": text[w["start"]:w["end"]], **w} for w in words.values()])
     return results
+
+
+def generate_text(model, prompt: str, **options) -> list[str]:
+    """Decoded continuations of `prompt` (num_return_sequences of them), special tokens skipped.
+
+    A causal LM continues [CLS] + the prompt's tokens (no closing [SEP], which would read as the end of the text)
+    and its output includes the prompt, as transformers' text-generation pipeline; a bert2bert model reads the
+    prompt as its encoder input and returns only what the decoder wrote. Nothing is truncated: a prompt too long
+    for the positions is an error naming its length."""
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
+    enc = model.tokenizer.encode([prompt], truncation=False)
+    ids = np.asarray(enc.ids[0], np.int64)
+    if model.head == "EncoderDecoderModel":
+        rows = model.generate(ids[None], **options)
+    else:
+        special = np.asarray(enc.special[0], bool)
+        if len(ids) > 1 and special[-1]:
+            ids = ids[:-1]
+        rows = model.generate(ids[None], **options)
+    return [model.tokenizer.decode(row, skip_special_tokens=True) for row in rows]

@@ -100,4 +100,31 @@ def verify(src: str, dst: str) -> dict[str, tuple[float, float]]:
         # float32 must agree to 1e-5; half precision relative to the outputs' magnitude.
         scale = 1.0 if dtype == "float32" else max(1.0, float(np.abs(ref).max()))
         results[field] = (float(diff.max()), TOLERANCE.get(dtype, 1e-5) * scale)
+    if head in ("BertLMHeadModel", "EncoderDecoderModel") and dtype == "float32":
+        results["greedy tokens"] = _greedy_mismatches(reference, converted, head, fixed_batch(sides[0], head, src))
     return results
+
+
+def _greedy_mismatches(reference, converted, head: str, feed: dict, new: int = 8) -> tuple[float, float]:
+    """(tokens that differ, 0) between both models' greedy `generate` (half precision may rightly pick another
+    token where two are close, so only float32 is compared). A causal LM continues the first sentence, without
+    its closing [SEP]; a bert2bert model reads the padded batch."""
+    import torch
+
+    if head == "BertLMHeadModel":
+        real = int(feed["attention_mask"][0].sum())
+        feed = {"input_ids": feed["input_ids"][:1, : max(1, real - 1)]}
+        feed["attention_mask"] = np.ones_like(feed["input_ids"])
+        limit = converted.config.max_position_embeddings
+    else:
+        feed = {k: feed[k] for k in ("input_ids", "attention_mask")}
+        limit = converted.config.decoder.max_position_embeddings
+    new = min(new, limit - feed["input_ids"].shape[1] if head == "BertLMHeadModel" else limit - 1)
+    got = converted.generate(feed["input_ids"], feed["attention_mask"], max_new_tokens=new, num_beams=1,
+                             do_sample=False)
+    with torch.no_grad():
+        expected = reference.generate(**{k: torch.as_tensor(v) for k, v in feed.items()}, max_new_tokens=new,
+                                      num_beams=1, do_sample=False).numpy()
+    if expected.shape != got.shape:
+        return float(max(expected.size, got.size)), 0.0
+    return float((expected != got).sum()), 0.0
