@@ -137,8 +137,9 @@ def load_params(directory: str, config: BertConfig, head: str, *,
 
 
 # -- writing ---------------------------------------------------------------------------------------------------
-TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "added_tokens.json")
+# Files that travel with the weights: the tokenizer's, and generate's defaults.
+COMPANION_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "generation_config.json")
 _MSGPACK_NDARRAY = 1  # flax.serialization's ExtType code for numpy arrays
 
 
@@ -179,11 +180,11 @@ def write_msgpack(tree: dict, f) -> None:
     f.write(memoryview(arr.reshape(-1).view(np.uint8)))
 
 
-def copy_tokenizer_files(src: str, dst: str) -> list[str]:
-    """Copy the tokenizer files `src` has (their contents: symlinks are followed, within the policy of
+def copy_companion_files(src: str, dst: str) -> list[str]:
+    """Copy the tokenizer and generation-config files `src` has (their contents: symlinks are followed, within the policy of
     files.py) into `dst`."""
     copied = []
-    for name in TOKENIZER_FILES:
+    for name in COMPANION_FILES:
         path = existing_file(src, name)
         if path:
             shutil.copyfile(path, os.path.join(dst, name))

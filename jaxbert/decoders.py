@@ -8,11 +8,15 @@ batch 1: 57 instead of 30 ms a token).
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Int
+
 from jaxbert.cache import init_cache
 from jaxbert.config import BertConfig
 from jaxbert.generate import decode
 from jaxbert.heads import forward
 from jaxbert.ops import compute_dtype
+from jaxbert.seq2seq import encode
 
 
 def causal_lm(params, config: BertConfig, ids, mask, positions, length, max_new, live, warp, rng, *, search,
@@ -28,3 +32,28 @@ def causal_lm(params, config: BertConfig, ids, mask, positions, length, max_new,
 
     return decode(step, cache, ids, mask, positions, length, max_new, live, search=search, bound=bound, warp=warp,
                   rng=rng)
+
+
+def seq2seq(params, config, input_ids: Int[Array, "R S"], attention_mask: Int[Array, "R S"],
+            start: Int[Array, "R 1"], max_new: Int[Array, ""], live: Bool[Array, "R"], warp, rng, *, search,
+            bound: int):
+    """A bert2bert's generation as one program (config an EncoderDecoderConfig): the encoder once, then the
+    decoder's prefill of the start tokens `start` [R, 1] with the encoder's states, which puts their cross-attention
+    keys in the cache, then the decoding loop over it. `params["decoder"]` in the stored layout (see above)."""
+    _, states = encode(params, config, input_ids, attention_mask)
+    decoder = config.decoder
+    capacity = min(1 + bound, decoder.max_position_embeddings)
+    cache = init_cache(decoder, start.shape[0], capacity, compute_dtype(params["decoder"]["bert"]["embeddings"]))
+
+    def step(cache, ids, mask, positions):
+        # Only the prefill computes cross keys; later the cache holds them, per beam after beam search's reorder
+        # (its rows then no longer match the encoder's).
+        fresh = not cache.has_cross
+        out = forward(params["decoder"], decoder, "BertLMHeadModel", ids, mask, None, positions,
+                      past_key_values=cache, encoder_hidden_states=states if fresh else None,
+                      encoder_attention_mask=attention_mask if fresh else None)
+        return out.logits, out.past_key_values
+
+    ones = jnp.ones_like(start)
+    return decode(step, cache, start, ones, jnp.zeros_like(start), jnp.int32(1), max_new, live, search=search,
+                  bound=bound, warp=warp, rng=rng)

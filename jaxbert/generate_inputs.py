@@ -1,16 +1,16 @@
-"""The host side of `Bert.generate`: options with their defaults (arguments, then the checkpoint's
-generation_config.json, then config.json, then transformers' own), checks that name what is wrong, the prompt padded
-to shape buckets with transformers' attention mask and position ids, and the output assembled from the device's.
+"""The host side of `generate`: the inputs checked and padded to shape buckets, the device arguments built, and
+the output assembled from the device's, for the causal LM (`request`, behind `Bert.generate`) and bert2bert
+(`seq2seq_request`, behind `EncoderDecoder.generate`). Options and their defaults: generate_options.py.
 
-Defaults and derived inputs follow transformers 5's `generate`: an absent attention mask is inferred from pad
-tokens in the prompt (unless pad is an eos id); position ids are the mask's cumulative sum minus one (0 on
-padding); new tokens continue from each row's last position; max_new_tokens defaults to 20 within the positions.
+Derived inputs follow transformers 5's `generate`. A causal LM's absent attention mask is inferred from pad tokens
+in the prompt (unless pad is an eos id); its position ids are the mask's cumulative sum minus one (0 on padding);
+new tokens continue from each row's last position. An encoder-decoder's encoder input is taken as given (no mask
+inferred: transformers infers none for encoder-decoders) and its decoder starts from one start token per row.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
@@ -18,110 +18,11 @@ import numpy as np
 
 from jaxbert import batching
 from jaxbert.config import BertConfig
-from jaxbert.files import existing_file, read_json
 from jaxbert.generate import Search, Warp
-from jaxbert.inputs import check_arrays, positive_int
+from jaxbert.generate_options import Options, file_settings, max_new_tokens, resolve
+from jaxbert.inputs import check_arrays
 
-KNOBS = {"max_new_tokens": None, "num_beams": 1, "do_sample": False, "temperature": 1.0, "top_k": 50,
-         "top_p": 1.0, "length_penalty": 1.0, "early_stopping": False, "num_return_sequences": 1}
-# generation_config.json settings that change what transformers generates and that jaxbert does not implement
-_UNSUPPORTED = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_length": 0, "min_new_tokens": None,
-                "bad_words_ids": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
-                "suppress_tokens": None, "begin_suppress_tokens": None, "typical_p": 1.0, "min_p": None,
-                "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "num_beam_groups": 1, "sequence_bias": None,
-                "exponential_decay_length_penalty": None, "renormalize_logits": False, "stop_strings": None}
-
-
-def file_settings(directory: str | None) -> dict:
-    """generation_config.json of `directory` ({} when there is none); settings jaxbert cannot honour are refused."""
-    path = existing_file(directory, "generation_config.json") if directory else None
-    settings = read_json(path) if path else {}
-    for key, default in _UNSUPPORTED.items():
-        if settings.get(key, default) not in (default, None):
-            raise ValueError(f"{path}: {key}={settings[key]!r} is not implemented by jaxbert's generate")
-    return settings
-
-
-def _number(name: str, value, low: float, high: float, low_open: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    if not (math.isfinite(value) and (low < value if low_open else low <= value) and value <= high):
-        raise ValueError(f"{name} {value}: must be in {'(' if low_open else '['}{low}, {high}]")
-    return float(value)
-
-
-def _token_ids(name: str, value, vocab: int) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    ids = (value,) if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else tuple(value)
-    for i in ids:
-        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < vocab:
-            raise ValueError(f"{name} {value!r}: token ids must be integers in [0, vocab_size={vocab})")
-    return tuple(int(i) for i in ids)
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-    """Resolved and checked; `search` is static under jit, the rest is traced or host-side."""
-
-    search: Search
-    max_new_tokens: int | None
-    warp: tuple[float, int, float]
-    seed: int
-    bos: int | None
-    expand: int  # rows per prompt row before decoding (sampling's num_return_sequences)
-
-
-def resolve(config: BertConfig, settings: dict, given: dict) -> Options:
-    """`given` (the caller's arguments, None for unset) over `settings` (generation_config.json) over the model
-    config's special tokens over transformers' defaults (KNOBS)."""
-    def pick(name, fallback=None):
-        return next((v for v in (given.get(name), settings.get(name)) if v is not None), fallback)
-
-    o = {name: pick(name, default) for name, default in KNOBS.items()}
-    beams = positive_int("num_beams", o["num_beams"])
-    returned = positive_int("num_return_sequences", o["num_return_sequences"], beams if beams > 1 else None)
-    if not isinstance(o["do_sample"], bool):
-        raise TypeError(f"do_sample must be true or false, got {o['do_sample']!r}")
-    if o["do_sample"] and beams > 1:
-        raise ValueError(f"do_sample=True with num_beams={beams}: beam-search sampling is not implemented")
-    if returned > 1 and not o["do_sample"] and beams == 1:
-        raise ValueError(f"num_return_sequences {returned}: greedy search returns one sequence per prompt")
-    if o["early_stopping"] not in (True, False, "never"):
-        raise ValueError(f"early_stopping {o['early_stopping']!r}: must be true, false or 'never'")
-    top_k = o["top_k"]
-    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
-        raise ValueError(f"top_k {top_k!r}: must be an integer ≥ 0 (0 turns it off)")
-    warp = (_number("temperature", o["temperature"], 0.0, math.inf), int(top_k), _number("top_p", o["top_p"], 0, 1))
-    penalty = _number("length_penalty", o["length_penalty"], -math.inf, math.inf)
-    V = config.vocab_size
-    eos = _token_ids("eos_token_id", pick("eos_token_id", config.extra.get("eos_token_id")), V)
-    pad = pick("pad_token_id", config.pad_token_id)
-    pad = eos[0] if pad is None and eos else pad  # transformers pads with eos when the model has no pad token
-    pad = None if pad is None else _token_ids("pad_token_id", pad, V)[0]
-    bos = pick("bos_token_id", config.extra.get("bos_token_id"))
-    bos = None if bos is None else _token_ids("bos_token_id", bos, V)[0]
-    seed = given.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an integer, got {type(seed).__name__} {seed!r}")
-    if beams == 1:  # beam-only settings must not split greedy/sampling programs
-        search = Search(1, o["do_sample"], eos, pad)
-    else:
-        search = Search(beams, False, eos, pad, penalty, o["early_stopping"], returned)
-    return Options(search, o["max_new_tokens"], warp, int(seed), bos, returned if beams == 1 else 1)
-
-
-def _max_new_tokens(options: Options, settings: dict, config: BertConfig, prompt_length: int) -> int:
-    limit = config.max_position_embeddings
-    n = options.max_new_tokens
-    if n is None:  # transformers: max_length (default 20 new tokens, capped by the positions) minus the prompt
-        n = (positive_int("max_length", settings["max_length"]) - prompt_length if "max_length" in settings
-             else min(20, limit - prompt_length))
-    n = positive_int("max_new_tokens", n)
-    if prompt_length + n > limit:
-        raise ValueError(f"prompt length {prompt_length} + max_new_tokens {n} = {prompt_length + n} exceeds "
-                         f"max_position_embeddings {limit}")
-    return n
+__all__ = ["Options", "Request", "file_settings", "request", "resolve", "seq2seq_request"]
 
 
 def _mask_and_positions(ids: np.ndarray, mask, search: Search):
@@ -150,6 +51,27 @@ class Request:
         return np.concatenate([np.repeat(self.prompt, n, axis=0).astype(np.int32), tokens.astype(np.int32)], 1)
 
 
+def _rows(arrays, rows: int):
+    """Rows padded to a power of two (few programs whatever the batch); extra rows repeat row 0 and are dead."""
+    R = 1 << (rows - 1).bit_length()
+    pick = np.where(np.arange(R) < rows, np.arange(R), 0)
+    return [a[pick] for a in arrays], jnp.asarray(np.arange(R) < rows)
+
+
+def _columns(arrays, length_buckets):
+    """Columns padded on the right to the length bucket, with zeros (masked)."""
+    length = arrays[0].shape[1]
+    P = batching.bucket(length, tuple(length_buckets))
+    return [jnp.asarray(np.pad(a, ((0, 0), (0, P - length))).astype(np.int32)) for a in arrays]
+
+
+def _loop_arguments(options: Options, n: int, live, limit: int) -> tuple:
+    """What every decode loop takes after its inputs: max_new, live, the warp, the key; and the new-token bound."""
+    temperature, top_k, top_p = options.warp
+    warp = Warp(jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p))
+    return (jnp.int32(n), live, warp, jax.random.key(options.seed)), batching.bucket(n, batching.length_buckets(limit))
+
+
 def request(config: BertConfig, head: str, length_buckets, settings: dict, prompt_ids, attention_mask,
             given: dict) -> Request:
     """Check everything and pad the prompt to (batch, length) buckets, rows copied, columns appended masked."""
@@ -164,15 +86,27 @@ def request(config: BertConfig, head: str, length_buckets, settings: dict, promp
     check_arrays(config, prompt_ids, attention_mask)
     ids = np.asarray(prompt_ids)
     mask, positions = _mask_and_positions(ids, attention_mask, options.search)
-    n = _max_new_tokens(options, settings, config, ids.shape[1])
+    n = max_new_tokens(options, settings, config, ids.shape[1])
     ids, mask, positions = (np.repeat(a, options.expand, axis=0) for a in (ids, mask, positions))
-    rows, length = ids.shape
-    R = 1 << (rows - 1).bit_length()  # powers of two: few programs whatever the batch
-    P = batching.bucket(length, tuple(length_buckets))
-    pick = np.where(np.arange(R) < rows, np.arange(R), 0)  # extra rows repeat row 0
-    padded = [np.pad(a[pick], ((0, 0), (0, P - length))).astype(np.int32) for a in (ids, mask, positions)]
-    temperature, top_k, top_p = options.warp
-    arrays = (*map(jnp.asarray, padded), jnp.int32(length), jnp.int32(n), jnp.asarray(np.arange(R) < rows),
-              Warp(jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p)), jax.random.key(options.seed))
-    bound = batching.bucket(n, batching.length_buckets(config.max_position_embeddings))
-    return Request(options.search, bound, arrays, ids)
+    padded, live = _rows((ids, mask, positions), ids.shape[0])
+    loop, bound = _loop_arguments(options, n, live, config.max_position_embeddings)
+    return Request(options.search, bound, (*_columns(padded, length_buckets), jnp.int32(ids.shape[1]), *loop), ids)
+
+
+def seq2seq_request(config, length_buckets, settings: dict, input_ids, attention_mask, given: dict) -> Request:
+    """A bert2bert's call (config an EncoderDecoderConfig): the encoder input padded to (batch, encoder length)
+    buckets; the decoder prompt is the start token, and the output starts with it, as transformers'."""
+    options = resolve(config, settings, given)
+    if options.start is None:
+        raise ValueError("decoder_start_token_id: not given, not in generation_config.json or config.json, and no "
+                         "bos_token_id to fall back on")
+    check_arrays(config.encoder, input_ids, attention_mask)
+    ids = np.asarray(input_ids)
+    mask = np.ones(ids.shape, np.int32) if attention_mask is None else np.asarray(attention_mask).astype(np.int32)
+    n = max_new_tokens(options, settings, config.decoder, 1, prompt="decoder start token")
+    ids, mask = (np.repeat(a, options.expand, axis=0) for a in (ids, mask))
+    start = np.full((ids.shape[0], 1), options.start, np.int32)
+    (ids, mask, first), live = _rows((ids, mask, start), ids.shape[0])
+    loop, bound = _loop_arguments(options, n, live, config.decoder.max_position_embeddings)
+    return Request(options.search, bound, (*_columns((ids, mask), length_buckets), jnp.asarray(first), *loop),
+                   start)

@@ -4,14 +4,17 @@ encoder runs once per input."""
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbert.inference import Bert
+from jaxbert import decoders, generate_inputs
+from jaxbert.inference import _DTYPES, Bert
 from jaxbert.inputs import check_arrays
+from jaxbert.layout import to_stored
 from jaxbert.seq2seq import EncoderDecoderConfig, Seq2SeqOutput, encoder_decoder
 
 
@@ -25,13 +28,16 @@ class EncoderDecoder:
         self.encoder = Bert(config.encoder, params["encoder"], "BertModel", directory, dtype=dtype, consume=consume)
         self.decoder = Bert(config.decoder, params["decoder"], "BertLMHeadModel", directory, dtype=dtype,
                             consume=consume)
-        self.proj = None if proj is None else jax.tree_util.tree_map(jnp.asarray, proj)
+        cast = (lambda a: jnp.asarray(a, _DTYPES[dtype])) if dtype else jnp.asarray  # noqa: E731  as the sides
+        self.proj = None if proj is None else jax.tree_util.tree_map(cast, proj)
         self._lock = threading.Lock()
         self._own_compiles = 0
         self._forward = jax.jit(self._count(self._forward_impl),
                                 static_argnames=("output_hidden_states", "output_attentions"))
+        self._generate = jax.jit(self._count(self._generate_impl), static_argnames=("search", "bound"))
 
     def _count(self, fn):
+        @functools.wraps(fn)  # keeps fn's signature for jit's static_argnames
         def traced(*args, **kwargs):
             with self._lock:
                 self._own_compiles += 1
@@ -52,6 +58,11 @@ class EncoderDecoder:
         return encoder_decoder(self._params(enc_weights, dec_weights, proj), self.config, input_ids,
                                attention_mask, decoder_input_ids, decoder_attention_mask,
                                output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+
+    def _generate_impl(self, enc_weights, dec_weights, proj, *arrays, search, bound):
+        params = self._params(enc_weights, dec_weights, proj)
+        params["decoder"] = to_stored(params["decoder"], self.config.decoder)  # see decoders.py: faster steps
+        return decoders.seq2seq(params, self.config, *arrays, search=search, bound=bound)
 
     @property
     def params(self):
@@ -76,3 +87,26 @@ class EncoderDecoder:
         return self._forward(self.encoder.weights, self.decoder.weights, self.proj, as_int(input_ids),
                              as_int(attention_mask), as_int(decoder_input_ids), as_int(decoder_attention_mask),
                              output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+
+    def generate(self, input_ids, attention_mask=None, max_new_tokens: int | None = None, *,
+                 num_beams: int | None = None, do_sample: bool | None = None, temperature: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+                 num_return_sequences: int | None = None, length_penalty: float | None = None,
+                 early_stopping: bool | str | None = None, eos_token_id=None, pad_token_id=None,
+                 decoder_start_token_id: int | None = None) -> np.ndarray:
+        """transformers' `generate` for an EncoderDecoderModel: input_ids [B, S] for the encoder (rows padded on
+        the right, with attention_mask) -> the decoder's ids [B * num_return_sequences, 1 + steps run] as np.int32,
+        starting with decoder_start_token_id (else bos_token_id). Options as `Bert.generate`'s, defaults from the
+        checkpoint's generation_config.json (else config.json: its top level, then its decoder's). One program per
+        (batch, encoder length, new-token) bucket and search mode runs the encoder once and then the decoder."""
+        given = dict(max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=do_sample,
+                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                     num_return_sequences=num_return_sequences, length_penalty=length_penalty,
+                     early_stopping=early_stopping, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                     decoder_start_token_id=decoder_start_token_id)
+        settings = generate_inputs.file_settings(self.directory)
+        req = generate_inputs.seq2seq_request(self.config, self.encoder.length_buckets, settings, input_ids,
+                                              attention_mask, given)
+        out = self._generate(self.encoder.weights, self.decoder.weights, self.proj, *req.arrays, search=req.search,
+                             bound=req.bound)
+        return req.assemble(*out)

@@ -15,7 +15,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from jaxbert.checkpoint import FLAX_MSGPACK, SAFETENSORS, copy_tokenizer_files, find_weights, load_params, write_msgpack
+from jaxbert.checkpoint import FLAX_MSGPACK, SAFETENSORS, copy_companion_files, find_weights, load_params, write_msgpack
 from jaxbert import seq2seq
 from jaxbert.config import BertConfig
 from jaxbert.convert import cast_checked, flax_to_torch
@@ -100,7 +100,7 @@ def write_jaxbert_dir(params, config: BertConfig, head: str, dst: str, *, tokeni
         with open(os.path.join(tmp, FLAX_MSGPACK), "wb") as f:
             write_msgpack(params, f)
         if tokenizer_from:
-            copy_tokenizer_files(tokenizer_from, tmp)
+            copy_companion_files(tokenizer_from, tmp)
         files = _listing(tmp)
     return files
 
@@ -146,7 +146,7 @@ def export_checkpoint(src: str, dst: str, *, dtype: str = "float32", force: bool
             save_file({k: np.ascontiguousarray(v) for k, v in state.items()}, path, metadata={"format": "pt"})
         except SafetensorError as e:  # e.g. a full disk: an I/O error in safetensors' own exception type
             raise OSError(f"{dst}: writing {SAFETENSORS} failed ({e})") from None
-        copy_tokenizer_files(src, tmp)
+        copy_companion_files(src, tmp)
         files = _listing(tmp)
     return TransferSummary(src, dst, head, os.path.basename(source_file), dtype, count_params(params),
                            report.ignored, report.absent, files, time.perf_counter() - start)

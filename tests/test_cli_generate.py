@@ -1,5 +1,10 @@
 """`jaxbert generate DIR "prompt"`: the text transformers would produce from the same checkpoint and prompt."""
 
+import json
+import shutil
+
+import jax
+import numpy as np
 import pytest
 
 import jaxbert
@@ -83,3 +88,55 @@ def test_convert_verify_compares_greedy_generation(lm_dir, tmp_path, capsys, mon
     assert main(["convert", lm_dir, str(tmp_path / "jax"), "--verify", "--force"]) == 1
     out, err = capsys.readouterr()
     assert "verify greedy tokens            1 differ FAILED" in out and "differ from PyTorch" in err
+
+
+@pytest.fixture(scope="module")
+def bert2bert_dir(tmp_path_factory):
+    """A random bert2bert (decoder narrower than the encoder: with enc_to_dec_proj) and MiniLM's tokenizer."""
+    directory = tmp_path_factory.mktemp("s2s")
+    model_dir(directory, "BertModel")  # for the tokenizer files; the weights are replaced below
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=30522, num_hidden_layers=2, intermediate_size=37, max_position_embeddings=40,
+                 attn_implementation="eager")
+    enc = transformers.BertConfig(hidden_size=32, num_attention_heads=4, **sizes)
+    dec = transformers.BertConfig(hidden_size=24, num_attention_heads=3, is_decoder=True, add_cross_attention=True,
+                                  **sizes)
+    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(enc, dec, decoder_start_token_id=101,
+                                                                            pad_token_id=0)
+    transformers.EncoderDecoderModel(config=config).eval().save_pretrained(directory)
+    return str(directory)
+
+
+def test_bert2bert_prints_what_transformers_generates(bert2bert_dir, capsys):
+    tok = transformers.AutoTokenizer.from_pretrained(bert2bert_dir)
+    model = transformers.EncoderDecoderModel.from_pretrained(bert2bert_dir).eval()
+    feed = tok(PROMPT, return_tensors="pt")
+    for options, kwargs in [((), {}), (("--num-beams", 3, "--max-new-tokens", 6), dict(num_beams=3, max_new_tokens=6))]:
+        with torch.no_grad():
+            out = model.generate(feed["input_ids"], attention_mask=feed["attention_mask"], do_sample=False, **kwargs)
+        lines = _lines(capsys, bert2bert_dir, PROMPT, *options)
+        assert lines == [tok.decode(out[0], skip_special_tokens=True)] and lines[0].strip()
+
+
+def test_generation_config_travels_through_convert_and_export(lm_dir, tmp_path, capsys):
+    src = tmp_path / "src"
+    shutil.copytree(lm_dir, src)
+    (src / "generation_config.json").write_text(json.dumps({"max_new_tokens": 3, "num_beams": 2}))
+    assert main(["convert", str(src), str(tmp_path / "jax")]) == 0
+    assert main(["export", str(tmp_path / "jax"), str(tmp_path / "pt")]) == 0
+    assert "generation_config.json" in capsys.readouterr().out
+    prompt = np.array([[101, 2054, 2003]])
+    for d in (tmp_path / "jax", tmp_path / "pt"):
+        model = jaxbert.load(d)
+        assert model.generate(prompt).shape == (1, 6)  # 3 new tokens by default, from the file
+        np.testing.assert_array_equal(model.generate(prompt), model.generate(prompt, num_beams=2, max_new_tokens=3))
+
+
+def test_bert2bert_in_bfloat16_casts_the_projection_too(bert2bert_dir):
+    full, half = jaxbert.load(bert2bert_dir), jaxbert.load(bert2bert_dir, dtype="bfloat16")
+    assert {str(a.dtype) for a in jax.tree_util.tree_leaves(half.proj)} == {"bfloat16"}
+    ids = np.array([[101, 2054, 2003, 102]])
+    dec = np.array([[101, 7592]])
+    expected, got = full(ids, decoder_input_ids=dec).logits, half(ids, decoder_input_ids=dec).logits
+    assert np.abs(np.asarray(got, np.float32) - expected).max() <= 2e-2 * max(1.0, np.abs(expected).max())
+    assert half.generate(ids, max_new_tokens=4).shape == (1, 5)

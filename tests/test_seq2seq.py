@@ -85,7 +85,7 @@ def test_loaded_model_and_its_round_trip_through_convert_and_export(s2s, tmp_pat
     assert main(["export", str(tmp_path / "jax"), str(tmp_path / "pt")]) == 0
     out = capsys.readouterr().out
     assert "head EncoderDecoderModel" in out and "encoder embeddings" in out
-    assert "verify logits" in out and "ok" in out
+    assert "verify logits" in out and "ok" in out and "verify greedy tokens            0 differ ok" in out
     for d in (directory, tmp_path / "jax"):
         loaded = jaxbert.load(d)
         assert type(loaded).__name__ == "EncoderDecoder"

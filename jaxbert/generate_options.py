@@ -1,0 +1,154 @@
+"""The options of `generate`, resolved and checked on the host as transformers 5 resolves them, shared by the causal
+LM (`Bert.generate`) and bert2bert (`EncoderDecoder.generate`).
+
+Precedence: the caller's arguments, then the checkpoint's generation config, then the model config's special
+tokens, then transformers' defaults. The generation config is generation_config.json, or without one what
+transformers derives from config.json (`GenerationConfig.from_model_config`: the top level, then a bert2bert's
+`decoder` for what the top level leaves unset). An encoder-decoder starts its decoder from decoder_start_token_id,
+else bos_token_id (generation/utils.py `_prepare_special_tokens`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from jaxbert.config import BertConfig
+from jaxbert.files import existing_file, read_json
+from jaxbert.generate import Search
+from jaxbert.inputs import positive_int
+
+KNOBS = {"max_new_tokens": None, "num_beams": 1, "do_sample": False, "temperature": 1.0, "top_k": 50,
+         "top_p": 1.0, "length_penalty": 1.0, "early_stopping": False, "num_return_sequences": 1}
+TOKENS = ("eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id")
+# generation_config.json settings that change what transformers generates and that jaxbert does not implement
+_UNSUPPORTED = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_length": 0, "min_new_tokens": None,
+                "bad_words_ids": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
+                "suppress_tokens": None, "begin_suppress_tokens": None, "typical_p": 1.0, "min_p": None,
+                "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "num_beam_groups": 1, "sequence_bias": None,
+                "exponential_decay_length_penalty": None, "renormalize_logits": False, "stop_strings": None,
+                "encoder_no_repeat_ngram_size": 0, "encoder_repetition_penalty": 1.0}
+_READ = (*KNOBS, *TOKENS, *_UNSUPPORTED, "max_length")
+
+
+def _from_model_config(data: dict) -> dict:
+    """transformers' GenerationConfig.from_model_config on config.json, for the keys jaxbert reads."""
+    settings = {k: data[k] for k in _READ if data.get(k) is not None}
+    decoder = data.get("decoder") if isinstance(data.get("decoder"), dict) else {}
+    return {**{k: decoder[k] for k in _READ if decoder.get(k) is not None}, **settings}
+
+
+def file_settings(directory: str | None) -> dict:
+    """The generation config of `directory` ({} without a directory); settings jaxbert cannot honour are refused."""
+    path = existing_file(directory, "generation_config.json") if directory else None
+    if path:
+        settings = read_json(path)
+    else:  # transformers then reads config.json's generation keys (`from_pretrained`'s fallback)
+        path = existing_file(directory, "config.json") if directory else None
+        settings = _from_model_config(read_json(path)) if path else {}
+    for key, default in _UNSUPPORTED.items():
+        if settings.get(key, default) not in (default, None):
+            raise ValueError(f"{path}: {key}={settings[key]!r} is not implemented by jaxbert's generate")
+    return settings
+
+
+def config_tokens(config) -> dict:
+    """The special tokens of a model config (BertConfig, or a bert2bert's: its top level over its decoder's)."""
+    if getattr(config, "is_encoder_decoder", False):
+        top, decoder = {k: getattr(config, k) for k in TOKENS}, config_tokens(config.decoder)
+        return {k: decoder[k] if top[k] is None else top[k] for k in TOKENS}
+    return {k: config.pad_token_id if k == "pad_token_id" else config.extra.get(k) for k in TOKENS}
+
+
+def _number(name: str, value, low: float, high: float, low_open: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not (math.isfinite(value) and (low < value if low_open else low <= value) and value <= high):
+        raise ValueError(f"{name} {value}: must be in {'(' if low_open else '['}{low}, {high}]")
+    return float(value)
+
+
+def _token_ids(name: str, value, vocab: int) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    ids = (value,) if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else tuple(value)
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < vocab:
+            raise ValueError(f"{name} {value!r}: token ids must be integers in [0, vocab_size={vocab})")
+    return tuple(int(i) for i in ids)
+
+
+def _one_token(name: str, value, vocab: int) -> int | None:
+    return None if value is None else _token_ids(name, value, vocab)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Resolved and checked; `search` is static under jit, the rest is traced or host-side."""
+
+    search: Search
+    max_new_tokens: int | None
+    warp: tuple[float, int, float]
+    seed: int
+    bos: int | None
+    expand: int  # rows per prompt row before decoding (sampling's num_return_sequences)
+    start: int | None = None  # an encoder-decoder's first decoder token: decoder_start_token_id, else bos
+
+
+def _search(o: dict) -> tuple[Search, int]:
+    """The static search and how many rows each input becomes before decoding (sampling's returned sequences)."""
+    beams = positive_int("num_beams", o["num_beams"])
+    returned = positive_int("num_return_sequences", o["num_return_sequences"], beams if beams > 1 else None)
+    if not isinstance(o["do_sample"], bool):
+        raise TypeError(f"do_sample must be true or false, got {o['do_sample']!r}")
+    if o["do_sample"] and beams > 1:
+        raise ValueError(f"do_sample=True with num_beams={beams}: beam-search sampling is not implemented")
+    if returned > 1 and not o["do_sample"] and beams == 1:
+        raise ValueError(f"num_return_sequences {returned}: greedy search returns one sequence per prompt")
+    if o["early_stopping"] not in (True, False, "never"):
+        raise ValueError(f"early_stopping {o['early_stopping']!r}: must be true, false or 'never'")
+    penalty = _number("length_penalty", o["length_penalty"], -math.inf, math.inf)
+    if beams == 1:  # beam-only settings must not split greedy/sampling programs
+        return Search(1, o["do_sample"], o["eos"], o["pad"]), returned
+    return Search(beams, False, o["eos"], o["pad"], penalty, o["early_stopping"], returned), 1
+
+
+def resolve(config, settings: dict, given: dict) -> Options:
+    """`given` (the caller's arguments, None for unset) over `settings` (the generation config) over the model
+    config's special tokens (`config_tokens`) over transformers' defaults (KNOBS)."""
+    fallback = {**KNOBS, **config_tokens(config)}
+    o = {k: next((v for v in (given.get(k), settings.get(k)) if v is not None), fallback.get(k)) for k in fallback}
+    V = (config.decoder if getattr(config, "is_encoder_decoder", False) else config).vocab_size
+    o["eos"] = _token_ids("eos_token_id", o["eos_token_id"], V)
+    pad = o["pad_token_id"]
+    pad = o["eos"][0] if pad is None and o["eos"] else pad  # transformers pads with eos when the model has none
+    o["pad"] = _one_token("pad_token_id", pad, V)
+    bos = _one_token("bos_token_id", o["bos_token_id"], V)
+    start = _one_token("decoder_start_token_id", o["decoder_start_token_id"], V)
+    top_k = o["top_k"]
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
+        raise ValueError(f"top_k {top_k!r}: must be an integer ≥ 0 (0 turns it off)")
+    warp = (_number("temperature", o["temperature"], 0.0, math.inf), int(top_k), _number("top_p", o["top_p"], 0, 1))
+    seed = given.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an integer, got {type(seed).__name__} {seed!r}")
+    search, expand = _search(o)
+    return Options(search, o["max_new_tokens"], warp, int(seed), bos, expand, bos if start is None else start)
+
+
+def max_new_tokens(options: Options, settings: dict, config: BertConfig, prompt_length: int,
+                   prompt: str = "prompt length") -> int:
+    """transformers' new-token count: max_new_tokens, else max_length (counting the prompt) when a generation
+    config sets it, else 20, capped by the positions; with the prompt it must fit `config`'s positions."""
+    limit = config.max_position_embeddings
+    n = options.max_new_tokens
+    if n is None:
+        n = (positive_int("max_length", settings["max_length"]) - prompt_length if "max_length" in settings
+             else min(20, limit - prompt_length))
+    n = positive_int("max_new_tokens", n)
+    if prompt_length + n > limit:
+        raise ValueError(f"{prompt} {prompt_length} + max_new_tokens {n} = {prompt_length + n} exceeds "
+                         f"max_position_embeddings {limit}")
+    return n
