@@ -12,11 +12,13 @@ import numpy as np
 
 
 def _info(args) -> None:
+    from jaxbert import hub
     from jaxbert.checkpoint import find_weights, load_params
     from jaxbert.heads import resolve_head
     from jaxbert.params import count_params
     from jaxbert.seq2seq import load_config
 
+    args.dir = hub.resolve(args.dir)
     config = load_config(args.dir)
     head = resolve_head(None, config)
     weights = find_weights(args.dir)

@@ -17,7 +17,7 @@ import numpy as np
 from flax import traverse_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxbert import batching, decoders, generate_inputs, tasks
+from jaxbert import batching, decoders, generate_inputs, hub, tasks
 from jaxbert.checkpoint import load_params
 from jaxbert.config import BertConfig
 from jaxbert.convert import check_cast
@@ -250,12 +250,13 @@ class Bert:
 
 
 def load(path: str | os.PathLike, head: str | None = None, dtype: str | None = None) -> Bert:
-    """Load a transformers BERT directory (safetensors / .bin / sharded) or a jaxbert directory.
+    """Load a transformers BERT directory (safetensors / .bin / sharded), a jaxbert directory, or a hub id
+(`org/name[@revision]`, from the local Hugging Face cache or downloaded; see hub.py).
 
     `dtype="bfloat16"` (or float16) stores and runs the parameters in that dtype; LayerNorm and softmax
     statistics stay in float32.
     """
-    path = os.fspath(path)
+    path = hub.resolve(path)
     config = load_config(path)
     head = resolve_head(head, config)
     _check_dtype(dtype)

@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from jaxbert.checkpoint import FLAX_MSGPACK, SAFETENSORS, copy_companion_files, find_weights, load_params, write_msgpack
-from jaxbert import seq2seq
+from jaxbert import hub, seq2seq
 from jaxbert.config import BertConfig
 from jaxbert.convert import cast_checked, flax_to_torch
 from jaxbert.files import atomic_directory, check_disjoint, existing_file
@@ -114,6 +114,7 @@ def _check_destination(src: str, dst: str, force: bool) -> None:
 
 def convert_checkpoint(src: str, dst: str, *, dtype: str | None = None, force: bool = False) -> TransferSummary:
     """transformers BERT directory (or a transformers 4.x Flax one) -> jaxbert directory."""
+    src = hub.resolve(src)
     start = time.perf_counter()
     _check_destination(src, dst, force)
     config, head, source_file, params, report = _read(src, dtype)
@@ -129,6 +130,7 @@ def export_checkpoint(src: str, dst: str, *, dtype: str = "float32", force: bool
     Half-precision parameters are widened to float32 unless `dtype` asks otherwise. The tied decoder weight is
     left out, as transformers' own `save_pretrained` does; transformers ties it again on load.
     """
+    src = hub.resolve(src)
     start = time.perf_counter()
     _check_destination(src, dst, force)
     config, head, source_file, params, report = _read(src, dtype)

@@ -1,0 +1,68 @@
+"""Hub ids as model paths: `org/name[@revision]` resolved to a local snapshot directory through huggingface_hub,
+the way transformers resolves them.
+
+An existing path is always a path. Otherwise a name shaped like a hub id is looked up in the local cache first
+(`HF_HUB_CACHE`, else `HF_HOME/hub`, else ~/.cache/huggingface/hub: snapshots whose files are symlinks into the
+entry's `blobs/`, which files.py allows), then downloaded unless `HF_HUB_OFFLINE` is set. Only the files jaxbert
+reads are fetched: config, safetensors weights (the `.bin` / msgpack files only when there are none), tokenizer,
+generation and sentence-transformers files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from jaxbert.files import one_line
+
+# transformers' legacy ids have no organisation ("bert-base-uncased"); a revision is a branch, tag or commit.
+_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?(@[\w./-]+)?$")
+_FILES = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json", "vocab.txt",
+          "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "modules.json",
+          "sentence_bert_config.json", "1_Pooling/config.json", "2_Normalize/*"]
+_OTHER_WEIGHTS = ["pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*.bin", "flax_model.msgpack"]
+
+
+def cache_dir() -> str:
+    """The hub cache as huggingface_hub would use it, read from the environment at call time."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return os.path.join(home, "hub")
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _has_weights(directory: str) -> bool:
+    return any(name.endswith(".safetensors") for name in os.listdir(directory))
+
+
+def resolve(name: str | os.PathLike) -> str:
+    """`name` itself when it exists or cannot be a hub id, else the local snapshot directory of that hub model
+    (downloaded if need be). A hub id found neither in the cache nor on the hub is a FileNotFoundError naming
+    the id and the cache searched."""
+    path = os.fspath(name)
+    if os.path.exists(path) or not _ID.match(path):
+        return path
+    from huggingface_hub import snapshot_download
+
+    repo, _, revision = path.partition("@")
+    cache = cache_dir()
+    fetch = dict(revision=revision or None, cache_dir=cache, allow_patterns=_FILES)
+    try:
+        return snapshot_download(repo, local_files_only=True, **fetch)
+    except Exception:  # not cached (huggingface_hub raises several kinds): try the hub below
+        pass
+    where = f"{path}: no such directory, and not in the Hugging Face cache {cache}"
+    if _offline():
+        raise FileNotFoundError(f"{where} (HF_HUB_OFFLINE is set, so nothing is downloaded)")
+    try:
+        directory = snapshot_download(repo, **fetch)
+        if not _has_weights(directory):  # older checkpoints: .bin or msgpack weights only
+            directory = snapshot_download(repo, **{**fetch, "allow_patterns": _OTHER_WEIGHTS})
+        return directory
+    except Exception as e:  # the network, an unknown repo, a gated one: all end the same way for the user
+        raise FileNotFoundError(f"{where}, and the hub did not provide it ({type(e).__name__}: {one_line(e)})") \
+            from None

@@ -1,0 +1,130 @@
+"""Hub ids (`org/name[@revision]`) as model paths: resolved from a Hugging Face cache layout built here (no
+network), downloads simulated, errors naming the id and the cache."""
+
+import hashlib
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import jaxbert
+from conftest import cli_fails, model_dir
+from jaxbert import hub
+from jaxbert.cli import main
+
+REV = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _cache_entry(cache, repo: str, source: str, link=None) -> str:
+    """huggingface_hub's layout: blobs/<hash> files, snapshots/<commit>/<name> -> ../../blobs/<hash>, refs/main.
+    `link` replaces one snapshot file by a symlink to another target: (name, target)."""
+    entry = os.path.join(cache, "models--" + repo.replace("/", "--"))
+    snapshot = os.path.join(entry, "snapshots", REV)
+    os.makedirs(os.path.join(entry, "blobs"))
+    os.makedirs(snapshot)
+    os.makedirs(os.path.join(entry, "refs"))
+    with open(os.path.join(entry, "refs", "main"), "w") as f:
+        f.write(REV)
+    for name in os.listdir(source):
+        data = open(os.path.join(source, name), "rb").read()
+        digest = hashlib.sha256(data).hexdigest()
+        with open(os.path.join(entry, "blobs", digest), "wb") as f:
+            f.write(data)
+        os.symlink(os.path.join("..", "..", "blobs", digest), os.path.join(snapshot, name))
+    if link:
+        os.remove(os.path.join(snapshot, link[0]))
+        os.symlink(link[1], os.path.join(snapshot, link[0]))
+    return snapshot
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    source = model_dir(tmp_path / "source", "BertForMaskedLM")
+    cache = tmp_path / "hub"
+    _cache_entry(str(cache), "acme/tiny-bert", source)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)  # so "acme/tiny-bert" is not a local path
+    return source
+
+
+@pytest.mark.parametrize("name", ["acme/tiny-bert", f"acme/tiny-bert@{REV}", "acme/tiny-bert@main"])
+def test_load_by_hub_id_from_the_cache(cache, name):
+    ids = np.array([[101, 7592, 2088, 102]])
+    expected = jaxbert.load(cache)(ids).logits
+    model = jaxbert.load(name)
+    assert model.directory.endswith(os.path.join("snapshots", REV))
+    np.testing.assert_array_equal(model(ids).logits, expected)
+    assert model.tokenizer.encode(["hello"]).ids == [[101, 7592, 102]]
+
+
+def test_commands_take_hub_ids(cache, tmp_path, capsys):
+    assert main(["info", "acme/tiny-bert"]) == 0
+    assert "BertForMaskedLM" in capsys.readouterr().out
+    assert main(["convert", "acme/tiny-bert", str(tmp_path / "jax")]) == 0
+    assert not any(os.path.islink(p) for p in (tmp_path / "jax").iterdir())  # copies, never links into the cache
+    assert main(["fill-mask", "acme/tiny-bert", "paris is the [MASK] of france.", "--top-k", "1"]) == 0
+
+
+def test_an_absent_id_names_itself_and_the_cache(cache, tmp_path, capsys):
+    with pytest.raises(FileNotFoundError, match=r"acme/absent: no such directory, and not in the Hugging Face "
+                                                r"cache .*hub \(HF_HUB_OFFLINE is set"):
+        jaxbert.load("acme/absent")
+    cli_fails(capsys, tmp_path, "convert", "acme/absent", match="acme/absent: no such directory")
+    cli_fails(capsys, tmp_path, "info", "acme/tiny-bert@v9", match="acme/tiny-bert@v9: no such directory")
+
+
+def test_download_when_online_and_older_weights_fetched_only_without_safetensors(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    source = model_dir(tmp_path / "source", "BertModel")
+    calls = []
+
+    def fake(repo, *, local_files_only=False, allow_patterns=(), **kwargs):
+        calls.append((repo, kwargs["revision"], local_files_only, tuple(allow_patterns)))
+        if local_files_only:
+            raise huggingface_hub.errors.LocalEntryNotFoundError("not cached")
+        target = tmp_path / "downloaded"
+        target.mkdir(exist_ok=True)
+        for name in os.listdir(source):  # as if the hub had only a .bin: every allowed file but the safetensors
+            if name != "model.safetensors" and (name.endswith(".json") or name == "vocab.txt"):
+                shutil.copy(os.path.join(source, name), target)
+        if "pytorch_model.bin" in allow_patterns:
+            shutil.copy(os.path.join(source, "model.safetensors"), target / "model.safetensors")
+        return str(target)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert hub.resolve("acme/new@v1") == str(tmp_path / "downloaded")
+    assert [c[:3] for c in calls] == [("acme/new", "v1", True), ("acme/new", "v1", False), ("acme/new", "v1", False)]
+    assert "*.safetensors" in calls[1][3] and "pytorch_model.bin" in calls[2][3]
+
+    def unreachable(repo, *, local_files_only=False, **kwargs):
+        raise OSError("Network is unreachable")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
+    with pytest.raises(FileNotFoundError, match=r"acme/new: .* and the hub did not provide it \(OSError: Network"):
+        hub.resolve("acme/new")
+
+
+def test_paths_stay_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "org").mkdir()
+    (tmp_path / "org" / "local").mkdir()
+    assert hub.resolve("org/local") == "org/local"  # exists: a path, even though shaped like an id
+    for name in ("./acme/x", "out/mlm/final", "/abs/dir"):
+        assert hub.resolve(name) == name  # not an id: the reader names the missing path itself
+
+
+def test_a_snapshot_file_linking_out_of_its_cache_entry_is_refused(tmp_path, monkeypatch):
+    source = model_dir(tmp_path / "source", "BertModel")
+    outside = tmp_path / "elsewhere.json"
+    shutil.copy(os.path.join(source, "config.json"), outside)
+    _cache_entry(str(tmp_path / "hub"), "acme/sly", source, link=("config.json", str(outside)))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"config.json: resolves to .*elsewhere.json, outside the checkpoint"):
+        jaxbert.load("acme/sly")
