@@ -207,6 +207,7 @@ def _finish(run, state, metrics, own, last_good, result) -> dict:
     final_dir = os.path.join(run.cfg.output_dir, "final")
     config = run.config.replace(architectures=("BertForMaskedLM",))
     write_jaxbert_dir(params, config, "BertForMaskedLM", final_dir, tokenizer_from=run.cfg.model, force=True)
-    outputs.plot(metrics.records, os.path.join(run.cfg.output_dir, "loss.png"))
-    run.say(f"wrote {final_dir} (jaxbert BertForMaskedLM), metrics.jsonl, loss.png")
+    plotted = outputs.plot(metrics.records, os.path.join(run.cfg.output_dir, "loss.png"))
+    run.say(f"wrote {final_dir} (jaxbert BertForMaskedLM), metrics.jsonl, "
+            + ("loss.png" if plotted else "no loss.png (needs matplotlib: pip install 'jaxbert[plot]')"))
     return result

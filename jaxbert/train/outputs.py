@@ -49,8 +49,12 @@ class Metrics:
             f.write(json.dumps(record) + "\n")
 
 
-def plot(records: list[dict], path: str) -> None:
-    import matplotlib
+def plot(records: list[dict], path: str) -> bool:
+    """The loss curves as a PNG; False (nothing written) without matplotlib, an optional extra."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -70,3 +74,4 @@ def plot(records: list[dict], path: str) -> None:
     with atomic_file(path, suffix=".png") as tmp:
         fig.savefig(tmp, dpi=100)
     plt.close(fig)
+    return True
