@@ -66,6 +66,10 @@ def _size(n: int) -> str:
 def _convert(args) -> int:
     from jaxbert.transfer import convert_checkpoint
 
+    if args.verify:  # before writing anything
+        from jaxbert.verify import requirements
+
+        requirements()
     summary = convert_checkpoint(args.src, args.dst, dtype=args.dtype, force=args.force)
     if args.dtype and args.dtype != "float32":
         print(f"note: floating parameters cast to {args.dtype}")

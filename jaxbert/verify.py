@@ -51,14 +51,20 @@ def _random_batch(config: BertConfig, head: str, batch: int = 3, length: int = 1
     return feed
 
 
-def verify(src: str, dst: str) -> dict[str, tuple[float, float]]:
-    """Per output: (max |difference|, tolerance). Raises ImportError without torch/transformers, ValueError when
-    transformers cannot run the source (e.g. features transformers 5 removed)."""
+def requirements():
+    """(torch, transformers), or the one-line ImportError naming the extra: checked before converting."""
     try:
         import torch
         import transformers
     except ImportError:
         raise ImportError("--verify needs torch and transformers: pip install 'jaxbert[torch]'") from None
+    return torch, transformers
+
+
+def verify(src: str, dst: str) -> dict[str, tuple[float, float]]:
+    """Per output: (max |difference|, tolerance). Raises ImportError without torch/transformers, ValueError when
+    transformers cannot run the source (e.g. features transformers 5 removed)."""
+    torch, transformers = requirements()
     import jaxbert
 
     transformers.utils.logging.disable_progress_bar()
