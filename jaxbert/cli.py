@@ -12,6 +12,9 @@ import numpy as np
 
 
 def _info(args) -> None:
+    import jax
+
+    import jaxbert
     from jaxbert import hub
     from jaxbert.checkpoint import find_weights, load_params
     from jaxbert.heads import resolve_head
@@ -24,6 +27,8 @@ def _info(args) -> None:
     weights = find_weights(args.dir)
     params, report = load_params(args.dir, config, head)
     print(f"{args.dir}: {head} ({weights.rsplit('/', 1)[-1]})")
+    print(f"  jaxbert {jaxbert.__version__}, jax {jax.__version__}, devices: "
+          + ", ".join(f"{d.platform}:{d.id}" for d in jax.devices()))
     sides = (("encoder", config.encoder), ("decoder", config.decoder)) if head == "EncoderDecoderModel" else (
         ("", config),)
     for side, c in sides:
@@ -214,7 +219,10 @@ def _leaves(tree):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from jaxbert import __version__
+
     parser = argparse.ArgumentParser(prog="jaxbert", description="BERT as pure JAX functions.")
+    parser.add_argument("--version", action="version", version=f"jaxbert {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     convert = sub.add_parser("convert", help="transformers BERT dir -> jaxbert dir (config, flax msgpack, tokenizer)")
     convert.add_argument("src", metavar="SRC")

@@ -166,3 +166,15 @@ def test_verify_reports_and_fails_beyond_tolerance(tmp_path, capsys, monkeypatch
     monkeypatch.setitem(jaxbert.verify.TOLERANCE, "float32", 0.0)
     rc, out, err = cli(capsys, "convert", tmp_path / "src", tmp_path / "dst", "--verify", "--force")
     assert rc == 1 and "FAILED" in out and "differ from PyTorch beyond tolerance" in err
+
+
+def test_version_flag_and_info_name_the_versions_and_devices(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    for argv in ([sys.executable, "-m", "jaxbert", "--version"], [os.path.join(os.path.dirname(sys.executable),
+                                                                             "jaxbert"), "--version"]):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stdout.strip() == f"jaxbert {jaxbert.__version__}", done
+    assert main(["info", os.path.join(GOLDEN, "pt_EncoderDecoder")]) == 0
+    assert f"jaxbert {jaxbert.__version__}, jax {jax.__version__}, devices: cpu:0" in capsys.readouterr().out
