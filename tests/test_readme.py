@@ -1,0 +1,40 @@
+"""The README stays in sync with the CLI: every subcommand is in its "which command" table, and every command
+line it shows names a real subcommand with real flags."""
+
+import os
+import re
+
+import pytest
+
+from jaxbert.cli import build_parser, main
+
+README = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
+SUBCOMMANDS = build_parser()._subparsers._group_actions[0].choices
+
+
+def _command_lines() -> list[str]:
+    """Lines of README code blocks that run jaxbert (`$ jaxbert ...` or `jaxbert ...`, usage forms included)."""
+    lines, inside = [], False
+    for line in README.splitlines():
+        if line.startswith("```"):
+            inside = not inside
+        elif inside and (m := re.match(r"^(?:\$ )?(jaxbert [a-z-]+.*)$", line.strip())) and ": error:" not in line:
+            lines.append(m.group(1))
+    return lines
+
+
+def test_every_subcommand_is_in_the_table():
+    table = README.split("## Which command do I need", 1)[1].split("\n## ", 1)[0]
+    assert set(SUBCOMMANDS) == set(re.findall(r"`jaxbert ([a-z-]+)", table))
+
+
+@pytest.mark.parametrize("line", _command_lines())
+def test_readme_commands_name_real_subcommands_and_flags(line, capsys):
+    sub = line.split()[1]
+    assert sub in SUBCOMMANDS, line
+    with pytest.raises(SystemExit) as done:
+        main([sub, "--help"])
+    assert done.value.code == 0
+    helptext = capsys.readouterr().out
+    for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", line):
+        assert flag in helptext, f"{flag} of README line {line!r} is not an option of jaxbert {sub}"
