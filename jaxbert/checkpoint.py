@@ -181,12 +181,15 @@ def write_msgpack(tree: dict, f) -> None:
 
 
 def copy_companion_files(src: str, dst: str) -> list[str]:
-    """Copy the tokenizer and generation-config files `src` has (their contents: symlinks are followed, within the policy of
-    files.py) into `dst`."""
+    """Copy the tokenizer, generation-config and sentence-transformers files `src` has (their contents: symlinks
+    are followed, within the policy of files.py) into `dst`."""
+    from jaxbert.sentence_dir import companion_files
+
     copied = []
-    for name in COMPANION_FILES:
+    for name in (*COMPANION_FILES, *companion_files(src)):
         path = existing_file(src, name)
         if path:
+            os.makedirs(os.path.dirname(os.path.join(dst, name)), exist_ok=True)
             shutil.copyfile(path, os.path.join(dst, name))
             copied.append(name)
     return copied

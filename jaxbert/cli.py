@@ -108,6 +108,7 @@ def _embed(args) -> int:
     import jaxbert
 
     from jaxbert.files import atomic_file, check_output_file
+    from jaxbert.sentence_dir import embedding_options
     from jaxbert.texts import read_text_file
 
     if not args.output.endswith(".npy"):
@@ -119,8 +120,9 @@ def _embed(args) -> int:
                      max_length=args.max_length)
     with atomic_file(args.output, ".npy") as tmp:  # never a half-written output
         np.save(tmp, emb)
-    print(f"embedded {len(texts)} texts -> {args.output} {emb.shape} ({args.pooling} pooling"
-          f"{', normalized' if args.normalize else ''}; {bert.compile_count} compiled programs)")
+    modes, normalize, _, _ = embedding_options(bert.sentence_defaults, args.pooling, args.normalize, None)
+    print(f"embedded {len(texts)} texts -> {args.output} {emb.shape} ({'+'.join(modes)} pooling"
+          f"{', normalized' if normalize else ''}; {bert.compile_count} compiled programs)")
     return 0
 
 
@@ -165,53 +167,6 @@ def _add_generate(sub) -> None:
     gen.set_defaults(func=_generate)
 
 
-def _add_train_mlm(sub) -> None:
-    """One flag per TrainConfig field (so the two never drift apart)."""
-    import dataclasses
-
-    from jaxbert.train.config import TrainConfig
-
-    train = sub.add_parser("train-mlm", help="masked-language-model fine-tuning (resumable, multi-device)")
-    for field in dataclasses.fields(TrainConfig):
-        flag = "--" + field.name.replace("_", "-")
-        if field.name == "progress":
-            train.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-        elif field.name == "resume":
-            train.add_argument(flag, nargs="?", const="auto", default=None, metavar="auto|PATH",
-                               help="continue from the latest intact checkpoint in OUT (auto) or from PATH")
-        elif field.name == "break_lock":
-            train.add_argument(flag, action="store_true",
-                               help="take over OUT's lock left by an interrupted run (or by another host)")
-        elif field.type == "bool":
-            train.add_argument(flag, action="store_true")
-        elif field.default is dataclasses.MISSING:
-            train.add_argument(flag, required=True)
-        else:
-            kind = {"int": int, "float": float}.get(str(field.type).split(" |")[0], str)
-            train.add_argument(flag, type=kind, default=field.default, metavar=kind.__name__.upper())
-    train.set_defaults(func=_train_mlm)
-
-
-def _train_mlm(args) -> int:
-    """Exit 1 on errors (one line), 130 on Ctrl-C (naming the step and the checkpoint to continue from)."""
-    import dataclasses
-
-    from jaxbert.files import one_line
-    from jaxbert.train.config import TrainConfig
-    from jaxbert.train.loop import Interrupted, TrainingError, train_mlm
-
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
-    try:
-        train_mlm(TrainConfig(**values))
-    except Interrupted as e:
-        print(f"jaxbert train-mlm: {one_line(e)}", file=sys.stderr)
-        return 130
-    except TrainingError as e:
-        print(f"jaxbert train-mlm: error: {one_line(e)}", file=sys.stderr)
-        return 1
-    return 0
-
-
 def _leaves(tree):
     import jax
 
@@ -219,7 +174,7 @@ def _leaves(tree):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jaxbert import __version__
+    from jaxbert import __version__, cli_train
 
     parser = argparse.ArgumentParser(prog="jaxbert", description="BERT as pure JAX functions.")
     parser.add_argument("--version", action="version", version=f"jaxbert {__version__}")
@@ -243,8 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("dir")
     embed.add_argument("--input", required=True, help="one text per line, or .jsonl with a \"text\" field")
     embed.add_argument("--output", required=True, help="FILE.npy: float32 [texts, hidden], input order")
-    embed.add_argument("--pooling", choices=("cls", "mean", "pooler"), default="cls")
-    embed.add_argument("--normalize", action="store_true", help="unit-length embeddings")
+    embed.add_argument("--pooling", choices=("cls", "mean", "max", "mean_sqrt_len_tokens", "pooler"), default=None,
+                       help="default: a sentence-transformers directory's own pooling, else cls")
+    embed.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                       help="unit-length embeddings (default: as a sentence-transformers directory says, else no)")
     embed.add_argument("--batch-size", type=int, default=32)
     embed.add_argument("--max-length", type=int, default=None, help="truncate texts to N tokens")
     embed.set_defaults(func=_embed)
@@ -254,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     fill.add_argument("--top-k", type=int, default=5)
     fill.set_defaults(func=_fill_mask)
     _add_generate(sub)
-    _add_train_mlm(sub)
+    cli_train.add_parsers(sub)
     info = sub.add_parser("info", help="config summary and parameter counts of a jaxbert or transformers dir")
     info.add_argument("dir")
     info.set_defaults(func=_info)

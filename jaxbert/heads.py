@@ -87,7 +87,8 @@ def _pretraining(params, config, out, targets, rng, smoothing):
 def _sequence_classification(params, config, out, targets, rng, smoothing):
     logits = dense(params["classifier"], dropout(out.pooler_output, _classifier_dropout(config), rng))
     labels = targets.get("labels")
-    loss = None if labels is None else sequence_classification_loss(config, logits, labels, smoothing)
+    loss = None if labels is None else sequence_classification_loss(config, logits, labels, smoothing,
+                                                                    targets.get("sample_weight"))
     return {"logits": logits}, loss
 
 
@@ -178,10 +179,12 @@ def forward(params, config: BertConfig, head: str, input_ids=None, attention_mas
             output_attentions: bool = False, *, labels=None, next_sentence_label=None, start_positions=None,
             end_positions=None, encoder_hidden_states=None, encoder_attention_mask=None, past_key_values=None,
             use_cache: bool = False, decoder_input_ids=None, decoder_attention_mask=None, rng=None,
-            remat: bool = False, label_smoothing: float = 0.0) -> BertOutput:
+            remat: bool = False, label_smoothing: float = 0.0, sample_weight=None) -> BertOutput:
     """Any head on a batch, with transformers' output fields; the loss is computed when labels are given.
     Decoders take `encoder_hidden_states`, `encoder_attention_mask`, `past_key_values` and `use_cache` as
-    `model.bert` does (BertLMHeadModel's loss predicts token t+1 from tokens ≤ t, as transformers'). A bert2bert
+    `model.bert` does (BertLMHeadModel's loss predicts token t+1 from tokens ≤ t, as transformers').
+    `sample_weight` [B] (0 for padding rows) keeps padding rows out of a regression / multi-label loss (integer
+    labels use -100 for that). A bert2bert
     (head EncoderDecoderModel) runs `seq2seq.encoder_decoder`: `decoder_input_ids`, or `labels` shifted right."""
     head = resolve_head(head, config)
     if head == "EncoderDecoderModel":
@@ -198,7 +201,7 @@ def forward(params, config: BertConfig, head: str, input_ids=None, attention_mas
     params = jax.tree_util.tree_map(jnp.asarray, params)
     r_bert, r_head = (None, None) if rng is None else jax.random.split(rng)
     targets = {"labels": labels, "next_sentence_label": next_sentence_label, "start_positions": start_positions,
-               "end_positions": end_positions}
+               "end_positions": end_positions, "sample_weight": sample_weight}
     if spec.choices:  # [B, C, L] -> [B*C, L]; the head gives logits [B, C] back
         targets["choices"] = (input_ids if input_ids is not None else inputs_embeds).shape[1]
         flat = lambda a: None if a is None else a.reshape(-1, *a.shape[2:])  # noqa: E731

@@ -17,7 +17,7 @@ import numpy as np
 from flax import traverse_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxbert import batching, decoders, generate_inputs, hub, tasks
+from jaxbert import batching, decoders, generate_inputs, hub, sentence_dir, tasks
 from jaxbert.checkpoint import load_params
 from jaxbert.config import BertConfig
 from jaxbert.convert import check_cast
@@ -27,7 +27,7 @@ from jaxbert.layout import to_compute, to_stored
 from jaxbert.model import BertOutput, bert
 from jaxbert.seq2seq import load_config
 from jaxbert.ops import as_bits, from_bits
-from jaxbert.pooling import POOLINGS, pool
+from jaxbert.pooling import pool
 from jaxbert.tokenizer import WordPiece, pad
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -218,21 +218,29 @@ class Bert:
             self.check_inputs(batch["input_ids"], token_type_ids=batch["token_type_ids"])
             yield idx, dict(zip(batch, self._put(*batch.values())))
 
-    def embed(self, texts, pooling: str = "cls", normalize: bool = False, batch_size: int = 32,
-              max_length: int | None = None, progress: bool | None = None) -> np.ndarray:
-        """Sentence embeddings [N, hidden] (float32) in input order."""
-        if pooling not in POOLINGS:
-            raise ValueError(f"pooling {pooling!r}: expected one of {', '.join(POOLINGS)}")
-        if pooling == "pooler" and not self.has_pooler:
+    def embed(self, texts, pooling: str | tuple[str, ...] | None = None, normalize: bool | None = None,
+              batch_size: int = 32, max_length: int | None = None, progress: bool | None = None) -> np.ndarray:
+        """Sentence embeddings [N, hidden × pooling modes] (float32) in input order. Unset options come from a
+        sentence-transformers directory (its pooling, Normalize, max_seq_length: SentenceTransformer(dir)'s
+        vectors), else [CLS] pooling, not normalized, the model's length (see sentence_dir.py)."""
+        modes, normalize, max_length, lower = sentence_dir.embedding_options(self.sentence_defaults, pooling,
+                                                                             normalize, max_length)
+        if "pooler" in modes and not self.has_pooler:
             raise ValueError(f"pooling='pooler': this {self.head} checkpoint has no pooler")
         batch_size = positive_int("batch_size", batch_size)
+        texts = [t.lower() for t in texts] if lower and all(isinstance(t, str) for t in texts) else texts
         enc = self.tokenizer.encode(texts, max_length=self.max_length(max_length))
-        out = np.zeros((len(enc), self.config.hidden_size), np.float32)
+        out = np.zeros((len(enc), self.config.hidden_size * len(modes)), np.float32)
         for idx, batch in tasks.progress(self.batches(enc, batch_size), len(enc), batch_size, progress):
             emb = self._embed(self.weights, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
-                              pooling=pooling, normalize=normalize)
+                              pooling=modes, normalize=normalize)
             out[idx] = np.asarray(emb)[: len(idx)]
         return out
+
+    @functools.cached_property
+    def sentence_defaults(self) -> sentence_dir.SentenceDefaults | None:
+        """The embedding defaults of a sentence-transformers directory (None for any other)."""
+        return sentence_dir.read(self.directory) if self.directory else None
 
     def max_length(self, requested: int | None) -> int:
         if requested is not None:

@@ -30,18 +30,26 @@ def causal_lm_loss(logits: Float[Array, "B L V"], labels: Int[Array, "B L"],
 
 
 def sequence_classification_loss(config: BertConfig, logits: Float[Array, "B C"], labels: Array,
-                                 label_smoothing: float = 0.0) -> Float[Array, ""]:
+                                 label_smoothing: float = 0.0, sample_weight: Float[Array, "B"] | None = None
+                                 ) -> Float[Array, ""]:
+    """transformers' loss for `problem_type` (inferred as it does when unset). `sample_weight` (1 real, 0
+    padding rows of a bucketed batch) makes the mean over real rows only; single-label padding rows carry -100."""
     problem = config.problem_type
     if problem is None:  # transformers infers it from num_labels and the label dtype
         integer = jnp.issubdtype(labels.dtype, jnp.integer)
         problem = ("regression" if config.num_labels == 1 else
                    "single_label_classification" if integer else "multi_label_classification")
-    if problem == "regression":
-        preds = logits[:, 0] if config.num_labels == 1 else logits
-        return jnp.mean(jnp.square(preds.astype(jnp.float32) - labels.reshape(preds.shape)))
     if problem == "single_label_classification":
         return cross_entropy(logits, labels.reshape(-1), label_smoothing=label_smoothing)
-    return optax.sigmoid_binary_cross_entropy(logits.astype(jnp.float32), labels.astype(jnp.float32)).mean()
+    if problem == "regression":
+        preds = (logits[:, 0] if config.num_labels == 1 else logits).astype(jnp.float32)
+        each = jnp.square(preds - labels.reshape(preds.shape).astype(jnp.float32))
+    else:
+        each = optax.sigmoid_binary_cross_entropy(logits.astype(jnp.float32), labels.astype(jnp.float32))
+    if sample_weight is None:
+        return each.mean()
+    w = jnp.broadcast_to(sample_weight.astype(jnp.float32).reshape(-1, *[1] * (each.ndim - 1)), each.shape)
+    return jnp.sum(each * w) / jnp.maximum(w.sum(), 1.0)
 
 
 def span_loss(start_logits: Float[Array, "B L"], end_logits: Float[Array, "B L"], start: Int[Array, "B"],

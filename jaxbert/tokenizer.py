@@ -156,6 +156,16 @@ class WordPiece:
                        [[-1 if w is None else w for w in e.word_ids] for e in encs],
                        [e.special_tokens_mask for e in encs])
 
+    def encode_words(self, words: list[list[str]], *, max_length: int) -> Encoded:
+        """Tokenize texts given as words (token classification data): `word_ids` index each text's words, so
+        labels align to them; longer sequences are truncated to `max_length` tokens."""
+        for i, w in enumerate(words):
+            _check_texts(w, f"words[{i}]")
+        encs = self._truncated(positive_int("max_length", max_length)).encode_batch(words, is_pretokenized=True)
+        return Encoded([e.ids for e in encs], [e.type_ids for e in encs], [e.offsets for e in encs],
+                       [[-1 if w is None else w for w in e.word_ids] for e in encs],
+                       [e.special_tokens_mask for e in encs])
+
     def __call__(self, texts, pairs=None, *, max_length: int | None = None, truncation: bool = True,
                  return_tensors: str = "np") -> dict[str, np.ndarray]:
         """transformers-style: a padded batch of input_ids, token_type_ids, attention_mask (numpy)."""

@@ -88,3 +88,21 @@ def cli_fails(capsys, tmp_path, *args, match: str):
     assert not dst.exists()
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".dst.")], "partial output left behind"
     return lines[0]
+
+
+def kill_when_logged(process, metrics, logged, timeout: float = 300) -> None:
+    """SIGKILL `process` (a training run) as soon as a record of its metrics.jsonl satisfies `logged`, then
+    wait for it; asserts it died of the signal (not by finishing first)."""
+    import json
+    import signal
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline and process.poll() is None:
+        if metrics.exists() and any(logged(json.loads(line)) for line in metrics.read_text().splitlines()
+                                    if line.strip()):
+            process.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL, process.stderr.read()

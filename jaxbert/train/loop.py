@@ -1,33 +1,35 @@
-"""`train_mlm(cfg)`: the training loop, the only impure code of the package.
+"""`train(cfg)`: the training loop of every task (`train_mlm` is `train` with task mlm), the only impure code
+of the package.
 
 It takes OUT's lock, checks every input before compiling anything, tokenizes once (cached), then runs the
-jitted pure step over a device mesh, logging to OUT/metrics.jsonl, evaluating on a fixed masking, checkpointing
-with orbax (atomic, sealed with digests that resume verifies), and writing OUT/final and OUT/loss.png.
-Non-finite parameters are never saved; the first Ctrl-C stops cleanly after the current step.
+jitted pure step over a device mesh, logging to OUT/metrics.jsonl, evaluating (validation metrics), keeping the
+best model (OUT/best) and stopping early when asked, checkpointing with orbax (atomic, sealed with digests that
+resume verifies), and writing OUT/final and OUT/loss.png. What differs between tasks (data, batches, the head,
+evaluation) is the run's (plan.Run for mlm, task_plan.TaskRun otherwise). Non-finite parameters are never
+saved; the first Ctrl-C stops cleanly after the current step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from tqdm.auto import tqdm
 
-from jaxbert import sharding
+from jaxbert import hub, sharding
 from jaxbert.files import check_disjoint
-from jaxbert.train import checkpoints, lock, outputs
+from jaxbert.train import checkpoints, lock, outputs, plan, task_plan
+from jaxbert.train.best import Best
 from jaxbert.train.config import TrainConfig
 from jaxbert.train.interrupt import deferred_sigint
-from jaxbert.train.plan import Run, prepare
-from jaxbert.train.state import OptimConfig, init_state, mlm_params, optimizer, schedule
-from jaxbert.train.step import eval_step, train_step
+from jaxbert.train.state import OptimConfig, init_state, optimizer, schedule
+from jaxbert.train.step import train_step
 from jaxbert.transfer import write_jaxbert_dir
 
-EVAL_SEED = 1234  # validation masking is fixed, so numbers compare across runs and checkpoints
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -39,40 +41,27 @@ class Interrupted(TrainingError):
     """Ctrl-C: the run stopped between steps; the message names the step and the checkpoint to resume from."""
 
 
-def evaluate(run: Run, params, eval_fn) -> dict:
-    nll = correct = count = 0.0
-    B = run.train.batch_size
-    for start in range(0, len(run.val), B):
-        ids = run.val[start:start + B]
-        if len(ids) < B:  # pad the last batch with padding rows: nothing in them is masked
-            ids = np.concatenate([ids, np.full((B - len(ids), ids.shape[1]), run.config.pad_token_id, ids.dtype)])
-        s, c, n = eval_fn(params, run.masked(ids, [EVAL_SEED, start]))
-        nll, correct, count = nll + float(s), correct + float(c), count + float(n)
-    loss = nll / max(count, 1)
-    return {"eval_loss": loss, "eval_accuracy": correct / max(count, 1), "eval_perplexity": math.exp(loss)}
-
-
-def _compile(run: Run, tx, sched, state_sh, mesh):
+def _compile(run, tx, sched, state_sh, mesh):
     cfg, dtype = run.cfg, DTYPES[run.cfg.dtype]
     batch_sh = sharding.batch_sharding(mesh, batch_axis=1)  # [accum, batch, ...]: split the batch axis
     rep = sharding.replicated(mesh)
 
     def step(state, batch, rng):
-        return train_step(state, batch, rng, config=run.config, tx=tx, schedule=sched, dtype=dtype,
+        return train_step(state, batch, rng, config=run.config, tx=tx, schedule=sched, head=run.head, dtype=dtype,
                           remat=cfg.remat, label_smoothing=cfg.label_smoothing)
 
     step_fn = jax.jit(step, in_shardings=(state_sh, batch_sh, rep), out_shardings=(state_sh, rep),
                       donate_argnums=0)
-    eval_jit = jax.jit(lambda p, b: eval_step(p, b, config=run.config, dtype=dtype),
-                       in_shardings=(state_sh.params, sharding.batch_sharding(mesh)), out_shardings=rep)
+    eval_jit = jax.jit(run.eval_fn(dtype), in_shardings=(state_sh.params, sharding.batch_sharding(mesh)),
+                       out_shardings=rep)
     return step_fn, eval_jit
 
 
-def _meta(run: Run, step: int) -> dict:
+def _meta(run, step: int) -> dict:
     return {"step": step, **run.train.position(step), "train_sequences": len(run.train.blocks),
             "global_batch_size": run.train.batch_size, "model_config": checkpoints.model_fields(run.config),
             "clip_gradients": run.cfg.max_grad_norm > 0,  # shapes the optimizer state (--max-grad-norm 0: none)
-            **{k: getattr(run.cfg, k) for k in run.cfg.RESUME_KEYS}}
+            **{k: getattr(run.cfg, k) for k in run.cfg.resume_keys()}, **run.meta()}
 
 
 def _check_output_dir(cfg: TrainConfig) -> None:
@@ -85,15 +74,23 @@ def _check_output_dir(cfg: TrainConfig) -> None:
         raise NotADirectoryError(f"--output-dir {cfg.output_dir}: exists and is not a directory")
 
 
-def train_mlm(cfg: TrainConfig) -> dict:
-    """Fine-tune cfg.model with masked-language modelling; returns the final validation metrics."""
+def train(cfg: TrainConfig) -> dict:
+    """Fine-tune cfg.model (a directory or a hub id) on cfg.task; returns the final validation metrics."""
+    cfg = dataclasses.replace(cfg, model=hub.resolve(cfg.model))
     _check_output_dir(cfg)
     with lock.hold(cfg.output_dir, cfg.break_lock):
         return _train(cfg)
 
 
+def train_mlm(cfg: TrainConfig) -> dict:
+    """Fine-tune cfg.model with masked-language modelling (`train` with task mlm)."""
+    if cfg.task != "mlm":
+        raise ValueError(f"train_mlm: cfg.task is {cfg.task!r}; use train(cfg)")
+    return train(cfg)
+
+
 def _train(cfg: TrainConfig) -> dict:
-    run = prepare(cfg)
+    run = (plan.prepare if cfg.task == "mlm" else task_plan.prepare)(cfg)
     own = checkpoints.manager(os.path.join(cfg.output_dir, "checkpoints"), cfg.save_total_limit)
     point = checkpoints.resume_point(cfg, own, lambda step: _meta(run, step), run.say)
     metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl")
@@ -109,22 +106,20 @@ def _train(cfg: TrainConfig) -> dict:
         pos = run.train.position(start)
         run.say(f"resume: restored step {start} (epoch {pos['epoch']}, sequence {pos['offset']} of the epoch)")
     metrics = outputs.Metrics(metrics_path, records)
+    best = Best(run.metric, cfg.early_stopping_patience, records)
     if start == 0:
-        before = evaluate(run, state.params, eval_fn)
+        before = run.evaluate(state.params, eval_fn)
         metrics.add({"step": 0, **before})
-        run.say(f"step 0: validation loss {before['eval_loss']:.4f}, perplexity {before['eval_perplexity']:.2f}")
+        run.say(f"step 0: {run.describe(before)}")
     with deferred_sigint() as stop:
-        state, result, last_good = _loop(run, state, start, step_fn, eval_fn, own, metrics, last_good, stop)
+        state, result, last_good = _loop(run, state, start, step_fn, eval_fn, own, metrics, last_good, stop, best)
     return _finish(run, state, metrics, own, last_good, result)
 
 
-def _build(run: Run):
+def _build(run):
     """The initial train state, placed on the mesh, and the compiled step and evaluation."""
     cfg = run.cfg
-    params, fresh = mlm_params(cfg.model, run.config, cfg.seed)
-    if fresh:
-        run.say(f"model: the checkpoint has no masked-LM head; initialized a new one tied to the word embeddings "
-                f"({', '.join(fresh)})")
+    params = run.initial_params()
     opt = OptimConfig.from_train(cfg, run.warmup_steps, run.total_steps)
     tx, sched = optimizer(opt), schedule(opt)
     mesh = sharding.make_mesh()
@@ -157,18 +152,17 @@ def _save(run, state, done, own, last_good):
     return done, own.directory.as_posix()
 
 
-def _loop(run: Run, state, start: int, step_fn, eval_fn, own, metrics, last_good, stop):
+def _loop(run, state, start: int, step_fn, eval_fn, own, metrics, last_good, stop, best):
     """Steps start..total; -> (state, last validation result, last good checkpoint). Stops between steps on
-    Ctrl-C (`stop`), raising Interrupted."""
+    Ctrl-C (`stop`), raising Interrupted, and after an evaluation when early stopping says so."""
     cfg, total = run.cfg, run.total_steps
     key = jax.random.key(cfg.seed)
     bar = tqdm(total=total, initial=start, unit="step", disable=not cfg.progress, dynamic_ncols=True)
-    tick, tokens, result, done = time.perf_counter(), 0, {}, start
+    tick, tokens, result, done, shown = time.perf_counter(), 0, {}, start, {}
     for step in range(start, total):
         if stop.requested:
             break
-        ids = run.train(step)
-        batch = run.masked(ids, [cfg.seed, step])
+        batch = run.batch(step)
         tokens += int(batch["attention_mask"].sum())
         state, m = step_fn(state, batch, jax.random.fold_in(key, step))
         loss = float(m["loss"])
@@ -183,20 +177,33 @@ def _loop(run: Run, state, start: int, step_fn, eval_fn, own, metrics, last_good
                       "tokens_per_s": tokens / (now - tick)}
             metrics.add(record)
             bar.set_postfix(loss=f"{loss:.4f}", lr=f"{record['learning_rate']:.2e}",
-                            tok_s=f"{record['tokens_per_s']:.0f}")
+                            tok_s=f"{record['tokens_per_s']:.0f}", **shown)
             tick, tokens = now, 0
         if (cfg.eval_steps and done % cfg.eval_steps == 0) or done == total:
-            result = evaluate(run, state.params, eval_fn)
-            metrics.add({"step": done, **result})
-            run.say(f"step {done}: validation loss {result['eval_loss']:.4f}, "
-                    f"perplexity {result['eval_perplexity']:.2f}, accuracy {result['eval_accuracy']:.3f}")
-        if done % cfg.save_steps == 0 or done == total:
+            result = evaluate(run, state, done, eval_fn, metrics, best)
+            shown = {best.metric: f"{result[best.key]:.4f}"} if best.metric else {}
+        if done % cfg.save_steps == 0 or done == total or best.stop:
             last_good = _save(run, state, done, own, last_good)
         bar.update(1)
+        if best.stop:
+            run.say(f"early stopping at step {done}: no better {best.key} in {best.patience} evaluations (best "
+                    f"{best.value:.4f} at step {best.step})")
+            break
     bar.close()
     if stop.requested:
         raise Interrupted(f"interrupted at step {done}; last checkpoint: {_where(last_good, own)}")
     return state, result, last_good
+
+
+def evaluate(run, state, done: int, eval_fn, metrics, best) -> dict:
+    """Validation metrics at step `done`, logged; OUT/best replaced when they are the best so far."""
+    result = run.evaluate(state.params, eval_fn)
+    metrics.add({"step": done, **result})
+    run.say(f"step {done}: {run.describe(result)}")
+    if best.update(done, result):
+        best.save(run, state.params)
+        run.say(f"best {best.key} so far ({best.value:.4f}): wrote {os.path.join(run.cfg.output_dir, 'best')}")
+    return result
 
 
 def _finish(run, state, metrics, own, last_good, result) -> dict:
@@ -205,9 +212,8 @@ def _finish(run, state, metrics, own, last_good, result) -> dict:
                             f"good checkpoint: {_where(last_good, own)}")
     params = jax.device_get(state.params)
     final_dir = os.path.join(run.cfg.output_dir, "final")
-    config = run.config.replace(architectures=("BertForMaskedLM",))
-    write_jaxbert_dir(params, config, "BertForMaskedLM", final_dir, tokenizer_from=run.cfg.model, force=True)
-    plotted = outputs.plot(metrics.records, os.path.join(run.cfg.output_dir, "loss.png"))
-    run.say(f"wrote {final_dir} (jaxbert BertForMaskedLM), metrics.jsonl, "
+    write_jaxbert_dir(params, run.final_config(), run.head, final_dir, tokenizer_from=run.cfg.model, force=True)
+    plotted = outputs.plot(metrics.records, os.path.join(run.cfg.output_dir, "loss.png"), run.metric)
+    run.say(f"wrote {final_dir} (jaxbert {run.head}), metrics.jsonl, "
             + ("loss.png" if plotted else "no loss.png (needs matplotlib: pip install 'jaxbert[plot]')"))
     return result

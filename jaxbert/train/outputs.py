@@ -49,8 +49,9 @@ class Metrics:
             f.write(json.dumps(record) + "\n")
 
 
-def plot(records: list[dict], path: str) -> bool:
-    """The loss curves as a PNG; False (nothing written) without matplotlib, an optional extra."""
+def plot(records: list[dict], path: str, metric: str | None = None) -> bool:
+    """The loss curves (and the validation `metric`, when given, in a second panel) as a PNG; False (nothing
+    written) without matplotlib, an optional extra."""
     try:
         import matplotlib
     except ImportError:
@@ -61,15 +62,23 @@ def plot(records: list[dict], path: str) -> bool:
 
     train = [(r["step"], r["loss"]) for r in records if "loss" in r]
     val = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    scores = [(r["step"], r[f"eval_{metric}"]) for r in records if metric and f"eval_{metric}" in r]
+    panels = 2 if scores and metric != "loss" else 1
+    fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 4), squeeze=False)
+    ax = axes[0, 0]
     if train:
         ax.plot(*zip(*train), label="training loss")
     if val:
         ax.plot(*zip(*val), "o-", label="validation loss")
     ax.set_xlabel("step")
-    ax.set_ylabel("masked-LM loss")
+    ax.set_ylabel("masked-LM loss" if any("eval_perplexity" in r for r in records) else "loss")
     ax.grid(alpha=0.3)
     ax.legend()
+    if panels == 2:
+        axes[0, 1].plot(*zip(*scores), "o-", color="tab:green")
+        axes[0, 1].set_xlabel("step")
+        axes[0, 1].set_ylabel(f"validation {metric}")
+        axes[0, 1].grid(alpha=0.3)
     fig.tight_layout()
     with atomic_file(path, suffix=".png") as tmp:
         fig.savefig(tmp, dpi=100)

@@ -1,4 +1,6 @@
-"""A run's plan: the checked inputs (model config, texts, batch sizes), the tokenized data and the step counts.
+"""A masked-LM run's plan: the checked inputs (model config, texts, batch sizes), the tokenized data and the step
+counts, and what the loop asks of every task's run (task_plan.TaskRun answers the same questions): the batch of a
+step, the initial parameters, the evaluation, the final model's config.
 
 `prepare` finds everything that can be wrong with the inputs before anything is compiled.
 """
@@ -18,6 +20,10 @@ from jaxbert.texts import read_text_file
 from jaxbert.train import data as D
 from jaxbert.train.config import TrainConfig
 from jaxbert.train.masking import default_max_predictions, mask_tokens
+from jaxbert.train.state import mlm_params
+from jaxbert.train.step import eval_step
+
+EVAL_SEED = 1234  # validation masking is fixed, so numbers compare across runs and checkpoints
 
 
 @dataclasses.dataclass
@@ -33,6 +39,8 @@ class Run:
     total_steps: int
     warmup_steps: int
     log: list[str] = dataclasses.field(default_factory=list)
+    metric: str | None = None  # --metric-for-best-model (None: no OUT/best)
+    head = "BertForMaskedLM"
 
     def say(self, message: str) -> None:
         self.log.append(message)
@@ -51,10 +59,45 @@ class Run:
                 "positions": positions.reshape(*lead, -1), "labels": labels.reshape(*lead, -1)}
 
 
-def prepare(cfg: TrainConfig) -> Run:
-    """Everything that can be wrong with the inputs is found here, before any compilation."""
-    from jaxbert.tokenizer import WordPiece
+    def batch(self, step: int) -> dict:
+        return self.masked(self.train(step), [self.cfg.seed, step])
 
+    def initial_params(self):
+        params, fresh = mlm_params(self.cfg.model, self.config, self.cfg.seed)
+        if fresh:
+            self.say(f"model: the checkpoint has no masked-LM head; initialized a new one tied to the word "
+                     f"embeddings ({', '.join(fresh)})")
+        return params
+
+    def eval_fn(self, dtype):
+        return lambda params, batch: eval_step(params, batch, config=self.config, dtype=dtype)
+
+    def evaluate(self, params, eval_fn) -> dict:
+        nll = correct = count = 0.0
+        B = self.train.batch_size
+        for start in range(0, len(self.val), B):
+            ids = self.val[start:start + B]
+            if len(ids) < B:  # pad the last batch with padding rows: nothing in them is masked
+                pad = np.full((B - len(ids), ids.shape[1]), self.config.pad_token_id, ids.dtype)
+                ids = np.concatenate([ids, pad])
+            s, c, n = eval_fn(params, self.masked(ids, [EVAL_SEED, start]))
+            nll, correct, count = nll + float(s), correct + float(c), count + float(n)
+        loss = nll / max(count, 1)
+        return {"eval_loss": loss, "eval_accuracy": correct / max(count, 1), "eval_perplexity": math.exp(loss)}
+
+    def describe(self, result: dict) -> str:
+        return (f"validation loss {result['eval_loss']:.4f}, perplexity {result['eval_perplexity']:.2f}, "
+                f"accuracy {result['eval_accuracy']:.3f}")
+
+    def final_config(self):
+        return self.config.replace(architectures=("BertForMaskedLM",))
+
+    def meta(self) -> dict:
+        return {}
+
+
+def model_and_batch(cfg: TrainConfig) -> tuple[BertConfig, int]:
+    """The model's config and the global batch size, checked against each other and the devices."""
     config = BertConfig.from_pretrained(cfg.model)
     if cfg.max_seq_length > config.max_position_embeddings:
         raise ValueError(f"--max-seq-length {cfg.max_seq_length} exceeds the model's max_position_embeddings "
@@ -63,6 +106,15 @@ def prepare(cfg: TrainConfig) -> Run:
     batch = cfg.global_batch_size or cfg.per_device_batch_size * n
     if batch % n:
         raise ValueError(f"batch size {batch} does not divide across {n} devices")
+    return config, batch
+
+
+def prepare(cfg: TrainConfig) -> Run:
+    """Everything that can be wrong with the inputs is found here, before any compilation."""
+    from jaxbert.tokenizer import WordPiece
+
+    config, batch = model_and_batch(cfg)
+    n = jax.device_count()
     train_text = read_text_file(cfg.train_file)
     if cfg.validation_file:
         val_texts = read_text_file(cfg.validation_file).texts
@@ -94,6 +146,10 @@ def prepare(cfg: TrainConfig) -> Run:
               tok.mask_token_id, continuation,
               cfg.max_predictions_per_seq or default_max_predictions(cfg.max_seq_length, cfg.mlm_probability),
               total, warmup)
+    if cfg.metric_for_best_model or cfg.early_stopping_patience:
+        from jaxbert.train.task_table import metric_name
+
+        run.metric = metric_name(cfg.metric_for_best_model, ("loss", "accuracy"))
     run.say(f"data: {len(train_texts)} training texts -> {len(train_blocks)} sequences of {cfg.max_seq_length} "
             f"tokens, {len(val_blocks)} validation sequences; {train_text.empty_lines} empty lines skipped")
     run.say(f"plan: {total} steps of {batch} sequences x {cfg.grad_accum_steps} accumulation on {n} device(s)"

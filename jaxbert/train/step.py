@@ -1,5 +1,6 @@
-"""The pure training and evaluation steps. The loss is computed only at the masked positions, gathered before
-the vocabulary projection, with integer-label cross-entropy."""
+"""The pure training and evaluation steps, one for every task: the head table (heads.forward) computes the loss
+from the batch's target keys. Masked-LM batches (they carry "positions") take the loss only at the masked
+positions, gathered before the vocabulary projection."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxbert.config import BertConfig
-from jaxbert.heads import mlm_logits
+from jaxbert.heads import forward, mlm_logits
 from jaxbert.losses import cross_entropy
 from jaxbert.model import bert
 from jaxbert.train.state import TrainState
@@ -22,16 +23,35 @@ def masked_lm(params, config: BertConfig, batch: dict, *, rng=None, dtype=jnp.fl
     return mlm_logits(params["cls"], config, params["bert"]["embeddings"]["word_embeddings"]["embedding"], hidden)
 
 
-def _loss(params, config, batch, rng, dtype, remat, label_smoothing):
-    logits = masked_lm(params, config, batch, rng=rng, dtype=dtype, remat=remat)
+TARGET_KEYS = ("labels", "start_positions", "end_positions", "sample_weight")  # heads.forward's loss inputs
+
+
+def task_forward(params, config: BertConfig, head: str, batch: dict, *, rng=None, dtype=jnp.float32,
+                 remat: bool = False, label_smoothing: float = 0.0):
+    """heads.forward on a task batch: its outputs and the head's loss (padding rows carry -100 / weight 0)."""
+    params = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
+    return forward(params, config, head, batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"),
+                   rng=rng, remat=remat, label_smoothing=label_smoothing,
+                   **{k: batch[k] for k in TARGET_KEYS if k in batch})
+
+
+def _loss(params, config, head, batch, rng, dtype, remat, label_smoothing):
+    if "positions" in batch:
+        logits = masked_lm(params, config, batch, rng=rng, dtype=dtype, remat=remat)
+        loss = cross_entropy(logits, batch["labels"], label_smoothing=label_smoothing)
+    else:
+        out = task_forward(params, config, head, batch, rng=rng, dtype=dtype, remat=remat,
+                           label_smoothing=label_smoothing)
+        logits, loss = out.logits, out.loss
     labels = batch["labels"]
+    if not jnp.issubdtype(labels.dtype, jnp.integer):  # scores / label sets: no accuracy to count
+        return loss, (jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
     valid = labels != -100
-    correct = jnp.sum((logits.argmax(-1) == labels) & valid)
-    return cross_entropy(logits, labels, label_smoothing=label_smoothing), (correct, valid.sum())
+    return loss, (jnp.sum((logits.argmax(-1) == labels) & valid), valid.sum())
 
 
 def train_step(state: TrainState, batch: dict, rng: jax.Array, *, config: BertConfig, tx, schedule,
-               dtype=jnp.float32, remat: bool = False, label_smoothing: float = 0.0):
+               head: str = "BertForMaskedLM", dtype=jnp.float32, remat: bool = False, label_smoothing: float = 0.0):
     """(state, batch [A micro-batches, B, ...], rng) -> (state, metrics); one optimizer update."""
     grad_fn = jax.value_and_grad(_loss, has_aux=True)
     micro = jax.tree_util.tree_leaves(batch)[0].shape[0]
@@ -39,7 +59,7 @@ def train_step(state: TrainState, batch: dict, rng: jax.Array, *, config: BertCo
     def accumulate(carry, xs):
         grads, loss, correct, count = carry
         mb, i = xs
-        (l, (c, n)), g = grad_fn(state.params, config, mb, jax.random.fold_in(rng, i), dtype, remat,
+        (l, (c, n)), g = grad_fn(state.params, config, head, mb, jax.random.fold_in(rng, i), dtype, remat,
                                  label_smoothing)
         return (jax.tree_util.tree_map(jnp.add, grads, g), loss + l, correct + c, count + n), None
 
@@ -53,6 +73,8 @@ def train_step(state: TrainState, batch: dict, rng: jax.Array, *, config: BertCo
     metrics = {"loss": loss / micro, "accuracy": correct / jnp.maximum(count, 1),
                "grad_norm": optax.tree.norm(grads), "learning_rate": schedule(state.step),
                "masked_tokens": count}
+    if not jnp.issubdtype(batch["labels"].dtype, jnp.integer):
+        del metrics["accuracy"]
     return new, metrics
 
 
@@ -64,3 +86,9 @@ def eval_step(params, batch: dict, *, config: BertConfig, dtype=jnp.float32):
     logp = jax.nn.log_softmax(logits, -1)
     nll = -jnp.take_along_axis(logp, jnp.where(valid, labels, 0)[..., None], -1)[..., 0]
     return jnp.sum(jnp.where(valid, nll, 0.0)), jnp.sum((logits.argmax(-1) == labels) & valid), valid.sum()
+
+
+def task_eval_step(params, batch: dict, *, config: BertConfig, head: str, dtype=jnp.float32):
+    """A task batch's logits (float32) and mean loss over its real labels."""
+    out = task_forward(params, config, head, batch, dtype=dtype)
+    return out.logits.astype(jnp.float32), out.loss

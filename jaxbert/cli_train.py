@@ -1,0 +1,108 @@
+"""The training subcommands of `jaxbert` (train, train-mlm) and the fine-tuned model's (predict, evaluate):
+argparse builders that parse and call library functions. Training flags are generated from TrainConfig's
+fields, so the two never drift apart."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+
+def _add_config_flags(parser, skip: tuple[str, ...] = ()) -> None:
+    from jaxbert.train.config import PROBLEM_TYPES, TASKS, TrainConfig
+
+    for field in dataclasses.fields(TrainConfig):
+        flag = "--" + field.name.replace("_", "-")
+        if field.name in skip:
+            continue
+        if field.name == "progress":
+            parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+        elif field.name == "resume":
+            parser.add_argument(flag, nargs="?", const="auto", default=None, metavar="auto|PATH",
+                                help="continue from the latest intact checkpoint in OUT (auto) or from PATH")
+        elif field.name == "break_lock":
+            parser.add_argument(flag, action="store_true",
+                                help="take over OUT's lock left by an interrupted run (or by another host)")
+        elif field.name == "task":
+            parser.add_argument(flag, required=True, choices=TASKS)
+        elif field.name == "problem_type":
+            parser.add_argument(flag, choices=PROBLEM_TYPES, default=None,
+                                help="sequence classification (default: from the labels)")
+        elif field.type == "bool":
+            parser.add_argument(flag, action="store_true")
+        elif field.default is dataclasses.MISSING:
+            parser.add_argument(flag, required=True)
+        else:
+            kind = {"int": int, "float": float}.get(str(field.type).split(" |")[0], str)
+            parser.add_argument(flag, type=kind, default=field.default, metavar=kind.__name__.upper())
+
+
+def _train(args) -> int:
+    """Exit 1 on errors (one line), 130 on Ctrl-C (naming the step and the checkpoint to continue from)."""
+    from jaxbert.files import one_line
+    from jaxbert.train.config import TrainConfig
+    from jaxbert.train.loop import Interrupted, TrainingError, train
+
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
+    try:
+        train(TrainConfig(**values))
+    except Interrupted as e:
+        print(f"jaxbert {args.command}: {one_line(e)}", file=sys.stderr)
+        return 130
+    except TrainingError as e:
+        print(f"jaxbert {args.command}: error: {one_line(e)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _predict(args) -> int:
+    from jaxbert.finetuned import predict
+
+    n = predict(args.dir, args.input, args.output, batch_size=args.batch_size, text_column=args.text_column,
+                pair_column=args.text_pair_column)
+    print(f"predicted {n} inputs -> {args.output}")
+    return 0
+
+
+def _evaluate(args) -> int:
+    from jaxbert.finetuned import evaluate
+
+    result = evaluate(args.dir, args.task, args.file, args.output, text_column=args.text_column,
+                      pair_column=args.text_pair_column, label_column=args.label_column,
+                      batch_size=args.batch_size, max_length=args.max_seq_length)
+    for name, value in result.items():
+        print(f"  {name:<12} {value:.4f}")
+    print(f"wrote {args.output}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    from jaxbert.train.config import TASK_FIELDS
+
+    mlm = sub.add_parser("train-mlm", help="masked-language-model fine-tuning (= train --task mlm)")
+    _add_config_flags(mlm, skip=TASK_FIELDS)
+    mlm.set_defaults(func=_train, task="mlm")
+    train = sub.add_parser("train", help="fine-tune on a task: classification, regression, NER, multiple choice, "
+                                         "MLM (resumable, multi-device)")
+    _add_config_flags(train)
+    train.set_defaults(func=_train)
+    predict = sub.add_parser("predict", help="a fine-tuned model's predictions for a file, one JSON line each")
+    predict.add_argument("dir")
+    predict.add_argument("--input", required=True, help=".txt (one text per line), .jsonl, .csv or .tsv")
+    predict.add_argument("--output", required=True, help="FILE.jsonl: one JSON line per input, input order")
+    predict.add_argument("--batch-size", type=int, default=32)
+    predict.add_argument("--text-column", default="text")
+    predict.add_argument("--text-pair-column", default=None)
+    predict.set_defaults(func=_predict)
+    evaluate = sub.add_parser("evaluate", help="a fine-tuned model's validation metrics on a labelled file")
+    evaluate.add_argument("dir")
+    evaluate.add_argument("--task", required=True, choices=("sequence-classification", "token-classification",
+                                                           "multiple-choice"))
+    evaluate.add_argument("--file", required=True, help=".jsonl, .csv or .tsv with the training file's columns")
+    evaluate.add_argument("--output", default="eval_results.json", help="FILE.json the metrics are written to")
+    evaluate.add_argument("--text-column", default=None)
+    evaluate.add_argument("--text-pair-column", default=None)
+    evaluate.add_argument("--label-column", default=None)
+    evaluate.add_argument("--batch-size", type=int, default=32)
+    evaluate.add_argument("--max-seq-length", type=int, default=None)
+    evaluate.set_defaults(func=_evaluate)

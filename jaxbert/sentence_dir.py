@@ -1,0 +1,123 @@
+"""sentence-transformers model directories: what `embed` should do by default, read from the files that
+SentenceTransformer(dir) reads (modules.json, the Pooling module's config.json, sentence_bert_config.json).
+
+A directory is a pipeline of modules: the Transformer (BERT at the directory's root), then Pooling (cls / mean /
+max / mean of the square root of the length, concatenated in the configured order when several), then optionally
+Normalize. `max_seq_length` truncates the tokens (special tokens included) and `do_lower_case` lower-cases the texts
+first. A module jaxbert does not run (a Dense projection, weighted-mean pooling, ...) is kept as `unsupported`, so
+`embed` refuses to pretend to be the pipeline instead of silently returning something else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxbert.files import existing_file, read_json
+
+# sentence-transformers' legacy boolean keys, in the order its Pooling concatenates the modes.
+_LEGACY_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
+                 "pooling_mode_mean_tokens": "mean", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                 "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
+POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens")  # the ones jaxbert computes
+
+
+@dataclasses.dataclass(frozen=True)
+class SentenceDefaults:
+    pooling: tuple[str, ...]
+    normalize: bool
+    max_seq_length: int | None
+    lower_case: bool
+    unsupported: str | None = None  # why the pipeline cannot be reproduced, naming the file and module
+
+
+def _modes(path: str, config: dict) -> tuple[str, ...]:
+    """The pooling modes of a Pooling config, new style ("pooling_mode": str | list) or legacy booleans."""
+    if "pooling_mode" in config:
+        mode = config["pooling_mode"]
+        modes = (mode,) if isinstance(mode, str) else tuple(mode) if isinstance(mode, list) else None
+        if not modes or not all(isinstance(m, str) for m in modes):
+            raise ValueError(f"{path}: pooling_mode {mode!r} is not a mode name or a list of them")
+        return modes
+    return tuple(m for key, m in _LEGACY_MODES.items() if config.get(key) is True) or ("mean",)
+
+
+def _module_type(path: str, module: dict) -> tuple[str, str]:
+    if not isinstance(module, dict) or not isinstance(module.get("type"), str) or not isinstance(
+            module.get("path", ""), str):
+        raise ValueError(f"{path}: each module must be an object with string \"type\" and \"path\"")
+    return module["type"].rsplit(".", 1)[-1], module.get("path", "")
+
+
+def read(directory: str) -> SentenceDefaults | None:
+    """The embedding defaults of a sentence-transformers directory; None when `directory` is not one."""
+    modules_path = existing_file(directory, "modules.json")
+    if modules_path is None:
+        return None
+    pooling, normalize, unsupported = None, False, None
+    for module in read_json(modules_path, list):
+        kind, sub = _module_type(modules_path, module)
+        if kind == "Transformer" and sub in ("", "."):
+            continue
+        if kind == "Pooling" and pooling is None:
+            config_path = existing_file(directory, f"{sub}/config.json")
+            if config_path is None:
+                raise ValueError(f"{modules_path}: its Pooling module has no {sub}/config.json")
+            config = read_json(config_path)
+            pooling = _modes(config_path, config)
+            bad = [m for m in pooling if m not in POOLING_MODES]
+            if bad and unsupported is None:
+                unsupported = f"{config_path}: pooling mode {bad[0]!r} is not implemented by jaxbert"
+            if config.get("include_prompt", True) is not True and unsupported is None:
+                unsupported = f"{config_path}: include_prompt=false is not implemented by jaxbert"
+        elif kind == "Normalize" and pooling is not None:
+            normalize = True
+        elif unsupported is None:
+            unsupported = f"{modules_path}: module {kind} at {sub!r} is not run by jaxbert"
+    if pooling is None and unsupported is None:
+        unsupported = f"{modules_path}: no Pooling module"
+    settings_path = existing_file(directory, "sentence_bert_config.json")
+    settings = read_json(settings_path) if settings_path else {}
+    length = settings.get("max_seq_length")
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
+        raise ValueError(f"{settings_path}: max_seq_length {length!r} is not a positive integer")
+    prompts_path = existing_file(directory, "config_sentence_transformers.json")
+    if prompts_path and read_json(prompts_path).get("default_prompt_name") and unsupported is None:
+        unsupported = f"{prompts_path}: a default prompt is not implemented by jaxbert"
+    return SentenceDefaults(pooling or ("mean",), normalize, length, settings.get("do_lower_case") is True,
+                            unsupported)
+
+
+def embedding_options(defaults: SentenceDefaults | None, pooling, normalize, max_length):
+    """`embed`'s (pooling modes, normalize, max_length, lower_case): each argument given wins, each one left None
+    comes from the sentence-transformers directory, else jaxbert's own default ([CLS], not normalized, the
+    model's length). A pipeline jaxbert cannot reproduce is refused unless the pooling is given."""
+    from jaxbert.pooling import POOLINGS
+
+    if pooling is None:
+        if defaults is not None and defaults.unsupported:
+            raise ValueError(f"{defaults.unsupported}; pass pooling= to embed with jaxbert's own pooling instead")
+        pooling = defaults.pooling if defaults else "cls"
+    modes = (pooling,) if isinstance(pooling, str) else tuple(pooling)
+    for mode in modes or ("",):
+        if mode not in POOLINGS:
+            raise ValueError(f"pooling {mode!r}: expected one of {', '.join(POOLINGS)} (or a sequence of them)")
+    if normalize is None:
+        normalize = defaults.normalize if defaults else False
+    if max_length is None and defaults is not None:
+        max_length = defaults.max_seq_length
+    return modes, bool(normalize), max_length, bool(defaults and defaults.lower_case)
+
+
+FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+
+
+def companion_files(directory: str) -> list[str]:
+    """The sentence-transformers files of `directory` that travel with its weights (relative names): the
+    top-level ones and each module's config.json."""
+    names = [name for name in FILES if existing_file(directory, name)]
+    if "modules.json" in names:
+        for module in read_json(existing_file(directory, "modules.json"), list):
+            _, sub = _module_type(directory, module)
+            if sub not in ("", ".") and existing_file(directory, f"{sub}/config.json"):
+                names.append(f"{sub}/config.json")
+    return names

@@ -1,0 +1,52 @@
+"""The best model by --metric-for-best-model (OUT/best: a model directory like OUT/final, and OUT/best.json
+naming its step and value) and early stopping after N evaluations without improvement (transformers'
+EarlyStoppingCallback). Both are rebuilt from metrics.jsonl on resume, so a resumed run keeps the same best model
+and stops at the same step as the uninterrupted one. The evaluation before training (step 0) is a baseline,
+not a candidate."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import jax
+
+from jaxbert.files import atomic_file
+from jaxbert.metrics import greater_is_better
+from jaxbert.transfer import write_jaxbert_dir
+
+
+class Best:
+    def __init__(self, metric: str | None, patience: int | None, records: list[dict]):
+        self.metric, self.patience = metric, patience
+        self.key = f"eval_{metric}" if metric else None
+        self.up = greater_is_better(metric) if metric else True
+        self.value, self.step, self.bad = None, None, 0
+        for record in records:
+            self.update(record["step"], record)
+
+    def update(self, step: int, result: dict) -> bool:
+        """Whether `result` (an evaluation at `step`) is the best so far; a non-finite value never is."""
+        if not self.metric or step == 0 or self.key not in result:
+            return False
+        value = result[self.key]
+        better = math.isfinite(value) and (self.value is None or (value > self.value if self.up else
+                                                                  value < self.value))
+        if better:
+            self.value, self.step, self.bad = value, step, 0
+        else:
+            self.bad += 1
+        return better
+
+    @property
+    def stop(self) -> bool:
+        return bool(self.patience) and self.bad >= self.patience
+
+    def save(self, run, params) -> None:
+        out = run.cfg.output_dir
+        write_jaxbert_dir(jax.device_get(params), run.final_config(), run.head, os.path.join(out, "best"),
+                          tokenizer_from=run.cfg.model, force=True)
+        with atomic_file(os.path.join(out, "best.json")) as tmp:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"step": self.step, "metric": self.key, "value": self.value}, f)

@@ -1,0 +1,144 @@
+"""Labelled data files for task fine-tuning: JSON lines (.jsonl), CSV (.csv) or TSV (.tsv), read into rows that
+remember their file and line, so every error about a value names file, line and column.
+
+JSON lines keep JSON's types (a label may be an integer, a number, a string or a list). CSV/TSV cells are text:
+a label cell is read as an integer, else a number, else a JSON array when it starts with "[", else a string; a
+list column (token-classification words and tags, multiple-choice options) is a JSON array in one cell, or
+numbered columns NAME0, NAME1, ... (SWAG's ending0..ending3).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import os
+
+FORMATS = {".jsonl": "json", ".csv": ",", ".tsv": "\t"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    path: str
+    line: int
+    values: dict
+    typed: bool  # JSON values (True) or CSV/TSV text cells (False)
+
+    def where(self, column: str) -> str:
+        return f"{self.path}:{self.line}: column {column!r}"
+
+    def get(self, column: str):
+        if column in self.values and self.values[column] is not None:
+            return self.values[column]
+        if not self.typed and f"{column}0" in self.values:  # numbered columns: a list
+            return self.values[column + "0"]
+        names = ", ".join(map(repr, self.values)) or "none"
+        raise ValueError(f"{self.path}:{self.line}: no column {column!r} (columns: {names})")
+
+    def text(self, column: str) -> str:
+        value = self.get(column)
+        if not isinstance(value, str):
+            raise ValueError(f"{self.where(column)}: expected a string, got {_kind(value)}")
+        return value
+
+    def texts(self, column: str) -> list[str]:
+        """A list of strings: a JSON array, or (CSV/TSV) a JSON array in the cell or numbered columns."""
+        value = self.get(column)
+        if not self.typed:
+            numbered = [self.values[f"{column}{i}"] for i in range(len(self.values)) if f"{column}{i}" in
+                        self.values]
+            value = numbered if column not in self.values else parse_cell(self, column, value, want_list=True)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{self.where(column)}: expected a list of strings, got {_kind(value)}")
+        return value
+
+    def label(self, column: str):
+        """A label as JSON would have it: int, float, str or list (CSV/TSV cells parsed, see the module doc)."""
+        value = self.get(column)
+        return value if self.typed else parse_cell(self, column, value)
+
+
+def _kind(value) -> str:
+    if isinstance(value, list):
+        return "a list"
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string", dict: "an object",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def parse_cell(row: Row, column: str, cell: str, want_list: bool = False):
+    text = cell.strip()
+    if text.startswith("["):
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError):
+            raise ValueError(f"{row.where(column)}: {cell!r} is not a JSON array") from None
+    if want_list:
+        return cell
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return cell
+
+
+def read_rows(path: str, flag: str = "--train-file") -> list[Row]:
+    """Every row of a .jsonl / .csv / .tsv file, in order; blank lines skipped. An empty file is an error."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in FORMATS:
+        raise ValueError(f"{flag} {path}: expected a .jsonl, .csv or .tsv file")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    rows = _read_json(path) if FORMATS[ext] == "json" else _read_csv(path, FORMATS[ext])
+    if not rows:
+        raise ValueError(f"{path}: no examples (empty file)")
+    return rows
+
+
+def _lines(path: str):
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                yield n, raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
+
+
+def _read_json(path: str) -> list[Row]:
+    rows = []
+    for n, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: invalid JSON ({e.msg}, column {e.colno})") from None
+        except RecursionError:
+            raise ValueError(f"{path}:{n}: JSON nested too deeply") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{n}: expected a JSON object, got {_kind(record)}")
+        rows.append(Row(path, n, record, True))
+    return rows
+
+
+def _read_csv(path: str, delimiter: str) -> list[Row]:
+    text = "\n".join(line for _, line in _lines(path))  # UTF-8 checked line by line, with the line's number
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    header, rows = None, []
+    try:
+        for fields in reader:
+            if not any(f.strip() for f in fields):
+                continue
+            if header is None:
+                header = fields
+                if len(set(header)) != len(header):
+                    raise ValueError(f"{path}:{reader.line_num}: repeated column names in the header")
+                continue
+            if len(fields) != len(header):
+                raise ValueError(f"{path}:{reader.line_num}: {len(fields)} fields, the header has {len(header)}")
+            rows.append(Row(path, reader.line_num, dict(zip(header, fields)), False))
+    except csv.Error as e:
+        raise ValueError(f"{path}:{reader.line_num}: not valid {'TSV' if delimiter == chr(9) else 'CSV'} ({e})"
+                         ) from None
+    return rows

@@ -1,0 +1,166 @@
+"""Task examples tokenized once (cached in OUT/cache like the MLM blocks) and served as dynamically padded
+batches: each batch is padded only to the shape bucket (batching.py) of its longest sequence, so a run compiles
+at most one step per length bucket, and the batch of step s still depends only on (seed, s)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+
+import numpy as np
+
+from jaxbert import batching
+from jaxbert.files import atomic_file
+from jaxbert.train import data as D
+from jaxbert.train.task_labels import Labels, label_id, sequence_target, tag_lists
+
+IGNORE = -100  # transformers' ignored label: sub-tokens after a word's first, special tokens, padding
+
+
+@dataclasses.dataclass
+class Encodedset:
+    """Every example's token sequences, concatenated: sequence s is ids[starts[s]:starts[s + 1]]; an example
+    has `choices` consecutive sequences (multiple choice) or one."""
+
+    ids: np.ndarray  # [T] int32
+    types: np.ndarray  # [T] int8
+    starts: np.ndarray  # [S + 1] int64
+    tags: np.ndarray  # [T] int32 token labels, or [0] when the labels are per example
+    targets: np.ndarray  # [N] int32 / float32 or [N, C] float32 (multi-label); [0] for token classification
+    choices: int = 1
+    truncated: int = 0  # words without a labelled token (token classification)
+
+    def __len__(self) -> int:
+        return (len(self.starts) - 1) // self.choices
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.starts).reshape(-1, self.choices).max(1)
+
+    def batch(self, rows, n_rows: int, length: int, pad_id: int) -> dict:
+        """Examples `rows`, padded to n_rows × length; padding rows have label -100 / weight 0."""
+        C = self.choices
+        ids = np.full((n_rows, C, length), pad_id, np.int32)
+        types, mask = np.zeros_like(ids), np.zeros_like(ids)
+        tags = np.full((n_rows, length), IGNORE, np.int32)
+        for r, e in enumerate(rows):
+            for c in range(C):
+                a, b = self.starts[e * C + c], self.starts[e * C + c + 1]
+                ids[r, c, :b - a], types[r, c, :b - a], mask[r, c, :b - a] = self.ids[a:b], self.types[a:b], 1
+                if len(self.tags):
+                    tags[r, :b - a] = self.tags[a:b]
+        weight = (np.arange(n_rows) < len(rows)).astype(np.float32)
+        if len(self.tags):
+            labels = tags
+        else:
+            pad = IGNORE if self.targets.dtype == np.int32 else 0
+            labels = np.full((n_rows, *self.targets.shape[1:]), pad, self.targets.dtype)
+            labels[:len(rows)] = self.targets[np.asarray(rows, np.int64)]
+        squeeze = (lambda a: a) if C > 1 else (lambda a: a[:, 0])
+        return {"input_ids": squeeze(ids), "attention_mask": squeeze(mask), "token_type_ids": squeeze(types),
+                "labels": labels, "sample_weight": weight}
+
+
+def _pack(enc, choices: int, targets: np.ndarray, tags=None, truncated: int = 0) -> Encodedset:
+    starts = np.zeros(len(enc) + 1, np.int64)
+    starts[1:] = np.cumsum([len(x) for x in enc.ids])
+    flat = lambda lists, dtype: np.fromiter((v for x in lists for v in x), dtype, int(starts[-1]))  # noqa: E731
+    return Encodedset(flat(enc.ids, np.int32), flat(enc.type_ids, np.int8), starts,
+                      np.zeros(0, np.int32) if tags is None else flat(tags, np.int32), targets, choices, truncated)
+
+
+def cached(cache_dir: str, name: str, key: list, build) -> Encodedset:
+    """build() once per distinct (tokenizer, inputs, labels): later runs and resumes read OUT/cache."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    path = os.path.join(cache_dir, f"{name}-{digest}.npz")
+    if os.path.isfile(path):
+        with np.load(path) as f:
+            return Encodedset(**{k: f[k] for k in ("ids", "types", "starts", "tags", "targets")},
+                              choices=int(f["choices"]), truncated=int(f["truncated"]))
+    data = build()
+    os.makedirs(cache_dir, exist_ok=True)
+    with atomic_file(path, suffix=".npz") as tmp:  # never a truncated cache entry
+        np.savez(tmp, **{k: getattr(data, k) for k in ("ids", "types", "starts", "tags", "targets")},
+                 choices=data.choices, truncated=data.truncated)
+    return data
+
+
+# The encoders check every row and return (cache key parts, build): the caller tokenizes (build) only once the
+# training and validation rows have both been checked, so a bad validation row leaves nothing in OUT/cache.
+def encode_sequences(tok, rows, columns, labels: Labels, max_len: int):
+    text, pair, label = columns
+    texts = [r.text(text) for r in rows]
+    pairs = [r.text(pair) for r in rows] if pair else None
+    dtype = np.int32 if labels.problem_type == "single_label_classification" else np.float32
+    targets = np.asarray([sequence_target(r, label, labels) for r in rows], dtype)
+    return [texts, pairs, targets.tolist()], lambda: _pack(tok.encode(texts, pairs, max_length=max_len), 1, targets)
+
+
+def encode_tags(tok, rows, columns, labels: Labels, max_len: int):
+    """Each word's label on its first sub-token, -100 on the rest (transformers' default); words cut off by
+    --max-seq-length (or without any token) are counted in `truncated`."""
+    words_col, _, tags_col = columns
+    tagged = tag_lists(rows, words_col, tags_col)
+    words = [w for _, w, _ in tagged]
+    ids = [[label_id(row, tags_col, t, labels) for t in tags] for row, _, tags in tagged]
+
+    def build():
+        enc = tok.encode_words(words, max_length=max_len)
+        tags, truncated = [], 0
+        for word_ids, word_labels in zip(enc.word_ids, ids):
+            seen, out = set(), []
+            for w in word_ids:
+                out.append(word_labels[w] if w >= 0 and w not in seen else IGNORE)
+                seen.add(w)
+            truncated += len(word_labels) - len(seen - {-1})
+            tags.append(out)
+        return _pack(enc, 1, np.zeros(0, np.int32), tags, truncated)
+
+    return [words, ids], build
+
+
+def encode_choices(tok, rows, columns, labels: Labels, max_len: int):
+    """SWAG-style: each (context, option) pair is one sequence; the label is the right option's index."""
+    context, options, label = columns
+    contexts = [r.text(context) for r in rows]
+    lists = [r.texts(options) for r in rows]
+    n = len(lists[0])
+    targets = []
+    for row, opts in zip(rows, lists):
+        if len(opts) != n or n < 2:
+            raise ValueError(f"{row.where(options)}: {len(opts)} options; every example needs the same number "
+                             f"(at least 2; {rows[0].path}:{rows[0].line} has {n})")
+        value = row.label(label)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
+            raise ValueError(f"{row.where(label)}: label {value!r} out of range: expected the index of the right "
+                             f"option, an integer in [0, {n})")
+        targets.append(value)
+    targets = np.asarray(targets, np.int32)
+    firsts = [c for c in contexts for _ in range(n)]
+    seconds = [o for opts in lists for o in opts]
+    return [contexts, lists, targets.tolist()], lambda: _pack(tok.encode(firsts, seconds, max_length=max_len), n,
+                                                              targets)
+
+
+@dataclasses.dataclass
+class TaskBatches(D.Batches):
+    """D.Batches' deterministic order over examples; each step padded to its own length bucket."""
+
+    buckets: tuple[int, ...] = (128,)
+    pad_id: int = 0
+
+    def __call__(self, step: int) -> dict:
+        """The batch of optimizer step `step`: every leaf [accum, batch_size, ...]."""
+        pos = self.position(step)
+        order = np.random.default_rng([self.seed, pos["epoch"]]).permutation(len(self.blocks))
+        rows = order[pos["offset"]: pos["offset"] + self.per_step]
+        length = batching.bucket(int(self.blocks.lengths()[rows].max()), self.buckets)
+        batch = self.blocks.batch(rows, self.per_step, length, self.pad_id)
+        return {k: v.reshape(self.accum, self.batch_size, *v.shape[1:]) for k, v in batch.items()}
+
+
+def eval_batches(data: Encodedset, batch_size: int, buckets, multiple: int, pad_id: int):
+    """(example indices, padded batch) in length order: bucketed rows and lengths, few compiled shapes."""
+    for idx, rows, length in batching.plan(data.lengths(), batch_size, buckets, multiple):
+        yield idx, data.batch(idx, rows, length, pad_id)

@@ -1,0 +1,141 @@
+"""Labels of a fine-tuning task: their names (id -> name), the problem type, and each row's label as a target.
+
+Names come from the model when it has its own (a label2id whose names are not transformers' LABEL_i defaults,
+or a checkpoint that already is the task's head: its num_labels is then fixed); otherwise from the training
+data: strings sorted, integers used as ids 0..max. A label the names do not know (a string seen only in the
+validation file, an integer out of range) is an error naming file, line and column.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+
+
+@dataclasses.dataclass(frozen=True)
+class Labels:
+    names: tuple[str, ...]
+    problem_type: str | None = None  # sequence classification only
+
+    @property
+    def ids(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.names)}
+
+
+def model_labels(config, head: str) -> tuple[str, ...] | None:
+    """The model's own label names, or None when the data should decide them."""
+    names = tuple(config.id2label[i] for i in range(config.num_labels))
+    named = any(name != f"LABEL_{i}" for i, name in enumerate(names))
+    return names if named or (config.architectures or ("",))[0] == head else None
+
+
+def _kind(value) -> str:
+    if isinstance(value, bool):
+        return "true/false"
+    return {int: "an integer", float: "a number", str: "a string", list: "a list"}.get(type(value), "null")
+
+
+def _names(items, column: str, fixed) -> tuple[str, ...]:
+    """Names for (row, value) pairs of integers or strings; mixing the two is an error naming the row."""
+    first = None
+    for row, value in items:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            hint = " (pass --problem-type regression for scores)" if isinstance(value, float) else ""
+            raise ValueError(f"{row.where(column)}: label {value!r} is {_kind(value)}; classification labels are "
+                             f"integers or strings{hint}")
+        first = first or (row, value)
+        if type(value) is not type(first[1]):
+            raise ValueError(f"{row.where(column)}: label {value!r} is {_kind(value)}, but {first[0].path}:"
+                             f"{first[0].line} has {_kind(first[1])} {first[1]!r}: use one kind")
+        if isinstance(value, int) and (value < 0 or (fixed and value >= len(fixed))):
+            raise ValueError(f"{row.where(column)}: label {value} out of range [0, {len(fixed) if fixed else 'n'})")
+    if fixed:
+        return tuple(fixed)
+    if first is None:
+        raise ValueError(f"column {column!r}: no labels")
+    if isinstance(first[1], str):
+        return tuple(sorted({v for _, v in items}))
+    return tuple(f"LABEL_{i}" for i in range(max(v for _, v in items) + 1))
+
+
+def label_id(row, column: str, value, labels: Labels) -> int:
+    if isinstance(value, str) and not isinstance(value, bool):
+        if value not in labels.ids:
+            known = ", ".join(map(repr, labels.names[:20])) + (" ..." if len(labels.names) > 20 else "")
+            raise ValueError(f"{row.where(column)}: unknown label {value!r} (labels: {known})")
+        return labels.ids[value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 0 <= value < len(labels.names):
+            raise ValueError(f"{row.where(column)}: label {value} out of range [0, {len(labels.names)})")
+        return value
+    raise ValueError(f"{row.where(column)}: label {value!r} is {_kind(value)}, expected an integer or a string")
+
+
+def _infer(values) -> str:
+    if any(isinstance(v, list) for _, v in values):
+        return "multi_label_classification"
+    if any(isinstance(v, float) and not v.is_integer() for _, v in values):
+        return "regression"
+    return "single_label_classification"
+
+
+def _list(row, column: str, value) -> list:
+    if not isinstance(value, list):
+        raise ValueError(f"{row.where(column)}: multi-label: expected a list of labels, got {_kind(value)}")
+    return value
+
+
+def sequence_labels(rows, column: str, problem_type: str | None, fixed) -> Labels:
+    """The label names and problem type of sequence-classification training rows."""
+    values = [(row, row.label(column)) for row in rows]
+    problem = problem_type or _infer(values)
+    if problem == "regression":
+        for row, value in values:
+            regression_target(row, column, value)
+        if fixed and len(fixed) != 1:
+            raise ValueError(f"regression needs one output; the model has {len(fixed)} labels")
+        return Labels(tuple(fixed or ("LABEL_0",)), problem)
+    if problem == "multi_label_classification":
+        values = [(row, item) for row, value in values for item in _list(row, column, value)]
+    return Labels(_names(values, column, fixed), problem)
+
+
+def regression_target(row, column: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{row.where(column)}: regression label {value!r} is not a number")
+    if not math.isfinite(value):
+        raise ValueError(f"{row.where(column)}: regression label {value!r} is not finite")
+    return float(value)
+
+
+def sequence_target(row, column: str, labels: Labels):
+    """One row's target: a class id, a score, or a 0/1 indicator list over the labels."""
+    value = row.label(column)
+    if labels.problem_type == "regression":
+        return regression_target(row, column, value)
+    if labels.problem_type == "multi_label_classification":
+        out = [0.0] * len(labels.names)
+        for item in _list(row, column, value):
+            out[label_id(row, column, item, labels)] = 1.0
+        return out
+    return label_id(row, column, value, labels)
+
+
+def tag_lists(rows, words_column: str, tags_column: str):
+    """Per row (words, tags): equal-length lists, else an error naming the row."""
+    out = []
+    for row in rows:
+        words, tags = row.texts(words_column), row.label(tags_column)
+        if not isinstance(tags, list):
+            raise ValueError(f"{row.where(tags_column)}: expected a list of tags, got {_kind(tags)}")
+        if len(tags) != len(words):
+            raise ValueError(f"{row.where(tags_column)}: {len(tags)} tags for {len(words)} tokens in column "
+                             f"{words_column!r}")
+        out.append((row, words, tags))
+    return out
+
+
+def tag_labels(tagged, column: str, fixed) -> Labels:
+    return Labels(_names([(row, t) for row, _, tags in tagged for t in tags], column, fixed))

@@ -1,0 +1,155 @@
+"""A task fine-tuning run (sequence / token classification, multiple choice): the checked inputs, the label
+names, the tokenized examples, batches and step counts, and what the loop asks of a run (as plan.Run answers
+for masked LM): a step's batch, the initial parameters (a fresh head when the checkpoint has none), the
+validation metrics, the final model's config with its labels.
+
+`prepare` finds everything that can be wrong with the inputs (columns, labels, sizes) before compiling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from jaxbert import batching
+from jaxbert.checkpoint import load_params
+from jaxbert.config import BertConfig
+from jaxbert.params import init_params
+from jaxbert.train import data as D
+from jaxbert.train import task_encode as E
+from jaxbert.train.config import TrainConfig
+from jaxbert.train.plan import model_and_batch
+from jaxbert.train.step import task_eval_step
+from jaxbert.train.task_data import read_rows
+from jaxbert.train.task_labels import Labels, model_labels
+from jaxbert.train.task_table import TASKS, Task, columns, metric_name
+
+
+@dataclasses.dataclass
+class TaskRun:
+    cfg: TrainConfig
+    config: BertConfig  # the model's, with this task's labels, problem type and architecture
+    task: Task
+    labels: Labels
+    train: E.TaskBatches
+    val: E.Encodedset
+    total_steps: int
+    warmup_steps: int
+    metric: str
+    log: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def head(self) -> str:
+        return self.task.head
+
+    def say(self, message: str) -> None:
+        self.log.append(message)
+        tqdm.write(message)
+
+    def batch(self, step: int) -> dict:
+        return self.train(step)
+
+    def initial_params(self):
+        params, fresh = task_params(self.cfg.model, self.config, self.head, self.cfg.seed)
+        if fresh:
+            self.say(f"model: the checkpoint has no {self.head} head; initialized a new one ({', '.join(fresh)})")
+        return params
+
+    def eval_fn(self, dtype):
+        return lambda params, batch: task_eval_step(params, batch, config=self.config, head=self.head, dtype=dtype)
+
+    def evaluate(self, params, eval_fn) -> dict:
+        return evaluate_examples(eval_fn, params, self.val, self.task, self.labels, self.train.batch_size,
+                                 self.train.buckets, jax.device_count(), self.config.pad_token_id)
+
+    def describe(self, result: dict) -> str:
+        return ", ".join(f"{'validation ' * (k == 'eval_loss')}{k.removeprefix('eval_')} {v:.4f}"
+                         for k, v in result.items())
+
+    def final_config(self) -> BertConfig:
+        return self.config.replace(extra={**self.config.extra, "num_labels": self.config.num_labels})
+
+    def meta(self) -> dict:
+        return {"labels": list(self.labels.names), "resolved_problem_type": self.labels.problem_type}
+
+
+def task_params(directory: str, config: BertConfig, head: str, seed: int) -> tuple[dict, list[str]]:
+    """The checkpoint as `head`, float32. Without the head's parameters (e.g. a sentence encoder), a fresh head
+    initialized as transformers does; its parameter names are returned."""
+    params, report = load_params(directory, config, head, allow_missing_head=True)
+    if report.missing:
+        fresh = jax.device_get(init_params(config, jax.random.key(seed), head))
+        params = {**params, **{k: v for k, v in fresh.items() if k != "bert"}}
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params), report.missing
+
+
+def evaluate_examples(eval_fn, params, data: E.Encodedset, task: Task, labels: Labels, batch_size: int,
+                      buckets, multiple: int, pad_id: int) -> dict:
+    """{"eval_loss", "eval_<metric>"...} of `data`: the mean loss over real labels, and the task's metrics."""
+    outputs: list = [None] * len(data)
+    loss = units = 0.0
+    for idx, batch in E.eval_batches(data, batch_size, buckets, multiple, pad_id):
+        logits, mean = eval_fn(params, batch)
+        target = batch["labels"]
+        n = float((target != E.IGNORE).sum() if target.dtype == np.int32 else batch["sample_weight"].sum())
+        loss, units = loss + float(mean) * n, units + n
+        logits = np.asarray(logits)
+        for row, i in enumerate(idx):
+            outputs[i] = logits[row]
+    return {"eval_loss": loss / max(units, 1), **{f"eval_{k}": v for k, v in task.score(outputs, data, labels).items()}}
+
+
+def labelled_config(config: BertConfig, task: Task, labels: Labels) -> BertConfig:
+    if not labels.names:  # multiple choice: one score per option, no label names
+        return config.replace(architectures=(task.head,))
+    return config.replace(id2label=dict(enumerate(labels.names)), label2id=labels.ids,
+                          problem_type=labels.problem_type, architectures=(task.head,))
+
+
+def prepare(cfg: TrainConfig) -> TaskRun:
+    """Everything that can be wrong with the inputs is found here, before any compilation."""
+    from jaxbert.tokenizer import WordPiece
+
+    task = TASKS[cfg.task]
+    config, batch = model_and_batch(cfg)
+    n = jax.device_count()
+    train_rows = read_rows(cfg.train_file, "--train-file")
+    if cfg.validation_file:
+        val_rows = read_rows(cfg.validation_file, "--validation-file")
+    else:
+        cut = len(train_rows) * cfg.validation_split_percentage // 100
+        if cut == 0:
+            raise ValueError(f"{cfg.train_file}: {len(train_rows)} examples leave no validation set at "
+                             f"{cfg.validation_split_percentage}%: pass --validation-file")
+        val_rows, train_rows = train_rows[:cut], train_rows[cut:]
+    cols = columns(task, cfg)
+    labels = task.labels(train_rows, cols, cfg.problem_type, model_labels(config, task.head))
+    metric = metric_name(cfg.metric_for_best_model, task.metrics(labels))
+    tok = WordPiece.from_dir(cfg.model)
+    key = [D.tokenizer_key(cfg.model), task.name, cfg.max_seq_length, labels.names, labels.problem_type]
+
+    pending = [task.encode(tok, rows, cols, labels, cfg.max_seq_length) for rows in (train_rows, val_rows)]
+    train, val = (E.cached(os.path.join(cfg.output_dir, "cache"), name, [*key, *parts], build)
+                  for name, (parts, build) in zip(("train", "validation"), pending))
+    batches = E.TaskBatches(train, batch, cfg.grad_accum_steps, cfg.seed,
+                            batching.length_buckets(cfg.max_seq_length), config.pad_token_id)
+    total = cfg.max_steps or math.ceil(cfg.num_train_epochs * batches.steps_per_epoch)
+    warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * total)
+    run = TaskRun(cfg, labelled_config(config, task, labels), task, labels, batches, val, total, warmup, metric)
+    named = f"{len(labels.names)} labels ({', '.join(labels.names[:8])}{', ...' * (len(labels.names) > 8)})"
+    run.say(f"data: {len(train)} training and {len(val)} validation examples ({task.name}"
+            f"{', ' + labels.problem_type if labels.problem_type else ''}; "
+            f"{named if labels.names else f'{train.choices} options each'})")
+    if train.truncated or val.truncated:
+        run.say(f"data: {train.truncated} training and {val.truncated} validation words beyond --max-seq-length "
+                f"{cfg.max_seq_length} are truncated (no label, not scored)")
+    run.say(f"plan: {total} steps of {batch} examples x {cfg.grad_accum_steps} accumulation on {n} device(s)"
+            f"{' (FSDP)' if cfg.fsdp else ''}, warm-up {warmup}, {cfg.dtype}{', remat' if cfg.remat else ''}; "
+            f"best model by eval_{metric}")
+    return run

@@ -1,0 +1,89 @@
+"""The fine-tuning tasks, one entry each: the head it trains, its default columns, how labels are named and
+examples encoded, how validation outputs become metrics, and the default metric for the best checkpoint.
+
+The loop, the step and `jaxbert evaluate` read this table; a new task (question answering, embeddings) is a new
+entry: its encoder yields the batch keys its head's loss takes (labels, start_positions, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from jaxbert import metrics
+from jaxbert.train import task_encode as E
+from jaxbert.train.task_labels import Labels, sequence_labels, tag_labels, tag_lists
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    name: str
+    head: str
+    columns: tuple[str, str | None, str]  # defaults of --text-column, --text-pair-column, --label-column
+    labels: Callable  # (training rows, columns, problem_type, model's names or None) -> Labels
+    encode: Callable  # (tokenizer, rows, columns, Labels, max_len) -> (cache key parts, build -> Encodedset)
+    score: Callable  # (per-example logits, Encodedset, Labels) -> {metric: value}
+    metrics: Callable[[Labels], tuple[str, ...]]  # what score reports (first: the default best-model metric)
+
+
+def _score_sequences(logits, data: E.Encodedset, labels: Labels) -> dict:
+    x = np.stack(logits).astype(np.float64)
+    if labels.problem_type == "regression":
+        return metrics.regression_metrics(x.reshape(len(x), -1)[:, 0], data.targets.reshape(len(x), -1)[:, 0])
+    if labels.problem_type == "multi_label_classification":
+        return metrics.multilabel_metrics(x > 0, data.targets > 0.5)
+    return metrics.classification_metrics(x.argmax(-1), data.targets, labels=np.arange(len(labels.names)))
+
+
+def _score_tags(logits, data: E.Encodedset, labels: Labels) -> dict:
+    """Entity-level P/R/F1 (seqeval's default mode) over the labelled first sub-tokens."""
+    pred, gold = [], []
+    for e, x in enumerate(logits):
+        a, b = data.starts[e], data.starts[e + 1]
+        tags = data.tags[a:b]
+        keep = tags != E.IGNORE
+        gold.append([labels.names[i] for i in tags[keep]])
+        pred.append([labels.names[i] for i in np.asarray(x)[:b - a].argmax(-1)[keep]])
+    return metrics.token_metrics(pred, gold)
+
+
+def _score_choices(logits, data: E.Encodedset, labels: Labels) -> dict:
+    return metrics.choice_metrics(np.stack(logits).argmax(-1), data.targets)
+
+
+def _sequence_metrics(labels: Labels) -> tuple[str, ...]:
+    return {"regression": ("pearson", "spearman", "mse"),
+            "multi_label_classification": ("micro_f1", "exact_match")}.get(labels.problem_type,
+                                                                           ("accuracy", "f1", "mcc"))
+
+
+def _tag_label_names(rows, columns, problem_type, fixed) -> Labels:
+    return tag_labels(tag_lists(rows, columns[0], columns[2]), columns[2], fixed)
+
+
+TASKS: dict[str, Task] = {t.name: t for t in (
+    Task("sequence-classification", "BertForSequenceClassification", ("text", None, "label"),
+         lambda rows, cols, problem, fixed: sequence_labels(rows, cols[2], problem, fixed),
+         E.encode_sequences, _score_sequences, _sequence_metrics),
+    Task("token-classification", "BertForTokenClassification", ("tokens", None, "ner_tags"),
+         _tag_label_names, E.encode_tags, _score_tags, lambda labels: ("f1", "precision", "recall", "accuracy")),
+    # The head scores each (context, option) sequence with one output: no label names.
+    Task("multiple-choice", "BertForMultipleChoice", ("context", "choices", "label"),
+         lambda rows, cols, problem, fixed: Labels(()), E.encode_choices, _score_choices, lambda labels: ("accuracy",)),
+)}
+
+
+def columns(task: Task, cfg) -> tuple[str, str | None, str]:
+    text, pair, label = task.columns
+    return cfg.text_column or text, cfg.text_pair_column or pair, cfg.label_column or label
+
+
+def metric_name(name: str | None, known: tuple[str, ...]) -> str:
+    """--metric-for-best-model NAME (with or without eval_; default the task's first metric), checked."""
+    known = (*known, "loss")
+    name = (name or known[0]).removeprefix("eval_")
+    if name not in known:
+        raise ValueError(f"--metric-for-best-model {name}: not a metric of this task; known: {', '.join(known)}")
+    return name

