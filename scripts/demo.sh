@@ -4,7 +4,9 @@
 #   2. run jit-compiled inference on the converted directory (sentence similarity);
 #   3. fine-tune it with masked-language modelling on the shipped corpus (a few hundred steps, a few minutes
 #      on 2 CPU cores), printing validation perplexity before and after;
-#   4. fill-mask with the result, and export it back to a transformers checkpoint.
+#   4. fill-mask with the result, and export it back to a transformers checkpoint;
+#   5. fine-tune the converted checkpoint as a review sentiment classifier (30 steps on examples/data/reviews_*,
+#      made by scripts/make_task_data.py), printing validation accuracy before and after, then predict with it.
 # Outputs go to out/ (JAXBERT_OUT overrides); rerunning starts the fine-tune afresh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,3 +28,13 @@ echo "== 4. fill-mask and export"
 "$PY" -m jaxbert fill-mask "$OUT/mlm/final" "Paris is the [MASK] of France."
 "$PY" -m jaxbert fill-mask "$OUT/mlm/final" "People in Brazil speak [MASK]."
 "$PY" -m jaxbert export "$OUT/mlm/final" "$OUT/mlm-pt" --force
+echo "== 5. sequence-classification fine-tune and predict"
+rm -rf "$OUT/reviews"
+"$PY" -m jaxbert train --task sequence-classification --model "$OUT/minilm-jax" \
+    --train-file examples/data/reviews_train.jsonl --validation-file examples/data/reviews_validation.jsonl \
+    --output-dir "$OUT/reviews" --max-steps 30 --global-batch-size 16 --max-seq-length 32 \
+    --learning-rate 1e-4 --warmup-ratio 0.1 --eval-steps 30 --save-steps 30 --logging-steps 10
+printf '%s\n' "the tablet was superb" "honestly, the restaurant was not good" "what a dreadful play" \
+    > "$OUT/reviews.txt"
+"$PY" -m jaxbert predict "$OUT/reviews/final" --input "$OUT/reviews.txt" --output "$OUT/reviews.jsonl"
+cat "$OUT/reviews.jsonl"

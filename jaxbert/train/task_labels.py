@@ -1,9 +1,11 @@
 """Labels of a fine-tuning task: their names (id -> name), the problem type, and each row's label as a target.
 
 Names come from the model when it has its own (a label2id whose names are not transformers' LABEL_i defaults,
-or a checkpoint that already is the task's head: its num_labels is then fixed); otherwise from the training
-data: strings sorted, integers used as ids 0..max. A label the names do not know (a string seen only in the
-validation file, an integer out of range) is an error naming file, line and column.
+or a checkpoint that already is the task's head) and the training data fit them (every string among the names,
+every integer in range); otherwise from the training data: strings sorted, integers used as ids 0..max. Data
+that do not fit the model's names raise `LabelMismatch`: `evaluate` reports it, a fine-tune catches it and lets
+the data decide (with a new classifier: reusing one under a different mapping would be silently wrong). A label
+the names do not know (a string seen only in the validation file) is an error naming file, line and column.
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ import dataclasses
 import math
 
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+
+
+class LabelMismatch(ValueError):
+    """The training data's labels are not the model's: a fine-tune initializes a new classifier instead."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +55,12 @@ def _names(items, column: str, fixed) -> tuple[str, ...]:
         if type(value) is not type(first[1]):
             raise ValueError(f"{row.where(column)}: label {value!r} is {_kind(value)}, but {first[0].path}:"
                              f"{first[0].line} has {_kind(first[1])} {first[1]!r}: use one kind")
-        if isinstance(value, int) and (value < 0 or (fixed and value >= len(fixed))):
+        if isinstance(value, int) and value < 0:
             raise ValueError(f"{row.where(column)}: label {value} out of range [0, {len(fixed) if fixed else 'n'})")
+        if fixed and isinstance(value, int) and value >= len(fixed):
+            raise LabelMismatch(f"{row.where(column)}: label {value} out of range [0, {len(fixed)})")
+        if fixed and isinstance(value, str) and value not in fixed:
+            raise LabelMismatch(f"{row.where(column)}: unknown label {value!r} (labels: {_listed(fixed)})")
     if fixed:
         return tuple(fixed)
     if first is None:
@@ -60,11 +70,14 @@ def _names(items, column: str, fixed) -> tuple[str, ...]:
     return tuple(f"LABEL_{i}" for i in range(max(v for _, v in items) + 1))
 
 
+def _listed(names) -> str:
+    return ", ".join(map(repr, names[:20])) + (" ..." if len(names) > 20 else "")
+
+
 def label_id(row, column: str, value, labels: Labels) -> int:
     if isinstance(value, str) and not isinstance(value, bool):
         if value not in labels.ids:
-            known = ", ".join(map(repr, labels.names[:20])) + (" ..." if len(labels.names) > 20 else "")
-            raise ValueError(f"{row.where(column)}: unknown label {value!r} (labels: {known})")
+            raise ValueError(f"{row.where(column)}: unknown label {value!r} (labels: {_listed(labels.names)})")
         return labels.ids[value]
     if isinstance(value, int) and not isinstance(value, bool):
         if not 0 <= value < len(labels.names):
@@ -95,7 +108,7 @@ def sequence_labels(rows, column: str, problem_type: str | None, fixed) -> Label
         for row, value in values:
             regression_target(row, column, value)
         if fixed and len(fixed) != 1:
-            raise ValueError(f"regression needs one output; the model has {len(fixed)} labels")
+            raise LabelMismatch(f"regression needs one output; the model has {len(fixed)} labels")
         return Labels(tuple(fixed or ("LABEL_0",)), problem)
     if problem == "multi_label_classification":
         values = [(row, item) for row, value in values for item in _list(row, column, value)]

@@ -13,21 +13,19 @@ import math
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
 from jaxbert import batching
-from jaxbert.checkpoint import load_params
 from jaxbert.config import BertConfig
-from jaxbert.params import init_params
 from jaxbert.train import data as D
 from jaxbert.train import task_encode as E
 from jaxbert.train.config import TrainConfig
 from jaxbert.train.plan import model_and_batch
 from jaxbert.train.step import task_eval_step
 from jaxbert.train.task_data import read_rows
-from jaxbert.train.task_labels import Labels, model_labels
+from jaxbert.train.task_init import task_params
+from jaxbert.train.task_labels import LabelMismatch, Labels, model_labels
 from jaxbert.train.task_table import TASKS, Task, columns, metric_name
 
 
@@ -42,6 +40,7 @@ class TaskRun:
     total_steps: int
     warmup_steps: int
     metric: str
+    renew: str | None = None  # why the checkpoint's classifier is not reused (its labels are not the data's)
     log: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -56,9 +55,9 @@ class TaskRun:
         return self.train(step)
 
     def initial_params(self):
-        params, fresh = task_params(self.cfg.model, self.config, self.head, self.cfg.seed)
-        if fresh:
-            self.say(f"model: the checkpoint has no {self.head} head; initialized a new one ({', '.join(fresh)})")
+        params, notes = task_params(self.cfg.model, self.config, self.head, self.cfg.seed, self.renew)
+        for note in notes:
+            self.say(f"model: {note}")
         return params
 
     def eval_fn(self, dtype):
@@ -77,16 +76,6 @@ class TaskRun:
 
     def meta(self) -> dict:
         return {"labels": list(self.labels.names), "resolved_problem_type": self.labels.problem_type}
-
-
-def task_params(directory: str, config: BertConfig, head: str, seed: int) -> tuple[dict, list[str]]:
-    """The checkpoint as `head`, float32. Without the head's parameters (e.g. a sentence encoder), a fresh head
-    initialized as transformers does; its parameter names are returned."""
-    params, report = load_params(directory, config, head, allow_missing_head=True)
-    if report.missing:
-        fresh = jax.device_get(init_params(config, jax.random.key(seed), head))
-        params = {**params, **{k: v for k, v in fresh.items() if k != "bert"}}
-    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params), report.missing
 
 
 def evaluate_examples(eval_fn, params, data: E.Encodedset, task: Task, labels: Labels, batch_size: int,
@@ -112,6 +101,23 @@ def labelled_config(config: BertConfig, task: Task, labels: Labels) -> BertConfi
                           problem_type=labels.problem_type, architectures=(task.head,))
 
 
+def _names(names) -> str:
+    return f"{', '.join(names[:8])}{', ...' * (len(names) > 8)}"
+
+
+def task_labels(task: Task, rows, cols, problem_type, fixed) -> tuple[Labels, str | None]:
+    """The run's labels: the checkpoint's when the data fit them, else the data's, with why the checkpoint's
+    classifier cannot be reused (its outputs would mean other labels)."""
+    try:
+        return task.labels(rows, cols, problem_type, fixed), None
+    except LabelMismatch:
+        labels = task.labels(rows, cols, problem_type, None)
+    have, want = len(fixed), len(labels.names)
+    if have != want:
+        return labels, f"classifier.weight: the checkpoint has {have} labels ({_names(fixed)}), the data {want}"
+    return labels, f"the checkpoint's labels ({_names(fixed)}) are not the data's ({_names(labels.names)})"
+
+
 def prepare(cfg: TrainConfig) -> TaskRun:
     """Everything that can be wrong with the inputs is found here, before any compilation."""
     from jaxbert.tokenizer import WordPiece
@@ -129,7 +135,7 @@ def prepare(cfg: TrainConfig) -> TaskRun:
                              f"{cfg.validation_split_percentage}%: pass --validation-file")
         val_rows, train_rows = train_rows[:cut], train_rows[cut:]
     cols = columns(task, cfg)
-    labels = task.labels(train_rows, cols, cfg.problem_type, model_labels(config, task.head))
+    labels, renew = task_labels(task, train_rows, cols, cfg.problem_type, model_labels(config, task.head))
     metric = metric_name(cfg.metric_for_best_model, task.metrics(labels))
     tok = WordPiece.from_dir(cfg.model)
     key = [D.tokenizer_key(cfg.model), task.name, cfg.max_seq_length, labels.names, labels.problem_type]
@@ -141,8 +147,9 @@ def prepare(cfg: TrainConfig) -> TaskRun:
                             batching.length_buckets(cfg.max_seq_length), config.pad_token_id)
     total = cfg.max_steps or math.ceil(cfg.num_train_epochs * batches.steps_per_epoch)
     warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * total)
-    run = TaskRun(cfg, labelled_config(config, task, labels), task, labels, batches, val, total, warmup, metric)
-    named = f"{len(labels.names)} labels ({', '.join(labels.names[:8])}{', ...' * (len(labels.names) > 8)})"
+    run = TaskRun(cfg, labelled_config(config, task, labels), task, labels, batches, val, total, warmup, metric,
+                  renew)
+    named = f"{len(labels.names)} labels ({_names(labels.names)})"
     run.say(f"data: {len(train)} training and {len(val)} validation examples ({task.name}"
             f"{', ' + labels.problem_type if labels.problem_type else ''}; "
             f"{named if labels.names else f'{train.choices} options each'})")
