@@ -2,8 +2,10 @@
 cache) and cross-attention over an encoder's states.
 
 Shapes: L query positions, M key positions (the cache's capacity when there is one), S encoder positions, D hidden,
-H heads, K head size. Which keys a query may see is one boolean [L, M] mask built once per forward (`Keys`), so
-padding, causality and the cache's filled length are all the same mechanism.
+H heads, K head size. Queries are [L, H, K] as projected; keys and values are heads-first, [H, M, K], the layout
+of both products and of the cache, so cached keys are used as stored. Which keys a query may see is one boolean
+[L, M] mask built once per forward (`Keys`), so padding, causality and the cache's filled length are all the same
+mechanism.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def keys_for(config: BertConfig, mask: Bool[Array, "L"], cache_mask: Bool[Array,
     return Keys(allowed, q_pos, k_pos, index, padding_only=not config.is_decoder and cache_mask is None)
 
 
-def relative_scores(p, config: BertConfig, q: Float[Array, "L H K"], k: Float[Array, "M H K"],
+def relative_scores(p, config: BertConfig, q: Float[Array, "L H K"], k: Float[Array, "H M K"],
                     keys: Keys) -> Float[Array, "H L M"]:
     """The reference's relative position terms; distances from the queries' and keys' absolute positions, so a
     query after a cache of n keys sits at position n + i, as in transformers."""
@@ -60,7 +62,7 @@ def relative_scores(p, config: BertConfig, q: Float[Array, "L H K"], k: Float[Ar
     pos = take_rows(p["distance_embedding"]["embedding"], distance + config.max_position_embeddings - 1).astype(q.dtype)
     scores = jnp.einsum("lhk,lmk->hlm", q, pos, preferred_element_type=jnp.float32)
     if config.position_embedding_type == "relative_key_query":
-        scores = scores + jnp.einsum("mhk,lmk->hlm", k, pos, preferred_element_type=jnp.float32)
+        scores = scores + jnp.einsum("hmk,lmk->hlm", k, pos, preferred_element_type=jnp.float32)
     return scores
 
 
@@ -75,7 +77,7 @@ def _normalized_late(q, k, v, allowed, scale: float, relative):
     [L, H, K] they need strided access, which made attention a third of MiniLM's time), and the softmax
     normalized after the value product (the division runs over [H, L, K] instead of [H, L, M] and a pass over
     the scores goes). MiniLM 32 x 128: +78% tokens/s in scripts/benchmark.py."""
-    q, k, v = (t.transpose(1, 0, 2) for t in (q, k, v))
+    q = q.transpose(1, 0, 2)
     scores = jnp.einsum("hlk,hmk->hlm", q * jnp.asarray(scale, q.dtype), k, preferred_element_type=jnp.float32)
     if relative is not None:
         scores = scores + relative * scale
@@ -85,7 +87,7 @@ def _normalized_late(q, k, v, allowed, scale: float, relative):
     return (context / weights.sum(-1, keepdims=True)).transpose(1, 0, 2)
 
 
-def attend(config: BertConfig, q: Float[Array, "L H K"], k: Float[Array, "M H K"], v: Float[Array, "M H K"],
+def attend(config: BertConfig, q: Float[Array, "L H K"], k: Float[Array, "H M K"], v: Float[Array, "H M K"],
            allowed: Bool[Array, "L M"], relative: Float[Array, "H L M"] | None, head_mask, rng,
            with_probs: bool):
     """Scaled dot-product attention: (context [L, H*K] float32, probabilities [H, L, M] or None). Scores and
@@ -94,13 +96,13 @@ def attend(config: BertConfig, q: Float[Array, "L H K"], k: Float[Array, "M H K"
     dropping = rng is not None and config.attention_probs_dropout_prob > 0.0
     if not (with_probs or head_mask is not None or dropping):
         return _normalized_late(q, k, v, allowed, scale, relative).reshape(L, -1), None
-    scores = jnp.einsum("lhk,mhk->hlm", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("lhk,hmk->hlm", q, k, preferred_element_type=jnp.float32)
     scores = (scores if relative is None else scores + relative) * scale
     probs = jax.nn.softmax(jnp.where(allowed[None], scores, jnp.finfo(jnp.float32).min), axis=-1)
     probs = dropout(probs, config.attention_probs_dropout_prob, rng)
     if head_mask is not None:
         probs = probs * head_mask[:, None, None].astype(probs.dtype)
-    context = jnp.einsum("hlm,mhk->lhk", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    context = jnp.einsum("hlm,hmk->lhk", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
     return context.reshape(L, -1), probs if with_probs else None
 
 
@@ -114,34 +116,41 @@ def _project_qkv(p, x: Float[Array, "L D"], K: int):
 
 def self_attention(p, config: BertConfig, x: Float[Array, "L D"], keys: Keys,
                    head_mask: Float[Array, "H"] | None = None, past=None, *, rng=None, with_probs: bool = True):
-    """Self-attention over the new tokens, or, with `past` = (cached keys, values) [M, H, K] each, over the cache
-    with the new keys written at `keys.index`. Returns (context [L, H*K], probs [H, L, M] or None, (k, v) of
-    the new tokens [L, H, K], in the weights' dtype, for the caller's cache)."""
+    """Self-attention over the new tokens, or, with `past` = (cached keys, values) [H, M, K] each, over the cache
+    with the new keys written at slots `keys.index`…. Returns (context [L, H*K], probs [H, L, M] or None, the
+    keys and values attended over: the new tokens' [H, L, K] in the weights' dtype, or with `past` the cache
+    with them written, in the cache's dtype).
+
+    `keys.index` should be the same for the rows of a vmap (not batched): XLA then turns the write (a scatter
+    under vmap) into an in-place update of the batch's cache; with an index per row it copied the whole cache
+    (bert-base, batch 8: 159 -> 99 ms a step). A cache wider than the weights (float32 for
+    bfloat16 weights on CPU, see decoders.causal_lm) holds the same values; the products then run in its dtype."""
     K, cd = config.head_size, compute_dtype(p)
     q, k, v = (t.astype(cd) for t in _project_qkv(p, x, K))
-    new = (k, v)
-    if past is not None:
-        k, v = (jax.lax.dynamic_update_slice(c, n.astype(c.dtype), (keys.index, 0, 0)) for c, n in zip(past, new))
     relative = config.position_embedding_type != "absolute"
-    if _fused(config, keys, relative, with_probs, head_mask, rng):
+    if past is None and _fused(config, keys, relative, with_probs, head_mask, rng):
         context = jax.nn.dot_product_attention(q, k, v, mask=keys.allowed[None])
-        return context.reshape(x.shape[0], -1).astype(jnp.float32), None, new
+        return context.reshape(x.shape[0], -1).astype(jnp.float32), None, (k.transpose(1, 0, 2), v.transpose(1, 0, 2))
+    k, v = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
+    if past is not None:
+        k, v = (jax.lax.dynamic_update_slice(c, n.astype(c.dtype), (0, keys.index, 0)) for c, n in zip(past, (k, v)))
     scores = relative_scores(p, config, q, k, keys) if relative else None
     context, probs = attend(config, q, k, v, keys.allowed, scores, head_mask, rng, with_probs)
-    return context, probs, new
+    return context, probs, (k, v)
 
 
 def cross_keys(p, config: BertConfig, encoder_states: Float[Array, "S D"]):
-    """Cross-attention keys and values [S, H, K] from the encoder's states: computed once per input and cached,
+    """Cross-attention keys and values [H, S, K] from the encoder's states: computed once per input and cached,
     since the encoder's states do not change while the decoder generates."""
     cd = compute_dtype(p)
-    return tuple(dense(p[name], encoder_states).reshape(encoder_states.shape[0], -1, config.head_size).astype(cd)
+    S = encoder_states.shape[0]
+    return tuple(dense(p[name], encoder_states).reshape(S, -1, config.head_size).transpose(1, 0, 2).astype(cd)
                  for name in ("key", "value"))
 
 
 def cross_attention(p, config: BertConfig, x: Float[Array, "L D"], kv, encoder_mask: Bool[Array, "S"],
                     head_mask: Float[Array, "H"] | None = None, *, rng=None, with_probs: bool = True):
-    """Queries from the decoder, keys/values `kv` from the encoder (always absolute positions, as in the
+    """Queries from the decoder, keys/values `kv` [H, S, K] from the encoder (always absolute positions, as in the
     reference). Returns (context [L, H*K], probs [H, L, S] or None)."""
     q = dense(p["query"], x).reshape(x.shape[0], -1, config.head_size).astype(compute_dtype(p))
     allowed = jnp.broadcast_to(encoder_mask[None, :], (x.shape[0], encoder_mask.shape[0]))

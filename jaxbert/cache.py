@@ -6,8 +6,10 @@ loop compiles one program whatever its length; cross-attention keys and values a
 states once and kept. A forward that would write past the capacity returns NaN (XLA clamps out-of-range writes,
 which would otherwise overwrite the last slots silently).
 
-transformers keeps `past_key_values` per layer as [B, H, T, K]; here the layers are stacked (one scan over them):
-key/value [B, N, C, H, K], C the capacity.
+As transformers' `past_key_values`, keys and values are kept per layer, [B, H, C, K] each (C the capacity): heads
+before slots, as attention's products read them, so a step uses each layer's cache as it is. Separate arrays,
+not one stacked over layers: XLA:CPU copies a layer's slice of a stacked array before a matmul reads it (bert-base,
+batch 8: 9 ms of a 60 ms step), and writes each array in place.
 """
 
 from __future__ import annotations
@@ -22,17 +24,17 @@ from jaxbert.config import BertConfig
 
 @flax.struct.dataclass
 class KVCache:
-    key: Float[Array, "B N C H K"]
-    value: Float[Array, "B N C H K"]
+    key: tuple[Float[Array, "B H C K"], ...]  # one per layer
+    value: tuple[Float[Array, "B H C K"], ...]
     mask: Bool[Array, "B C"]  # which slots hold a real (not padding) key
-    index: Int[Array, "B"]  # slots filled so far (the same for every row)
-    cross_key: Float[Array, "B N S H K"] | None = None
-    cross_value: Float[Array, "B N S H K"] | None = None
+    index: Int[Array, "B"]  # slots filled so far: the same for every row (new keys are written at index[0])
+    cross_key: tuple[Float[Array, "B H S K"], ...] | None = None
+    cross_value: tuple[Float[Array, "B H S K"], ...] | None = None
     cross_mask: Bool[Array, "B S"] | None = None
 
     @property
     def capacity(self) -> int:
-        return self.key.shape[2]
+        return self.key[0].shape[2]
 
     @property
     def has_cross(self) -> bool:
@@ -50,6 +52,6 @@ def init_cache(config: BertConfig, batch_size: int, capacity: int, dtype=jnp.flo
     if not 0 < capacity <= config.max_position_embeddings:
         raise ValueError(f"cache capacity {capacity}: must be in [1, max_position_embeddings="
                          f"{config.max_position_embeddings}]")
-    shape = (batch_size, config.num_hidden_layers, capacity, config.num_attention_heads, config.head_size)
-    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch_size, capacity), bool),
-                   jnp.zeros((batch_size,), jnp.int32))
+    shape = (batch_size, config.num_attention_heads, capacity, config.head_size)
+    key, value = (tuple(jnp.zeros(shape, dtype) for _ in range(config.num_hidden_layers)) for _ in range(2))
+    return KVCache(key, value, jnp.zeros((batch_size, capacity), bool), jnp.zeros((batch_size,), jnp.int32))

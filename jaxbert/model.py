@@ -68,9 +68,9 @@ def _residual_norm(p, config: BertConfig, h: Array, residual: Array, rng) -> Flo
 
 def layer(p, config: BertConfig, x: Float[Array, "L D"], keys: Keys, head_mask: Float[Array, "H"] | None = None,
           past=None, cross=None, *, rng=None, with_probs: bool = True):
-    """One layer: self-attention, add & norm, [cross-attention over `cross` = ((keys, values) [S, H, K], mask
+    """One layer: self-attention, add & norm, [cross-attention over `cross` = ((keys, values) [H, S, K], mask
     [S]), add & norm,] GELU feed-forward, add & norm. Returns (x, self-attention probs, cross-attention probs,
-    (k, v) of the new tokens for a cache); see attention.self_attention for `past`."""
+    the self-attention's keys and values); see attention.self_attention for `past` and those keys."""
     r_attn, r_out, r_cross, r_cross_out, r_ffn = _split(rng, 5)
     context, probs, new = self_attention(p["attention"]["self"], config, x, keys, head_mask, past, rng=r_attn,
                                          with_probs=with_probs)
@@ -96,28 +96,24 @@ class _Context:
     """What each layer of one forward shares besides its own parameters."""
 
     keys: Keys
-    cache: KVCache | None  # per sequence: key/value [N, C, H, K]
+    cache: KVCache | None  # per sequence: key/value per layer [H, C, K]
     encoder_states: Array | None  # [S, D], when cross keys/values are computed in this forward
     encoder_mask: Array | None  # [S]
 
 
-def _step(config: BertConfig, ctx: _Context, carry, params, i, head_mask, rng, with_probs: bool):
-    """Layer i (a Python int in the per-layer loop, traced in the scan) with its cache slots and cross keys."""
-    h, ck, cv = carry
-    past = None if ck is None else (ck[i], cv[i])
+def _step(config: BertConfig, ctx: _Context, h, params, i, head_mask, rng, with_probs: bool):
+    """Layer i (a Python int in the per-layer loop, traced in the scan) with its cache slots and cross keys.
+    Returns (h, (h, probs, cross probs, new cross keys, the layer's cache with the new keys)), keys as (k, v)."""
+    past = None if ctx.cache is None else (ctx.cache.key[i], ctx.cache.value[i])
     cross, new_cross = None, None
     if ctx.cache is not None and ctx.cache.has_cross:
         cross = ((ctx.cache.cross_key[i], ctx.cache.cross_value[i]), ctx.cache.cross_mask)
     elif ctx.encoder_states is not None:
         new_cross = cross_keys(params["crossattention"]["self"], config, ctx.encoder_states)
         cross = (new_cross, ctx.encoder_mask)
-    h, probs, cross_probs, (k, v) = layer(params, config, h, ctx.keys, head_mask, past, cross, rng=rng,
-                                          with_probs=with_probs)
-    if ck is not None:  # in place: only the new tokens' slots of layer i are written
-        at = (i, ctx.keys.index, 0, 0)
-        ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), at)
-        cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), at)
-    return (h, ck, cv), (h, probs, cross_probs, new_cross)
+    h, probs, cross_probs, new = layer(params, config, h, ctx.keys, head_mask, past, cross, rng=rng,
+                                       with_probs=with_probs)
+    return h, (h, probs, cross_probs, new_cross, None if ctx.cache is None else new)
 
 
 def _scan(stacked, config: BertConfig, ctx: _Context, x, head_mask, rng, remat: bool, with_probs: bool):
@@ -125,8 +121,13 @@ def _scan(stacked, config: BertConfig, ctx: _Context, x, head_mask, rng, remat: 
 
     Remat goes through the scan too: under a Python loop XLA is free to hoist every layer's recomputation to
     the start of the backward pass, which keeps all activations alive and saves nothing; a scan runs the
-    backward one layer at a time, so only the layer inputs are stored. A cache is part of the carry, so each
-    layer writes its new keys into it in place."""
+    backward one layer at a time, so only the layer inputs are stored. A cache's per-layer arrays are stacked
+    for the scan to index (copies; decoding loops use the per-layer loop, where they are updated in place)."""
+    if ctx.cache is not None:
+        c = ctx.cache
+        stacked_cache = {name: None if getattr(c, name) is None else jnp.stack(getattr(c, name))
+                         for name in ("key", "value", "cross_key", "cross_value")}
+        ctx = ctx.replace(cache=c.replace(**stacked_cache))
     dtypes = jax.tree_util.tree_map(lambda a: a.dtype, stacked)  # 16-bit weights enter as bits: see ops.as_bits
 
     def body(carry, xs):
@@ -140,29 +141,26 @@ def _scan(stacked, config: BertConfig, ctx: _Context, x, head_mask, rng, remat: 
 
     body = jax.checkpoint(body, prevent_cse=False) if remat else body
     n = config.num_hidden_layers
-    carry = (x, *((None, None) if ctx.cache is None else (ctx.cache.key, ctx.cache.value)))
-    carry, ys = jax.lax.scan(scanned, carry, (jax.tree_util.tree_map(as_bits, stacked), jnp.arange(n), head_mask))
-    return carry, ys
+    return jax.lax.scan(scanned, x, (jax.tree_util.tree_map(as_bits, stacked), jnp.arange(n), head_mask))
 
 
 def _loop(p, config: BertConfig, ctx: _Context, x, head_mask, rng, remat: bool, with_probs: bool):
     """The stored per-layer tree as a Python loop (no copy of the weights per call); pruned layers, whose
-    shapes differ, always run this way. Outputs stacked over layers as the scan's are."""
+    shapes differ, always run this way."""
     def step(carry, params, i, hm, r):
         return _step(config, ctx, carry, params, i, hm, r, with_probs)
 
     if remat:
         step = jax.checkpoint(step, static_argnums=(2,))
-    carry = (x, *((None, None) if ctx.cache is None else (ctx.cache.key, ctx.cache.value)))
     outputs = []
     for i in range(config.num_hidden_layers):
         r = None if rng is None else jax.random.fold_in(rng, i)
-        carry, out = step(carry, p["layer"][str(i)], i, layer_head_mask(config, head_mask, i), r)
+        x, out = step(x, p["layer"][str(i)], i, layer_head_mask(config, head_mask, i), r)
         outputs.append(out)
     # Per-layer probabilities keep their own shapes (pruned layers have fewer heads): tuples, not stacks.
-    hidden, probs, cross_probs, new_cross = zip(*outputs)
-    new_cross = None if new_cross[0] is None else tuple(jnp.stack(kv) for kv in zip(*new_cross))
-    return carry, (hidden, probs, cross_probs, new_cross)
+    hidden, probs, cross_probs, new_cross, new = zip(*outputs)
+    new_cross, new = (None if kv[0] is None else tuple(zip(*kv)) for kv in (new_cross, new))
+    return x, (hidden, probs, cross_probs, new_cross, new)
 
 
 def _per_layer(stacked_or_tuple) -> tuple:
@@ -175,22 +173,23 @@ def encoder(p, config: BertConfig, x: Float[Array, "L D"], ctx: _Context,
             head_mask: Float[Array, "N H"] | None = None, *, rng=None, remat: bool = False,
             with_probs: bool = True):
     """All layers; returns (last hidden, hidden states: embeddings + each layer, self-attentions per layer,
-    cross-attentions per layer, the updated cache of this sequence or None).
+    cross-attentions per layer, this sequence's cache with the new tokens' keys (and new cross keys) or None).
 
     The stacked layout (layout.py) runs as a scan, and so does the stored tree with `remat` (stacked in the
     trace: a copy per call, which the backward needs anyway); otherwise the stored tree runs as a loop. With
     `remat`, each layer's activations are recomputed in the backward pass."""
     if is_stacked(p) or (remat and can_stack(config)):
         stacked = p["stacked"] if is_stacked(p) else stack_layers(p, config, fuse_qkv=False)["stacked"]
-        (last, ck, cv), ys = _scan(stacked, config, ctx, x, head_mask, rng, remat, with_probs)
+        last, ys = _scan(stacked, config, ctx, x, head_mask, rng, remat, with_probs)
     else:
-        (last, ck, cv), ys = _loop(p, config, ctx, x, head_mask, rng, remat, with_probs)
-    hidden, probs, cross_probs, new_cross = ys
-    cache = None
-    if ctx.cache is not None:
-        cache = ctx.cache.replace(key=ck, value=cv)
+        last, ys = _loop(p, config, ctx, x, head_mask, rng, remat, with_probs)
+    hidden, probs, cross_probs, new_cross, new = ys
+    cache = ctx.cache
+    if cache is not None:
+        cache = cache.replace(key=_per_layer(new[0]), value=_per_layer(new[1]))
         if new_cross is not None:
-            cache = cache.replace(cross_key=new_cross[0], cross_value=new_cross[1], cross_mask=ctx.encoder_mask)
+            cache = cache.replace(cross_key=_per_layer(new_cross[0]), cross_value=_per_layer(new_cross[1]),
+                                  cross_mask=ctx.encoder_mask)
     crossing = ctx.encoder_states is not None or (ctx.cache is not None and ctx.cache.has_cross)
     return (last, (x, *_per_layer(hidden)), _per_layer(probs) if with_probs else (),
             _per_layer(cross_probs) if with_probs and crossing else (), cache)
@@ -202,17 +201,19 @@ def pooler(p, x: Float[Array, "L D"]) -> Float[Array, "D"]:
 
 def _bert_one(params, config: BertConfig, input_ids, mask, token_type_ids, position_ids, inputs_embeds,
               head_mask, rng, remat: bool, with_probs: bool = True, cache: KVCache | None = None,
-              encoder_states=None, encoder_mask=None):
+              encoder_states=None, encoder_mask=None, at: Int[Array, ""] | None = None):
     """One sequence: embeddings, the layers, the pooler. With a cache, the L new tokens' keys go to slots
-    index … index+L-1; returns (last hidden, pooled, hidden states, attentions, cross-attentions, cache)."""
+    at … at+L-1 (`at` is the cache's index, given apart so that it is the same for all rows of the vmap: see
+    attention.self_attention); returns (last hidden, pooled, hidden states, attentions, cross-attentions, cache)."""
     r_emb, r_enc = _split(rng, 2)
     x = embeddings(params["embeddings"], config, input_ids, token_type_ids, position_ids, inputs_embeds,
                    rng=r_emb)
     if cache is None:
         keys = keys_for(config, mask)
     else:
-        keys = keys_for(config, mask, cache.mask, cache.index)
-        cache = cache.replace(mask=jax.lax.dynamic_update_slice(cache.mask, mask, (cache.index,)))
+        at = cache.index if at is None else at
+        keys = keys_for(config, mask, cache.mask, at)
+        cache = cache.replace(mask=jax.lax.dynamic_update_slice(cache.mask, mask, (at,)))
     fresh_cross = encoder_states is not None and not (cache is not None and cache.has_cross)
     ctx = _Context(keys, cache, encoder_states if fresh_cross else None, encoder_mask if fresh_cross else None)
     x, hidden, attentions, cross_attentions, cache = encoder(params["encoder"], config, x, ctx, head_mask,
@@ -267,6 +268,7 @@ def bert(params, config: BertConfig, input_ids: Int[Array, "B L"] | None = None,
     mask = jnp.ones((B, L), bool) if attention_mask is None else jnp.asarray(attention_mask).astype(bool)[:, -L:]
     types = jnp.zeros((B, L), jnp.int32) if token_type_ids is None else token_type_ids
     start = jnp.zeros((B,), jnp.int32) if cache is None else cache.index
+    at = None if cache is None else cache.index[0]  # the same for every row (cache.KVCache)
     positions = start[:, None] + jnp.arange(L) if position_ids is None else position_ids
     encoder_mask = None
     if encoder_hidden_states is not None:
@@ -277,10 +279,10 @@ def bert(params, config: BertConfig, input_ids: Int[Array, "B L"] | None = None,
     one = functools.partial(_bert_one, params, config, remat=remat, with_probs=output_attentions,
                             head_mask=normalize_head_mask(config, head_mask))
     x, pooled, hidden, attentions, cross_attentions, cache = jax.vmap(
-        lambda ids, m, t, pos, emb, r, c, es, em: one(ids, m, t, pos, emb, rng=r, cache=c, encoder_states=es,
-                                                      encoder_mask=em),
-        in_axes=(0, 0, 0, 0, 0, None if rngs is None else 0, 0, 0, 0),
-    )(input_ids, mask, types, positions, inputs_embeds, rngs, cache, encoder_hidden_states, encoder_mask)
+        lambda ids, m, t, pos, emb, r, c, es, em, at: one(ids, m, t, pos, emb, rng=r, cache=c, encoder_states=es,
+                                                          encoder_mask=em, at=at),
+        in_axes=(0, 0, 0, 0, 0, None if rngs is None else 0, 0, 0, 0, None),
+    )(input_ids, mask, types, positions, inputs_embeds, rngs, cache, encoder_hidden_states, encoder_mask, at)
     if cache is not None:  # a write past the capacity was clamped by XLA: make it loud, not silently wrong
         x = jnp.where((cache.index > cache.capacity)[:, None, None], jnp.nan, x)
     return BertOutput(last_hidden_state=x, pooler_output=pooled,

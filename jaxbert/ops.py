@@ -46,9 +46,18 @@ def dense(p: dict, x: Float[Array, "... I"]) -> Float[Array, "... O"]:
     """`x @ kernel + bias` in float32; kernel is [in, out] (the transpose of PyTorch's Linear.weight).
 
     The matmul runs in the kernel's dtype and accumulates in float32 (bfloat16 weights: half the memory traffic,
-    float32 sums); the bias is added in float32, so activations between matmuls stay float32."""
-    kernel = p["kernel"]
-    y = jnp.dot(x.astype(kernel.dtype), kernel, preferred_element_type=jnp.float32)
+    float32 sums); the bias is added in float32, so activations between matmuls stay float32.
+
+    A `weight` [out, in] (PyTorch's layout) may stand instead of the kernel: decoding's float32 copy of the
+    weights (inference.Bert.layers_apart) is so, since XLA:CPU multiplies a few rows by it faster (a bert-base
+    decoding step, batch 1: 24.6 -> 22.5 ms; batch 8: 48.1 -> 44.3 ms)."""
+    if "weight" in p:
+        weight = p["weight"]
+        dims = (((x.ndim - 1,), (1,)), ((), ()))
+        y = jax.lax.dot_general(x.astype(weight.dtype), weight, dims, preferred_element_type=jnp.float32)
+    else:
+        kernel = p["kernel"]
+        y = jnp.dot(x.astype(kernel.dtype), kernel, preferred_element_type=jnp.float32)
     return y + p["bias"].astype(jnp.float32) if "bias" in p else y
 
 

@@ -22,8 +22,9 @@ Sections (peers that are not installed are skipped with a note):
            transformers loading and re-saving it.
   generate greedy generation with a bert-base-size BertLMHeadModel (random weights, a safetensors directory), prompt
            32, 64 new tokens, batch 1 and 8, in generated tokens/s: jaxbert float32 and bfloat16 vs transformers'
-           PyTorch `generate` (eager, inference_mode, its cache). Beside them the machine's limit: memory bandwidth
-           over the weight bytes every step reads (decoding at small batches is bandwidth bound).
+           PyTorch `generate` (eager, inference_mode, its cache). Beside them the machine's limits: memory bandwidth
+           over the weight bytes every step reads (decoding at small batches is bandwidth bound), and XLA's floor,
+           steps of nothing but the weights' matmuls in generate's layout (what XLA:CPU's kernels allow).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ CHILDREN = {f.__name__: f for f in (P.infer_jax, P.infer_torch, P.infer_ort, P.e
                                     P.compile_jax, P.mix_jax, P.mix_torch, T.child_convert,
                                     T.child_transformers_resave, T.child_baseline, T.child_train_jax_f32,
                                     T.child_train_jax_bf16, T.child_train_jax_remat_memory, T.child_train_torch,
-                                    G.generate_jax, G.generate_torch, G.bandwidth)}
+                                    G.generate_jax, G.generate_torch, G.bandwidth, G.matmul_floor)}
 
 
 def run_child(name: str, *args: str) -> dict:
@@ -196,7 +197,9 @@ def section_generate(repeats: int, tmp: str) -> dict:
                  "jaxbert bfloat16": ("generate_jax", model_dir, "bfloat16", batch)}
         if available("torch", "transformers"):
             peers["PyTorch eager float32"] = ("generate_torch", model_dir, batch)
-        peers.update({f"bandwidth limit {dt}": ("bandwidth", model_dir, dt, batch) for dt in ("float32", "bfloat16")})
+        for dt in ("float32", "bfloat16"):
+            peers[f"bandwidth limit {dt}"] = ("bandwidth", model_dir, dt, batch)
+            peers[f"XLA matmul floor {dt}"] = ("matmul_floor", model_dir, dt, batch)
         rows = alternate(peers, repeats)
         base = rows.get("PyTorch eager float32", {}).get("tokens_per_s")
         for row in rows.values():
