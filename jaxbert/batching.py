@@ -39,5 +39,5 @@ def plan(lengths: np.ndarray, batch_size: int, buckets: tuple[int, ...], multipl
     order = np.argsort(-np.asarray(lengths), kind="stable")
     lb, bb = buckets, batch_buckets(batch_size, multiple)
     for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
+        idx = order[start : start + batch_size]
         yield idx, bucket(len(idx), bb), bucket(int(lengths[idx].max()), lb)

@@ -27,7 +27,7 @@ class KVCache:
     key: tuple[Float[Array, "B H C K"], ...]  # one per layer
     value: tuple[Float[Array, "B H C K"], ...]
     mask: Bool[Array, "B C"]  # which slots hold a real (not padding) key
-    index: Int[Array, "B"]  # slots filled so far: the same for every row (new keys are written at index[0])
+    index: Int[Array, " B"]  # slots filled so far: the same for every row (new keys are written at index[0])
     cross_key: tuple[Float[Array, "B H S K"], ...] | None = None
     cross_value: tuple[Float[Array, "B H S K"], ...] | None = None
     cross_mask: Bool[Array, "B S"] | None = None
@@ -40,7 +40,7 @@ class KVCache:
     def has_cross(self) -> bool:
         return self.cross_key is not None
 
-    def reorder(self, rows: Int[Array, "R"]) -> "KVCache":
+    def reorder(self, rows: Int[Array, " R"]) -> KVCache:
         """The cache of rows `rows` (beam search keeps its best beams by gathering, not by recomputing)."""
         return jax.tree_util.tree_map(lambda a: jnp.take(a, rows, axis=0), self)
 
@@ -50,8 +50,9 @@ def init_cache(config: BertConfig, batch_size: int, capacity: int, dtype=jnp.flo
     if config.pruned_heads:
         raise ValueError("a key/value cache needs every layer to have the same heads; this model has pruned heads")
     if not 0 < capacity <= config.max_position_embeddings:
-        raise ValueError(f"cache capacity {capacity}: must be in [1, max_position_embeddings="
-                         f"{config.max_position_embeddings}]")
+        raise ValueError(
+            f"cache capacity {capacity}: must be in [1, max_position_embeddings={config.max_position_embeddings}]"
+        )
     shape = (batch_size, config.num_attention_heads, capacity, config.head_size)
     key, value = (tuple(jnp.zeros(shape, dtype) for _ in range(config.num_hidden_layers)) for _ in range(2))
     return KVCache(key, value, jnp.zeros((batch_size, capacity), bool), jnp.zeros((batch_size,), jnp.int32))

@@ -120,8 +120,9 @@ def read_msgpack(path: str) -> dict:
     return tree
 
 
-def load_params(directory: str, config: BertConfig, head: str, *,
-                allow_missing_head: bool = False) -> tuple[dict, ConversionReport]:
+def load_params(
+    directory: str, config: BertConfig, head: str, *, allow_missing_head: bool = False
+) -> tuple[dict, ConversionReport]:
     """Parameters for `head` from any supported checkpoint in `directory`, as a tree of numpy arrays."""
     path = find_weights(directory)
     if path.endswith(".msgpack"):
@@ -138,8 +139,14 @@ def load_params(directory: str, config: BertConfig, head: str, *,
 
 # -- writing ---------------------------------------------------------------------------------------------------
 # Files that travel with the weights: the tokenizer's, and generate's defaults.
-COMPANION_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "added_tokens.json", "generation_config.json")
+COMPANION_FILES = (
+    "vocab.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "generation_config.json",
+)
 _MSGPACK_NDARRAY = 1  # flax.serialization's ExtType code for numpy arrays
 
 

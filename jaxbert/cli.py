@@ -27,18 +27,24 @@ def _info(args) -> None:
     weights = find_weights(args.dir)
     params, report = load_params(args.dir, config, head)
     print(f"{args.dir}: {head} ({weights.rsplit('/', 1)[-1]})")
-    print(f"  jaxbert {jaxbert.__version__}, jax {jax.__version__}, devices: "
-          + ", ".join(f"{d.platform}:{d.id}" for d in jax.devices()))
-    sides = (("encoder", config.encoder), ("decoder", config.decoder)) if head == "EncoderDecoderModel" else (
-        ("", config),)
+    print(
+        f"  jaxbert {jaxbert.__version__}, jax {jax.__version__}, devices: "
+        + ", ".join(f"{d.platform}:{d.id}" for d in jax.devices())
+    )
+    sides = (
+        (("encoder", config.encoder), ("decoder", config.decoder)) if head == "EncoderDecoderModel" else (("", config),)
+    )
     for side, c in sides:
         kind = "; causal decoder" * c.is_decoder + " with cross-attention" * c.add_cross_attention
-        print(f"  {side + ': ' if side else ''}layers {c.num_hidden_layers}, hidden {c.hidden_size}, "
-              f"heads {c.num_attention_heads}, intermediate {c.intermediate_size}, vocab {c.vocab_size}, "
-              f"max positions {c.max_position_embeddings}")
-        print(f"  {' ' * (len(side) + 2) if side else ''}activation {c.hidden_act}, position embeddings "
-              f"{c.position_embedding_type}{kind}"
-              + (f", pruned heads {dict(c.pruned_heads)}" if c.pruned_heads else ""))
+        print(
+            f"  {side + ': ' if side else ''}layers {c.num_hidden_layers}, hidden {c.hidden_size}, "
+            f"heads {c.num_attention_heads}, intermediate {c.intermediate_size}, vocab {c.vocab_size}, "
+            f"max positions {c.max_position_embeddings}"
+        )
+        print(
+            f"  {' ' * (len(side) + 2) if side else ''}activation {c.hidden_act}, position embeddings "
+            f"{c.position_embedding_type}{kind}" + (f", pruned heads {dict(c.pruned_heads)}" if c.pruned_heads else "")
+        )
     counts = count_params(params)
     itemsize = {np.asarray(x).dtype.itemsize for x in _leaves(params)}
     dtypes = sorted({str(np.asarray(x).dtype) for x in _leaves(params)})
@@ -87,12 +93,15 @@ def _convert(args) -> int:
     for field, (err, tol) in verify(args.src, args.dst).items():
         ok = err <= tol
         worst_ok &= ok
-        verdict = f"{int(err)} differ" if field.endswith("tokens") else (
-            f"max |difference| {err:.2e} (tolerance {tol:.0e})")
+        verdict = (
+            f"{int(err)} differ" if field.endswith("tokens") else (f"max |difference| {err:.2e} (tolerance {tol:.0e})")
+        )
         print(f"  verify {field:<24} {verdict} {'ok' if ok else 'FAILED'}")
     if not worst_ok:
-        print(f"jaxbert convert: error: --verify: outputs of {args.dst} differ from PyTorch beyond tolerance",
-              file=sys.stderr)
+        print(
+            f"jaxbert convert: error: --verify: outputs of {args.dst} differ from PyTorch beyond tolerance",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -106,7 +115,6 @@ def _export(args) -> int:
 
 def _embed(args) -> int:
     import jaxbert
-
     from jaxbert.files import atomic_file, check_output_file
     from jaxbert.sentence_dir import embedding_options
     from jaxbert.texts import read_text_file
@@ -116,13 +124,16 @@ def _embed(args) -> int:
     check_output_file(args.output)  # before any work
     texts = read_text_file(args.input, allow_empty=True).texts
     bert = jaxbert.load(args.dir)
-    emb = bert.embed(texts, pooling=args.pooling, normalize=args.normalize, batch_size=args.batch_size,
-                     max_length=args.max_length)
+    emb = bert.embed(
+        texts, pooling=args.pooling, normalize=args.normalize, batch_size=args.batch_size, max_length=args.max_length
+    )
     with atomic_file(args.output, ".npy") as tmp:  # never a half-written output
         np.save(tmp, emb)
     modes, normalize, _, _ = embedding_options(bert.sentence_defaults, args.pooling, args.normalize, None)
-    print(f"embedded {len(texts)} texts -> {args.output} {emb.shape} ({'+'.join(modes)} pooling"
-          f"{', normalized' if normalize else ''}; {bert.compile_count} compiled programs)")
+    print(
+        f"embedded {len(texts)} texts -> {args.output} {emb.shape} ({'+'.join(modes)} pooling"
+        f"{', normalized' if normalize else ''}; {bert.compile_count} compiled programs)"
+    )
     return 0
 
 
@@ -142,8 +153,10 @@ def _generate(args) -> int:
     import jaxbert
     from jaxbert.tasks import generate_text
 
-    options = {k: getattr(args, k) for k in ("max_new_tokens", "num_beams", "num_return_sequences", "temperature",
-                                             "top_k", "top_p", "seed")}
+    options = {
+        k: getattr(args, k)
+        for k in ("max_new_tokens", "num_beams", "num_return_sequences", "temperature", "top_k", "top_p", "seed")
+    }
     model = jaxbert.load(args.dir, dtype=args.dtype)
     for text in generate_text(model, args.prompt, do_sample=args.do_sample or None, **options):
         print(text)
@@ -162,8 +175,12 @@ def _add_generate(sub) -> None:
     gen.add_argument("--top-k", type=int, default=None, help="sampling: keep the K likeliest tokens (0: all)")
     gen.add_argument("--top-p", type=float, default=None, help="sampling: nucleus probability mass")
     gen.add_argument("--seed", type=int, default=0, help="sampling: the same seed draws the same text")
-    gen.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
-                     help="run in this dtype (default: the checkpoint's)")
+    gen.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default=None,
+        help="run in this dtype (default: the checkpoint's)",
+    )
     gen.set_defaults(func=_generate)
 
 
@@ -182,26 +199,42 @@ def build_parser() -> argparse.ArgumentParser:
     convert = sub.add_parser("convert", help="transformers BERT dir -> jaxbert dir (config, flax msgpack, tokenizer)")
     convert.add_argument("src", metavar="SRC")
     convert.add_argument("dst", metavar="DST")
-    convert.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
-                         help="cast floating parameters (default: keep the checkpoint's)")
+    convert.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default=None,
+        help="cast floating parameters (default: keep the checkpoint's)",
+    )
     convert.add_argument("--verify", action="store_true", help="compare with PyTorch on a fixed batch (needs torch)")
     convert.add_argument("--force", action="store_true", help="replace DST if it exists")
     convert.set_defaults(func=_convert)
     export = sub.add_parser("export", help="jaxbert dir -> transformers dir (model.safetensors)")
     export.add_argument("src", metavar="SRC")
     export.add_argument("dst", metavar="DST")
-    export.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                        help="parameter dtype of the export (default float32)")
+    export.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default="float32",
+        help="parameter dtype of the export (default float32)",
+    )
     export.add_argument("--force", action="store_true", help="replace DST if it exists")
     export.set_defaults(func=_export)
     embed = sub.add_parser("embed", help="sentence embeddings of a text file into a .npy array")
     embed.add_argument("dir")
-    embed.add_argument("--input", required=True, help="one text per line, or .jsonl with a \"text\" field")
+    embed.add_argument("--input", required=True, help='one text per line, or .jsonl with a "text" field')
     embed.add_argument("--output", required=True, help="FILE.npy: float32 [texts, hidden], input order")
-    embed.add_argument("--pooling", choices=("cls", "mean", "max", "mean_sqrt_len_tokens", "pooler"), default=None,
-                       help="default: a sentence-transformers directory's own pooling, else cls")
-    embed.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
-                       help="unit-length embeddings (default: as a sentence-transformers directory says, else no)")
+    embed.add_argument(
+        "--pooling",
+        choices=("cls", "mean", "max", "mean_sqrt_len_tokens", "pooler"),
+        default=None,
+        help="default: a sentence-transformers directory's own pooling, else cls",
+    )
+    embed.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="unit-length embeddings (default: as a sentence-transformers directory says, else no)",
+    )
     embed.add_argument("--batch-size", type=int, default=32)
     embed.add_argument("--max-length", type=int, default=None, help="truncate texts to N tokens")
     embed.set_defaults(func=_embed)

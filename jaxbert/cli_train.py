@@ -18,16 +18,24 @@ def _add_config_flags(parser, skip: tuple[str, ...] = ()) -> None:
         if field.name == "progress":
             parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
         elif field.name == "resume":
-            parser.add_argument(flag, nargs="?", const="auto", default=None, metavar="auto|PATH",
-                                help="continue from the latest intact checkpoint in OUT (auto) or from PATH")
+            parser.add_argument(
+                flag,
+                nargs="?",
+                const="auto",
+                default=None,
+                metavar="auto|PATH",
+                help="continue from the latest intact checkpoint in OUT (auto) or from PATH",
+            )
         elif field.name == "break_lock":
-            parser.add_argument(flag, action="store_true",
-                                help="take over OUT's lock left by an interrupted run (or by another host)")
+            parser.add_argument(
+                flag, action="store_true", help="take over OUT's lock left by an interrupted run (or by another host)"
+            )
         elif field.name == "task":
             parser.add_argument(flag, required=True, choices=TASKS)
         elif field.name == "problem_type":
-            parser.add_argument(flag, choices=PROBLEM_TYPES, default=None,
-                                help="sequence classification (default: from the labels)")
+            parser.add_argument(
+                flag, choices=PROBLEM_TYPES, default=None, help="sequence classification (default: from the labels)"
+            )
         elif field.type == "bool":
             parser.add_argument(flag, action="store_true")
         elif field.default is dataclasses.MISSING:
@@ -58,8 +66,14 @@ def _train(args) -> int:
 def _predict(args) -> int:
     from jaxbert.finetuned import predict
 
-    n = predict(args.dir, args.input, args.output, batch_size=args.batch_size, text_column=args.text_column,
-                pair_column=args.text_pair_column)
+    n = predict(
+        args.dir,
+        args.input,
+        args.output,
+        batch_size=args.batch_size,
+        text_column=args.text_column,
+        pair_column=args.text_pair_column,
+    )
     print(f"predicted {n} inputs -> {args.output}")
     return 0
 
@@ -67,9 +81,17 @@ def _predict(args) -> int:
 def _evaluate(args) -> int:
     from jaxbert.finetuned import evaluate
 
-    result = evaluate(args.dir, args.task, args.file, args.output, text_column=args.text_column,
-                      pair_column=args.text_pair_column, label_column=args.label_column,
-                      batch_size=args.batch_size, max_length=args.max_seq_length)
+    result = evaluate(
+        args.dir,
+        args.task,
+        args.file,
+        args.output,
+        text_column=args.text_column,
+        pair_column=args.text_pair_column,
+        label_column=args.label_column,
+        batch_size=args.batch_size,
+        max_length=args.max_seq_length,
+    )
     for name, value in result.items():
         print(f"  {name:<12} {value:.4f}")
     print(f"wrote {args.output}")
@@ -82,8 +104,10 @@ def add_parsers(sub) -> None:
     mlm = sub.add_parser("train-mlm", help="masked-language-model fine-tuning (= train --task mlm)")
     _add_config_flags(mlm, skip=TASK_FIELDS)
     mlm.set_defaults(func=_train, task="mlm")
-    train = sub.add_parser("train", help="fine-tune on a task: classification, regression, NER, multiple choice, "
-                                         "MLM (resumable, multi-device)")
+    train = sub.add_parser(
+        "train",
+        help="fine-tune on a task: classification, regression, NER, multiple choice, MLM (resumable, multi-device)",
+    )
     _add_config_flags(train)
     train.set_defaults(func=_train)
     predict = sub.add_parser("predict", help="a fine-tuned model's predictions for a file, one JSON line each")
@@ -96,8 +120,9 @@ def add_parsers(sub) -> None:
     predict.set_defaults(func=_predict)
     evaluate = sub.add_parser("evaluate", help="a fine-tuned model's validation metrics on a labelled file")
     evaluate.add_argument("dir")
-    evaluate.add_argument("--task", required=True, choices=("sequence-classification", "token-classification",
-                                                           "multiple-choice"))
+    evaluate.add_argument(
+        "--task", required=True, choices=("sequence-classification", "token-classification", "multiple-choice")
+    )
     evaluate.add_argument("--file", required=True, help=".jsonl, .csv or .tsv with the training file's columns")
     evaluate.add_argument("--output", default="eval_results.json", help="FILE.json the metrics are written to")
     evaluate.add_argument("--text-column", default=None)

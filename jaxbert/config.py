@@ -17,14 +17,32 @@ from jaxbert.ops import ACTIVATIONS
 
 POSITION_EMBEDDING_TYPES = ("absolute", "relative_key", "relative_key_query")
 PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
-_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-          "max_position_embeddings", "type_vocab_size")
+_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+)
 _MAX_SIZE = 2**31 - 1  # JAX indexes with int32
-_FIELD_KINDS = {**{f: int for f in _SIZES}, "pad_token_id": int, "hidden_act": str,
-                "position_embedding_type": str, "problem_type": str, "model_type": str,
-                "tie_word_embeddings": bool, "is_decoder": bool, "add_cross_attention": bool,
-                "hidden_dropout_prob": float, "attention_probs_dropout_prob": float,
-                "classifier_dropout": float, "initializer_range": float, "layer_norm_eps": float}
+_FIELD_KINDS = {
+    **{f: int for f in _SIZES},
+    "pad_token_id": int,
+    "hidden_act": str,
+    "position_embedding_type": str,
+    "problem_type": str,
+    "model_type": str,
+    "tie_word_embeddings": bool,
+    "is_decoder": bool,
+    "add_cross_attention": bool,
+    "hidden_dropout_prob": float,
+    "attention_probs_dropout_prob": float,
+    "classifier_dropout": float,
+    "initializer_range": float,
+    "layer_norm_eps": float,
+}
 _OPTIONAL = ("problem_type", "classifier_dropout")
 _KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 
@@ -96,19 +114,26 @@ class BertConfig:
             if not (value is None and field in _OPTIONAL) and not _is_kind(value, kind):
                 self._bad(field, f"must be {_KIND_NAMES[kind]}")
         if self.id2label is not None and not (
-                isinstance(self.id2label, dict) and all(_is_index(k) for k in self.id2label)
-                and all(isinstance(v, str) for v in self.id2label.values())):
+            isinstance(self.id2label, dict)
+            and all(_is_index(k) for k in self.id2label)
+            and all(isinstance(v, str) for v in self.id2label.values())
+        ):
             self._bad("id2label", "must be an object of label index -> label name")
         if self.label2id is not None and not (
-                isinstance(self.label2id, dict) and all(_is_kind(v, int) for v in self.label2id.values())):
+            isinstance(self.label2id, dict) and all(_is_kind(v, int) for v in self.label2id.values())
+        ):
             self._bad("label2id", "must be an object of label name -> label index")
         if self.architectures is not None and not (
-                isinstance(self.architectures, (list, tuple)) and all(isinstance(a, str) for a in self.architectures)):
+            isinstance(self.architectures, (list, tuple)) and all(isinstance(a, str) for a in self.architectures)
+        ):
             self._bad("architectures", "must be a list of class names")
         if self.pruned_heads is not None and not (
-                isinstance(self.pruned_heads, dict) and all(_is_index(k) for k in self.pruned_heads)
-                and all(isinstance(v, (list, tuple)) and all(_is_kind(h, int) for h in v)
-                        for v in self.pruned_heads.values())):
+            isinstance(self.pruned_heads, dict)
+            and all(_is_index(k) for k in self.pruned_heads)
+            and all(
+                isinstance(v, (list, tuple)) and all(_is_kind(h, int) for h in v) for v in self.pruned_heads.values()
+            )
+        ):
             self._bad("pruned_heads", "must be an object of layer index -> list of head indices")
         if self.extra is not None and not isinstance(self.extra, dict):
             self._bad("extra", "must be a dict")
@@ -160,7 +185,7 @@ class BertConfig:
         pruned = set(self.pruned_heads.get(layer, ()))
         return tuple(h for h in range(self.num_attention_heads) if h not in pruned)
 
-    def replace(self, **changes) -> "BertConfig":
+    def replace(self, **changes) -> BertConfig:
         return dataclasses.replace(self, **changes)
 
     def __hash__(self):
@@ -173,7 +198,7 @@ class BertConfig:
 
     # -- (de)serialization ---------------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "BertConfig":
+    def from_dict(cls, data: dict[str, Any]) -> BertConfig:
         data = dict(data)
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         kwargs = {k: data.pop(k) for k in list(data) if k in names}
@@ -185,7 +210,7 @@ class BertConfig:
         return cls(**kwargs, extra=data)
 
     @classmethod
-    def from_json_file(cls, path: str | os.PathLike) -> "BertConfig":
+    def from_json_file(cls, path: str | os.PathLike) -> BertConfig:
         try:
             return cls.from_dict(read_json(os.fspath(path)))
         except (TypeError, ValueError) as e:
@@ -193,7 +218,7 @@ class BertConfig:
             raise ValueError(message if message.startswith(os.fspath(path)) else f"{path}: {message}") from None
 
     @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike) -> "BertConfig":
+    def from_pretrained(cls, directory: str | os.PathLike) -> BertConfig:
         directory = os.fspath(directory)
         path = existing_file(directory, "config.json")
         if path is None:

@@ -56,7 +56,7 @@ def canonical_key(key: str, head: str) -> str:
     if key == "cls.predictions.decoder.bias":  # transformers ties it to cls.predictions.bias
         key = "cls.predictions.bias"
     if head == "BertModel":
-        return key[len("bert."):] if key.startswith("bert.") else key
+        return key[len("bert.") :] if key.startswith("bert.") else key
     return "bert." + key if key.startswith(_BASE_PREFIXES) else key
 
 
@@ -74,8 +74,9 @@ def _check_layer_count(state_dict, config: BertConfig) -> None:
     indices = {int(m.group(1)) for key in state_dict if (m := _LAYER.search(key))}
     found = max(indices) + 1 if indices else 0
     if found < config.num_hidden_layers:  # (extra layers are named as unknown keys below)
-        raise ValueError(f"num_hidden_layers={config.num_hidden_layers} in the config, but the weights hold "
-                         f"{found} layer(s)")
+        raise ValueError(
+            f"num_hidden_layers={config.num_hidden_layers} in the config, but the weights hold {found} layer(s)"
+        )
 
 
 def check_tensor(key: str, value: np.ndarray) -> None:
@@ -96,8 +97,9 @@ def check_fits(name: str, x: np.ndarray, dtype) -> None:
     if x.size and limit < float(np.finfo(np.float32).max):
         largest = float(np.max(np.abs(np.asarray(x, np.float32))))
         if largest > limit:
-            raise ValueError(f"{name}: largest magnitude {largest:.6g} overflows {np.dtype(dtype).name} "
-                             f"(max {limit:.6g})")
+            raise ValueError(
+                f"{name}: largest magnitude {largest:.6g} overflows {np.dtype(dtype).name} (max {limit:.6g})"
+            )
 
 
 def cast_checked(name: str, x: np.ndarray, dtype) -> np.ndarray:
@@ -112,8 +114,9 @@ def check_cast(params, dtype) -> None:
             check_fits(path, x, dtype)
 
 
-def torch_to_flax(state_dict: dict[str, np.ndarray], config: BertConfig, head: str | None = None, *,
-                  allow_missing_head: bool = False) -> tuple[dict, ConversionReport]:
+def torch_to_flax(
+    state_dict: dict[str, np.ndarray], config: BertConfig, head: str | None = None, *, allow_missing_head: bool = False
+) -> tuple[dict, ConversionReport]:
     """Map a transformers BERT state dict onto the Flax tree for `head`.
 
     Raises ValueError naming the key for unknown keys, duplicates, shape mismatches and missing parameters.
@@ -142,8 +145,9 @@ def torch_to_flax(state_dict: dict[str, np.ndarray], config: BertConfig, head: s
             raise ValueError(f"unknown key {key!r}: not a parameter of {head} with this config")
         path, shape = expected[name]
         if tuple(value.shape) != tuple(shape):
-            raise ValueError(f"{key}: shape {tuple(value.shape)} in the checkpoint, expected {tuple(shape)} "
-                             f"from the config")
+            raise ValueError(
+                f"{key}: shape {tuple(value.shape)} in the checkpoint, expected {tuple(shape)} from the config"
+            )
         check_tensor(key, value)
         if name in sources:
             if name == "cls.predictions.bias" and np.array_equal(found[path], value):
@@ -167,8 +171,9 @@ def torch_to_flax(state_dict: dict[str, np.ndarray], config: BertConfig, head: s
     return traverse_util.unflatten_dict(found), report
 
 
-def flax_to_torch(params: dict, config: BertConfig, head: str | None = None, *,
-                  include_tied: bool = True) -> dict[str, np.ndarray]:
+def flax_to_torch(
+    params: dict, config: BertConfig, head: str | None = None, *, include_tied: bool = True
+) -> dict[str, np.ndarray]:
     """The inverse: the Flax tree -> transformers' state dict keys (kernels transposed back, contiguous).
 
     With `include_tied`, the tied decoder weight and bias are written as well, as `model.state_dict()` has them.

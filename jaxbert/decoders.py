@@ -21,8 +21,9 @@ from jaxbert.ops import compute_dtype
 from jaxbert.seq2seq import encode
 
 
-def causal_lm(params, config: BertConfig, ids, mask, positions, length, max_new, live, warp, rng, *, search,
-              bound: int):
+def causal_lm(
+    params, config: BertConfig, ids, mask, positions, length, max_new, live, warp, rng, *, search, bound: int
+):
     """Prefill and the whole decoding loop of a BertLMHeadModel as one program over a cache of the prompt's
     bucket plus `bound` slots, within the positions (the decoder rewinds over the prompt's padding)."""
     capacity = min(ids.shape[1] + bound, config.max_position_embeddings)
@@ -44,13 +45,25 @@ def causal_lm(params, config: BertConfig, ids, mask, positions, length, max_new,
         logits = mlm_logits(params["cls"], config, embeddings, x)
         return jnp.broadcast_to(logits, ids.shape + logits.shape[-1:]), out.past_key_values
 
-    return decode(step, cache, ids, mask, positions, length, max_new, live, search=search, bound=bound, warp=warp,
-                  rng=rng)
+    return decode(
+        step, cache, ids, mask, positions, length, max_new, live, search=search, bound=bound, warp=warp, rng=rng
+    )
 
 
-def seq2seq(params, config, input_ids: Int[Array, "R S"], attention_mask: Int[Array, "R S"],
-            start: Int[Array, "R 1"], max_new: Int[Array, ""], live: Bool[Array, "R"], warp, rng, *, search,
-            bound: int):
+def seq2seq(
+    params,
+    config,
+    input_ids: Int[Array, "R S"],
+    attention_mask: Int[Array, "R S"],
+    start: Int[Array, "R 1"],
+    max_new: Int[Array, ""],
+    live: Bool[Array, " R"],
+    warp,
+    rng,
+    *,
+    search,
+    bound: int,
+):
     """A bert2bert's generation as one program (config an EncoderDecoderConfig): the encoder once, then the
     decoder's prefill of the start tokens `start` [R, 1] with the encoder's states, which puts their cross-attention
     keys in the cache, then the decoding loop over it. `params["decoder"]` in the stored layout (see above)."""
@@ -63,11 +76,32 @@ def seq2seq(params, config, input_ids: Int[Array, "R S"], attention_mask: Int[Ar
         # Only the prefill computes cross keys; later the cache holds them, per beam after beam search's reorder
         # (its rows then no longer match the encoder's).
         fresh = not cache.has_cross
-        out = forward(params["decoder"], decoder, "BertLMHeadModel", ids, mask, None, positions,
-                      past_key_values=cache, encoder_hidden_states=states if fresh else None,
-                      encoder_attention_mask=attention_mask if fresh else None)
+        out = forward(
+            params["decoder"],
+            decoder,
+            "BertLMHeadModel",
+            ids,
+            mask,
+            None,
+            positions,
+            past_key_values=cache,
+            encoder_hidden_states=states if fresh else None,
+            encoder_attention_mask=attention_mask if fresh else None,
+        )
         return out.logits, out.past_key_values
 
     ones = jnp.ones_like(start)
-    return decode(step, cache, start, ones, jnp.zeros_like(start), jnp.int32(1), max_new, live, search=search,
-                  bound=bound, warp=warp, rng=rng)
+    return decode(
+        step,
+        cache,
+        start,
+        ones,
+        jnp.zeros_like(start),
+        jnp.int32(1),
+        max_new,
+        live,
+        search=search,
+        bound=bound,
+        warp=warp,
+        rng=rng,
+    )

@@ -44,8 +44,10 @@ def checkpoint_file(directory: str, name: str) -> str:
         raise ValueError(f"{path}: names a file outside the checkpoint directory")
     target = os.path.realpath(path)
     if not any(_within(target, root) for root in allowed_roots(directory)):
-        raise ValueError(f"{path}: resolves to {target}, outside the checkpoint directory (symlinks must stay "
-                         "inside it, or inside the model's Hugging Face cache entry)")
+        raise ValueError(
+            f"{path}: resolves to {target}, outside the checkpoint directory (symlinks must stay "
+            "inside it, or inside the model's Hugging Face cache entry)"
+        )
     return path
 
 
@@ -67,13 +69,22 @@ def read_json(path: str, expect: type = dict):
     except RecursionError:
         raise ValueError(f"{path}: JSON nested too deeply") from None
     if not isinstance(value, expect):
-        raise ValueError(f"{path}: expected a JSON {_JSON_NAMES.get(expect, expect.__name__)}, "
-                         f"got {_JSON_NAMES.get(type(value), type(value).__name__)}")
+        raise ValueError(
+            f"{path}: expected a JSON {_JSON_NAMES.get(expect, expect.__name__)}, "
+            f"got {_JSON_NAMES.get(type(value), type(value).__name__)}"
+        )
     return value
 
 
-_JSON_NAMES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
-               type(None): "null"}
+_JSON_NAMES = {
+    dict: "object",
+    list: "array",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
+}
 
 
 def check_disjoint(src: str, dst: str) -> None:

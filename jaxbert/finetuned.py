@@ -38,16 +38,23 @@ def _choose(bert, path: str, context: str, options: str) -> list[dict]:
         enc = bert.tokenizer.encode([row.text(context)] * len(opts), opts, max_length=bert.max_length(None))
         length = batching.bucket(int(enc.lengths().max()), bert.length_buckets)
         feed = pad(enc, length, len(opts), bert.config.pad_token_id)
-        logits = np.asarray(bert(*(feed[k][None] for k in ("input_ids", "attention_mask", "token_type_ids"))
-                                 ).logits, np.float64)[0]
+        logits = np.asarray(
+            bert(*(feed[k][None] for k in ("input_ids", "attention_mask", "token_type_ids"))).logits, np.float64
+        )[0]
         probs = np.exp(logits - logits.max())
         probs /= probs.sum()
         out.append({"label": int(probs.argmax()), "scores": [float(p) for p in probs]})
     return out
 
 
-def predict(directory: str, input_path: str, output: str, batch_size: int = 32, text_column: str = "text",
-            pair_column: str | None = None) -> int:
+def predict(
+    directory: str,
+    input_path: str,
+    output: str,
+    batch_size: int = 32,
+    text_column: str = "text",
+    pair_column: str | None = None,
+) -> int:
     """Predictions of the model in `directory` for every input, written to `output` (.jsonl) atomically:
     classify's dicts (sequence classification), {"words": tag's list} (token classification), {label, scores}
     (multiple choice). Returns the number of inputs."""
@@ -60,22 +67,36 @@ def predict(directory: str, input_path: str, output: str, batch_size: int = 32, 
     if bert.head == "BertForSequenceClassification":
         results = bert.classify(*_inputs(input_path, text_column, pair_column), batch_size=batch_size)
     elif bert.head == "BertForTokenClassification":
-        results = [{"words": words} for words in bert.tag(_inputs(input_path, text_column, None)[0],
-                                                          batch_size=batch_size)]
+        results = [
+            {"words": words} for words in bert.tag(_inputs(input_path, text_column, None)[0], batch_size=batch_size)
+        ]
     elif bert.head == "BertForMultipleChoice":
-        results = _choose(bert, input_path, text_column if text_column != "text" else "context",
-                          pair_column or "choices")
+        results = _choose(
+            bert, input_path, text_column if text_column != "text" else "context", pair_column or "choices"
+        )
     else:
-        raise ValueError(f"{directory}: predict needs a sequence classification, token classification or "
-                         f"multiple choice model; this one is {bert.head}")
+        raise ValueError(
+            f"{directory}: predict needs a sequence classification, token classification or "
+            f"multiple choice model; this one is {bert.head}"
+        )
     with atomic_file(output, ".jsonl") as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in results)
     return len(results)
 
 
-def evaluate(directory: str, task_name: str, path: str, output: str, *, text_column=None, pair_column=None,
-             label_column=None, batch_size: int = 32, max_length: int | None = None) -> dict:
+def evaluate(
+    directory: str,
+    task_name: str,
+    path: str,
+    output: str,
+    *,
+    text_column=None,
+    pair_column=None,
+    label_column=None,
+    batch_size: int = 32,
+    max_length: int | None = None,
+) -> dict:
     """The task's metrics of the model in `directory` on the labelled file `path` (labels named through the
     model's label2id), written to `output` (.json) atomically and returned."""
     from types import SimpleNamespace
@@ -99,19 +120,30 @@ def evaluate(directory: str, task_name: str, path: str, output: str, *, text_col
     if head != task.head:
         raise ValueError(f"{directory}: a {head} checkpoint; --task {task_name} needs a {task.head}")
     rows = read_rows(path, "--file")
-    cols = columns(task, SimpleNamespace(text_column=text_column, text_pair_column=pair_column,
-                                         label_column=label_column))
+    cols = columns(
+        task, SimpleNamespace(text_column=text_column, text_pair_column=pair_column, label_column=label_column)
+    )
     labels = task.labels(rows, cols, config.problem_type, model_labels(config, head))
     tok = WordPiece.from_dir(directory)
     limit = max_length or min(config.max_position_embeddings, tok.model_max_length)
     data = task.encode(tok, rows, cols, labels, limit)[1]()
     params, _ = load_params(directory, config, head)
     eval_fn = jax.jit(functools.partial(task_eval_step, config=config, head=head))
-    result = evaluate_examples(eval_fn, params, data, task, labels, batch_size, batching.length_buckets(limit), 1,
-                               config.pad_token_id)
+    result = evaluate_examples(
+        eval_fn, params, data, task, labels, batch_size, batching.length_buckets(limit), 1, config.pad_token_id
+    )
     result = {k.removeprefix("eval_"): v for k, v in result.items()}
     with atomic_file(output, ".json") as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"model": os.path.abspath(directory), "task": task_name, "file": os.path.abspath(path),
-                       "examples": len(data), **result}, f, indent=1)
+            json.dump(
+                {
+                    "model": os.path.abspath(directory),
+                    "task": task_name,
+                    "file": os.path.abspath(path),
+                    "examples": len(data),
+                    **result,
+                },
+                f,
+                indent=1,
+            )
     return result

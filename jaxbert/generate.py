@@ -22,7 +22,8 @@ Shapes: R rows, B batch, K beams, N = bound, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -74,8 +75,14 @@ def warp_logits(logits: Float[Array, "R V"], warp: Warp) -> Float[Array, "R V"]:
     return jnp.where((warp.top_p < 1) & drop, -jnp.inf, scores)
 
 
-def prefill(step: Step, cache, ids: Int[Array, "R P"], mask: Int[Array, "R P"], positions: Int[Array, "R P"],
-            length: Int[Array, ""]):
+def prefill(
+    step: Step,
+    cache,
+    ids: Int[Array, "R P"],
+    mask: Int[Array, "R P"],
+    positions: Int[Array, "R P"],
+    length: Int[Array, ""],
+):
     """Run the prompt; returns (logits after its last real column [R, V], cache, position of the next token [R]).
     The bucket's padding columns sit after the prompt: rewinding `index` to `length` lets the new tokens overwrite
     their slots, so a cache as long as the positions fits any prompt + new tokens that fits the positions."""
@@ -85,7 +92,7 @@ def prefill(step: Step, cache, ids: Int[Array, "R P"], mask: Int[Array, "R P"], 
     return last, cache.replace(index=jnp.full_like(cache.index, length)), start
 
 
-def _feed(step: Step, cache, last: Int[Array, "R"], start: Int[Array, "R"], t):
+def _feed(step: Step, cache, last: Int[Array, " R"], start: Int[Array, " R"], t):
     """One decoding forward: the token chosen at step t-1, at its row's next position; its logits [R, V]."""
     ids = last[:, None].astype(jnp.int32)
     logits, cache = step(cache, ids, jnp.ones_like(ids), (start + t - 1)[:, None])
@@ -96,7 +103,7 @@ def _feed(step: Step, cache, last: Int[Array, "R"], start: Int[Array, "R"], t):
 class _Rows(NamedTuple):
     t: Int[Array, ""]  # tokens chosen so far
     tokens: Int[Array, "R N"]
-    unfinished: Bool[Array, "R"]
+    unfinished: Bool[Array, " R"]
     cache: Any
 
 
@@ -115,8 +122,18 @@ def _pick(search: Search, warp: Warp | None, rng, s: _Rows, logits: Float[Array,
     return _Rows(s.t + 1, tokens, unfinished, s.cache)
 
 
-def sample(step: Step, cache, logits: Float[Array, "R V"], start: Int[Array, "R"], max_new: Int[Array, ""],
-           live: Bool[Array, "R"], search: Search, bound: int, warp: Warp | None = None, rng=None):
+def sample(
+    step: Step,
+    cache,
+    logits: Float[Array, "R V"],
+    start: Int[Array, " R"],
+    max_new: Int[Array, ""],
+    live: Bool[Array, " R"],
+    search: Search,
+    bound: int,
+    warp: Warp | None = None,
+    rng=None,
+):
     """Greedy (argmax) or sampled tokens after a prefill: (tokens [R, N], steps run). Finished rows get pad."""
     s = _Rows(jnp.int32(0), jnp.full((logits.shape[0], bound), search.pad or 0, jnp.int32), live, cache)
     s = _pick(search, warp, rng, s, logits)
@@ -134,12 +151,12 @@ class _Beams(NamedTuple):
     t: Int[Array, ""]
     running: Int[Array, "B K N"]  # the K live hypotheses
     running_scores: Float[Array, "B K"]  # their summed log-probabilities
-    source: Int[Array, "BK"]  # the cache row each live hypothesis continues
+    source: Int[Array, " BK"]  # the cache row each live hypothesis continues
     sequences: Int[Array, "B K N"]  # the K best finished hypotheses
     scores: Float[Array, "B K"]  # theirs, length-penalized
     lengths: Int[Array, "B K"]  # their generated lengths (0: none yet)
     finished: Bool[Array, "B K"]
-    open: Bool[Array, "B"]  # the early-stopping heuristic says a live hypothesis may still beat a finished one
+    open: Bool[Array, " B"]  # the early-stopping heuristic says a live hypothesis may still beat a finished one
     going: Bool[Array, ""]
     cache: Any
 
@@ -171,8 +188,12 @@ def _finish(s: _Beams, top, tokens, hits, search: Search):
     merged = jnp.concatenate([s.scores, scores], axis=1)
     best = jax.lax.top_k(merged, K)[1]
     lengths = jnp.concatenate([s.lengths, jnp.broadcast_to(s.t + 1, just.shape)], axis=1)
-    return (_gather(jnp.concatenate([s.sequences, tokens], 1), best), _gather(merged, best), _gather(lengths, best),
-            _gather(jnp.concatenate([s.finished, just], 1), best))
+    return (
+        _gather(jnp.concatenate([s.sequences, tokens], 1), best),
+        _gather(merged, best),
+        _gather(lengths, best),
+        _gather(jnp.concatenate([s.finished, just], 1), best),
+    )
 
 
 def _beam_step(s: _Beams, logits: Float[Array, "BK V"], max_new, live, search: Search) -> _Beams:
@@ -192,12 +213,31 @@ def _beam_step(s: _Beams, logits: Float[Array, "BK V"], max_new, live, search: S
     going = jnp.any(is_open) & ~jnp.all(hits)
     if search.early_stopping is True:
         going = going & ~jnp.all(finished)
-    return _Beams(s.t + 1, _gather(tokens, keep), _gather(running, keep), source, sequences, scores, lengths,
-                  finished, is_open, going, s.cache)
+    return _Beams(
+        s.t + 1,
+        _gather(tokens, keep),
+        _gather(running, keep),
+        source,
+        sequences,
+        scores,
+        lengths,
+        finished,
+        is_open,
+        going,
+        s.cache,
+    )
 
 
-def beam_search(step: Step, cache, logits: Float[Array, "B V"], start: Int[Array, "B"], max_new: Int[Array, ""],
-                live: Bool[Array, "B"], search: Search, bound: int):
+def beam_search(
+    step: Step,
+    cache,
+    logits: Float[Array, "B V"],
+    start: Int[Array, " B"],
+    max_new: Int[Array, ""],
+    live: Bool[Array, " B"],
+    search: Search,
+    bound: int,
+):
     """Beam search after a prefill of B rows: (hypotheses [B, num_return_sequences, N], their longest length).
     The prefilled rows are copied to K beams each (by `reorder`, as every later step keeps its beams)."""
     B, K = logits.shape[0], search.num_beams
@@ -205,9 +245,19 @@ def beam_search(step: Step, cache, logits: Float[Array, "B V"], start: Int[Array
     start = start[rows]
     fill = jnp.full((B, K, bound), search.fill, jnp.int32)
     first = jnp.where(jnp.arange(K) == 0, 0.0, _NEG)  # all beams start equal: only the first may expand
-    s = _Beams(jnp.int32(0), fill, jnp.broadcast_to(first, (B, K)), rows, fill, jnp.full((B, K), _NEG),
-               jnp.zeros((B, K), jnp.int32), jnp.broadcast_to(~live[:, None], (B, K)), live, jnp.bool_(True),
-               cache.reorder(rows))
+    s = _Beams(
+        jnp.int32(0),
+        fill,
+        jnp.broadcast_to(first, (B, K)),
+        rows,
+        fill,
+        jnp.full((B, K), _NEG),
+        jnp.zeros((B, K), jnp.int32),
+        jnp.broadcast_to(~live[:, None], (B, K)),
+        live,
+        jnp.bool_(True),
+        cache.reorder(rows),
+    )
     s = _beam_step(s, logits[rows], max_new, live, search)
 
     def body(s: _Beams) -> _Beams:
@@ -220,9 +270,21 @@ def beam_search(step: Step, cache, logits: Float[Array, "B V"], start: Int[Array
     return s.sequences[:, :n], jnp.max(jnp.where(live[:, None], s.lengths[:, :n], 0))
 
 
-def decode(step: Step, cache, ids: Int[Array, "R P"], mask: Int[Array, "R P"], positions: Int[Array, "R P"],
-           length: Int[Array, ""], max_new: Int[Array, ""], live: Bool[Array, "R"], *, search: Search, bound: int,
-           warp: Warp | None = None, rng=None):
+def decode(
+    step: Step,
+    cache,
+    ids: Int[Array, "R P"],
+    mask: Int[Array, "R P"],
+    positions: Int[Array, "R P"],
+    length: Int[Array, ""],
+    max_new: Int[Array, ""],
+    live: Bool[Array, " R"],
+    *,
+    search: Search,
+    bound: int,
+    warp: Warp | None = None,
+    rng=None,
+):
     """Prefill then decode. Returns (tokens [R, N], steps run) for greedy search and sampling, (hypotheses
     [R, num_return_sequences, N], longest length) for beam search; columns past those lengths are filler."""
     logits, cache, start = prefill(step, cache, ids, mask, positions, length)

@@ -72,12 +72,15 @@ def _loop_arguments(options: Options, n: int, live, limit: int) -> tuple:
     return (jnp.int32(n), live, warp, jax.random.key(options.seed)), batching.bucket(n, batching.length_buckets(limit))
 
 
-def request(config: BertConfig, head: str, length_buckets, settings: dict, prompt_ids, attention_mask,
-            given: dict) -> Request:
+def request(
+    config: BertConfig, head: str, length_buckets, settings: dict, prompt_ids, attention_mask, given: dict
+) -> Request:
     """Check everything and pad the prompt to (batch, length) buckets, rows copied, columns appended masked."""
     if head != "BertLMHeadModel" or not config.is_decoder:
-        raise ValueError(f"generate needs a causal LM (BertLMHeadModel with is_decoder=true); this is {head} "
-                         f"with is_decoder={str(config.is_decoder).lower()}")
+        raise ValueError(
+            f"generate needs a causal LM (BertLMHeadModel with is_decoder=true); this is {head} "
+            f"with is_decoder={str(config.is_decoder).lower()}"
+        )
     options = resolve(config, settings, given)
     if prompt_ids is None:
         if options.bos is None:
@@ -98,8 +101,10 @@ def seq2seq_request(config, length_buckets, settings: dict, input_ids, attention
     buckets; the decoder prompt is the start token, and the output starts with it, as transformers'."""
     options = resolve(config, settings, given)
     if options.start is None:
-        raise ValueError("decoder_start_token_id: not given, not in generation_config.json or config.json, and no "
-                         "bos_token_id to fall back on")
+        raise ValueError(
+            "decoder_start_token_id: not given, not in generation_config.json or config.json, and no "
+            "bos_token_id to fall back on"
+        )
     check_arrays(config.encoder, input_ids, attention_mask)
     ids = np.asarray(input_ids)
     mask = np.ones(ids.shape, np.int32) if attention_mask is None else np.asarray(attention_mask).astype(np.int32)
@@ -108,5 +113,4 @@ def seq2seq_request(config, length_buckets, settings: dict, input_ids, attention
     start = np.full((ids.shape[0], 1), options.start, np.int32)
     (ids, mask, first), live = _rows((ids, mask, start), ids.shape[0])
     loop, bound = _loop_arguments(options, n, live, config.decoder.max_position_embeddings)
-    return Request(options.search, bound, (*_columns((ids, mask), length_buckets), jnp.asarray(first), *loop),
-                   start)
+    return Request(options.search, bound, (*_columns((ids, mask), length_buckets), jnp.asarray(first), *loop), start)

@@ -20,16 +20,41 @@ from jaxbert.files import existing_file, read_json
 from jaxbert.generate import Search
 from jaxbert.inputs import positive_int
 
-KNOBS = {"max_new_tokens": None, "num_beams": 1, "do_sample": False, "temperature": 1.0, "top_k": 50,
-         "top_p": 1.0, "length_penalty": 1.0, "early_stopping": False, "num_return_sequences": 1}
+KNOBS = {
+    "max_new_tokens": None,
+    "num_beams": 1,
+    "do_sample": False,
+    "temperature": 1.0,
+    "top_k": 50,
+    "top_p": 1.0,
+    "length_penalty": 1.0,
+    "early_stopping": False,
+    "num_return_sequences": 1,
+}
 TOKENS = ("eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id")
 # generation_config.json settings that change what transformers generates and that jaxbert does not implement
-_UNSUPPORTED = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_length": 0, "min_new_tokens": None,
-                "bad_words_ids": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
-                "suppress_tokens": None, "begin_suppress_tokens": None, "typical_p": 1.0, "min_p": None,
-                "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "num_beam_groups": 1, "sequence_bias": None,
-                "exponential_decay_length_penalty": None, "renormalize_logits": False, "stop_strings": None,
-                "encoder_no_repeat_ngram_size": 0, "encoder_repetition_penalty": 1.0}
+_UNSUPPORTED = {
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "min_length": 0,
+    "min_new_tokens": None,
+    "bad_words_ids": None,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "typical_p": 1.0,
+    "min_p": None,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+    "num_beam_groups": 1,
+    "sequence_bias": None,
+    "exponential_decay_length_penalty": None,
+    "renormalize_logits": False,
+    "stop_strings": None,
+    "encoder_no_repeat_ngram_size": 0,
+    "encoder_repetition_penalty": 1.0,
+}
 _READ = (*KNOBS, *TOKENS, *_UNSUPPORTED, "max_length")
 
 
@@ -138,17 +163,23 @@ def resolve(config, settings: dict, given: dict) -> Options:
     return Options(search, o["max_new_tokens"], warp, int(seed), bos, expand, bos if start is None else start)
 
 
-def max_new_tokens(options: Options, settings: dict, config: BertConfig, prompt_length: int,
-                   prompt: str = "prompt length") -> int:
+def max_new_tokens(
+    options: Options, settings: dict, config: BertConfig, prompt_length: int, prompt: str = "prompt length"
+) -> int:
     """transformers' new-token count: max_new_tokens, else max_length (counting the prompt) when a generation
     config sets it, else 20, capped by the positions; with the prompt it must fit `config`'s positions."""
     limit = config.max_position_embeddings
     n = options.max_new_tokens
     if n is None:
-        n = (positive_int("max_length", settings["max_length"]) - prompt_length if "max_length" in settings
-             else min(20, limit - prompt_length))
+        n = (
+            positive_int("max_length", settings["max_length"]) - prompt_length
+            if "max_length" in settings
+            else min(20, limit - prompt_length)
+        )
     n = positive_int("max_new_tokens", n)
     if prompt_length + n > limit:
-        raise ValueError(f"{prompt} {prompt_length} + max_new_tokens {n} = {prompt_length + n} exceeds "
-                         f"max_position_embeddings {limit}")
+        raise ValueError(
+            f"{prompt} {prompt_length} + max_new_tokens {n} = {prompt_length + n} exceeds "
+            f"max_position_embeddings {limit}"
+        )
     return n

@@ -11,7 +11,7 @@ Initialization, conversion, `forward` and `convert --verify` all read the table.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -34,8 +34,9 @@ class Head:
 
 
 # -- the heads' computations --------------------------------------------------------------------------------------
-def mlm_logits(p_cls, config: BertConfig, word_embeddings: Float[Array, "V D"],
-               x: Float[Array, "... D"]) -> Float[Array, "... V"]:
+def mlm_logits(
+    p_cls, config: BertConfig, word_embeddings: Float[Array, "V D"], x: Float[Array, "... D"]
+) -> Float[Array, "... V"]:
     """Transform (dense, activation, LayerNorm) then the decoder tied to the word embeddings plus a bias."""
     p = p_cls["predictions"]
     h = activation(config.hidden_act)(dense(p["transform"]["dense"], x))
@@ -43,8 +44,9 @@ def mlm_logits(p_cls, config: BertConfig, word_embeddings: Float[Array, "V D"],
     # The tied decoder contracts the embeddings' D axis in place: written as `jnp.dot(h, embeddings.T)`, XLA:CPU
     # fuses the bias add into a slow one-row product (bert-base, one position: 88 ms instead of 5).
     decoder, axis = (p["decoder"]["kernel"], 0) if "decoder" in p else (word_embeddings, 1)
-    logits = jax.lax.dot_general(h.astype(decoder.dtype), decoder, (((h.ndim - 1,), (axis,)), ((), ())),
-                                 preferred_element_type=jnp.float32)
+    logits = jax.lax.dot_general(
+        h.astype(decoder.dtype), decoder, (((h.ndim - 1,), (axis,)), ((), ())), preferred_element_type=jnp.float32
+    )
     return logits + p["bias"].astype(jnp.float32)
 
 
@@ -53,8 +55,9 @@ def _classifier_dropout(config: BertConfig) -> float:
 
 
 def _predictions(params, config, out):
-    return mlm_logits(params["cls"], config, params["bert"]["embeddings"]["word_embeddings"]["embedding"],
-                      out.last_hidden_state)
+    return mlm_logits(
+        params["cls"], config, params["bert"]["embeddings"]["word_embeddings"]["embedding"], out.last_hidden_state
+    )
 
 
 def _masked_lm(params, config, out, targets, rng, smoothing):
@@ -77,18 +80,25 @@ def _next_sentence(params, config, out, targets, rng, smoothing):
 
 
 def _pretraining(params, config, out, targets, rng, smoothing):
-    (mlm, mlm_loss), (nsp, nsp_loss) = (_masked_lm(params, config, out, targets, rng, smoothing),
-                                        _next_sentence(params, config, out, targets, rng, smoothing))
+    (mlm, mlm_loss), (nsp, nsp_loss) = (
+        _masked_lm(params, config, out, targets, rng, smoothing),
+        _next_sentence(params, config, out, targets, rng, smoothing),
+    )
     losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
-    return ({"prediction_logits": mlm["logits"], "seq_relationship_logits": nsp["logits"]},
-            sum(losses) if losses else None)
+    return (
+        {"prediction_logits": mlm["logits"], "seq_relationship_logits": nsp["logits"]},
+        sum(losses) if losses else None,
+    )
 
 
 def _sequence_classification(params, config, out, targets, rng, smoothing):
     logits = dense(params["classifier"], dropout(out.pooler_output, _classifier_dropout(config), rng))
     labels = targets.get("labels")
-    loss = None if labels is None else sequence_classification_loss(config, logits, labels, smoothing,
-                                                                    targets.get("sample_weight"))
+    loss = (
+        None
+        if labels is None
+        else sequence_classification_loss(config, logits, labels, smoothing, targets.get("sample_weight"))
+    )
     return {"logits": logits}, loss
 
 
@@ -127,31 +137,68 @@ def _mlm_spec(config: BertConfig) -> dict:
 
 _TABLE = (
     Head("BertModel", True, lambda c: {}, None, ()),
-    Head("BertForPreTraining", True,
-         lambda c: {"cls": {"predictions": _mlm_spec(c), "seq_relationship": dense_spec(c.hidden_size, 2)}},
-         _pretraining, ("prediction_logits", "seq_relationship_logits")),
+    Head(
+        "BertForPreTraining",
+        True,
+        lambda c: {"cls": {"predictions": _mlm_spec(c), "seq_relationship": dense_spec(c.hidden_size, 2)}},
+        _pretraining,
+        ("prediction_logits", "seq_relationship_logits"),
+    ),
     Head("BertForMaskedLM", False, lambda c: {"cls": {"predictions": _mlm_spec(c)}}, _masked_lm, ("logits",)),
-    Head("BertForNextSentencePrediction", True,
-         lambda c: {"cls": {"seq_relationship": dense_spec(c.hidden_size, 2)}}, _next_sentence, ("logits",)),
-    Head("BertForSequenceClassification", True,
-         lambda c: {"classifier": dense_spec(c.hidden_size, c.num_labels)}, _sequence_classification, ("logits",)),
-    Head("BertForTokenClassification", False,
-         lambda c: {"classifier": dense_spec(c.hidden_size, c.num_labels)}, _token_classification, ("logits",)),
+    Head(
+        "BertForNextSentencePrediction",
+        True,
+        lambda c: {"cls": {"seq_relationship": dense_spec(c.hidden_size, 2)}},
+        _next_sentence,
+        ("logits",),
+    ),
+    Head(
+        "BertForSequenceClassification",
+        True,
+        lambda c: {"classifier": dense_spec(c.hidden_size, c.num_labels)},
+        _sequence_classification,
+        ("logits",),
+    ),
+    Head(
+        "BertForTokenClassification",
+        False,
+        lambda c: {"classifier": dense_spec(c.hidden_size, c.num_labels)},
+        _token_classification,
+        ("logits",),
+    ),
     # transformers sizes qa_outputs by num_labels (2 in practice)
-    Head("BertForQuestionAnswering", False,
-         lambda c: {"qa_outputs": dense_spec(c.hidden_size, c.num_labels)}, _question_answering,
-         ("start_logits", "end_logits")),
-    Head("BertForMultipleChoice", True, lambda c: {"classifier": dense_spec(c.hidden_size, 1)}, _multiple_choice,
-         ("logits",), choices=True),
+    Head(
+        "BertForQuestionAnswering",
+        False,
+        lambda c: {"qa_outputs": dense_spec(c.hidden_size, c.num_labels)},
+        _question_answering,
+        ("start_logits", "end_logits"),
+    ),
+    Head(
+        "BertForMultipleChoice",
+        True,
+        lambda c: {"classifier": dense_spec(c.hidden_size, 1)},
+        _multiple_choice,
+        ("logits",),
+        choices=True,
+    ),
     Head("BertLMHeadModel", False, lambda c: {"cls": {"predictions": _mlm_spec(c)}}, _causal_lm, ("logits",)),
 )
 TABLE: dict[str, Head] = {h.name: h for h in _TABLE}
 HEADS = tuple(TABLE)
-ALIASES = {"base": "BertModel", "pretraining": "BertForPreTraining", "mlm": "BertForMaskedLM",
-           "nsp": "BertForNextSentencePrediction", "sequence_classification": "BertForSequenceClassification",
-           "token_classification": "BertForTokenClassification", "qa": "BertForQuestionAnswering",
-           "question_answering": "BertForQuestionAnswering", "multiple_choice": "BertForMultipleChoice",
-           "causal_lm": "BertLMHeadModel", "BertForCausalLM": "BertLMHeadModel"}
+ALIASES = {
+    "base": "BertModel",
+    "pretraining": "BertForPreTraining",
+    "mlm": "BertForMaskedLM",
+    "nsp": "BertForNextSentencePrediction",
+    "sequence_classification": "BertForSequenceClassification",
+    "token_classification": "BertForTokenClassification",
+    "qa": "BertForQuestionAnswering",
+    "question_answering": "BertForQuestionAnswering",
+    "multiple_choice": "BertForMultipleChoice",
+    "causal_lm": "BertLMHeadModel",
+    "BertForCausalLM": "BertLMHeadModel",
+}
 BASE_FIELDS = ("last_hidden_state", "pooler_output")
 
 
@@ -174,12 +221,34 @@ def base_params(params, head: str):
     return params if head == "BertModel" else params["bert"]
 
 
-def forward(params, config: BertConfig, head: str, input_ids=None, attention_mask=None, token_type_ids=None,
-            position_ids=None, head_mask=None, inputs_embeds=None, output_hidden_states: bool = False,
-            output_attentions: bool = False, *, labels=None, next_sentence_label=None, start_positions=None,
-            end_positions=None, encoder_hidden_states=None, encoder_attention_mask=None, past_key_values=None,
-            use_cache: bool = False, decoder_input_ids=None, decoder_attention_mask=None, rng=None,
-            remat: bool = False, label_smoothing: float = 0.0, sample_weight=None) -> BertOutput:
+def forward(
+    params,
+    config: BertConfig,
+    head: str,
+    input_ids=None,
+    attention_mask=None,
+    token_type_ids=None,
+    position_ids=None,
+    head_mask=None,
+    inputs_embeds=None,
+    output_hidden_states: bool = False,
+    output_attentions: bool = False,
+    *,
+    labels=None,
+    next_sentence_label=None,
+    start_positions=None,
+    end_positions=None,
+    encoder_hidden_states=None,
+    encoder_attention_mask=None,
+    past_key_values=None,
+    use_cache: bool = False,
+    decoder_input_ids=None,
+    decoder_attention_mask=None,
+    rng=None,
+    remat: bool = False,
+    label_smoothing: float = 0.0,
+    sample_weight=None,
+) -> BertOutput:
     """Any head on a batch, with transformers' output fields; the loss is computed when labels are given.
     Decoders take `encoder_hidden_states`, `encoder_attention_mask`, `past_key_values` and `use_cache` as
     `model.bert` does (BertLMHeadModel's loss predicts token t+1 from tokens ≤ t, as transformers').
@@ -190,27 +259,59 @@ def forward(params, config: BertConfig, head: str, input_ids=None, attention_mas
     if head == "EncoderDecoderModel":
         from jaxbert.seq2seq import encoder_decoder
 
-        return encoder_decoder(params, config, input_ids, attention_mask, decoder_input_ids, decoder_attention_mask,
-                               labels=labels, token_type_ids=token_type_ids,
-                               output_hidden_states=output_hidden_states, output_attentions=output_attentions,
-                               past_key_values=past_key_values, use_cache=use_cache, rng=rng, remat=remat,
-                               label_smoothing=label_smoothing)
+        return encoder_decoder(
+            params,
+            config,
+            input_ids,
+            attention_mask,
+            decoder_input_ids,
+            decoder_attention_mask,
+            labels=labels,
+            token_type_ids=token_type_ids,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            rng=rng,
+            remat=remat,
+            label_smoothing=label_smoothing,
+        )
     if decoder_input_ids is not None:
         raise ValueError(f"decoder_input_ids: {head} is not an encoder-decoder model")
     spec = TABLE[head]
     params = jax.tree_util.tree_map(jnp.asarray, params)
     r_bert, r_head = (None, None) if rng is None else jax.random.split(rng)
-    targets = {"labels": labels, "next_sentence_label": next_sentence_label, "start_positions": start_positions,
-               "end_positions": end_positions, "sample_weight": sample_weight}
+    targets = {
+        "labels": labels,
+        "next_sentence_label": next_sentence_label,
+        "start_positions": start_positions,
+        "end_positions": end_positions,
+        "sample_weight": sample_weight,
+    }
     if spec.choices:  # [B, C, L] -> [B*C, L]; the head gives logits [B, C] back
         targets["choices"] = (input_ids if input_ids is not None else inputs_embeds).shape[1]
         flat = lambda a: None if a is None else a.reshape(-1, *a.shape[2:])  # noqa: E731
         input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds = map(
-            flat, (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds))
-    out = bert(base_params(params, spec.name), config, input_ids, attention_mask, token_type_ids, position_ids,
-               head_mask, inputs_embeds, output_hidden_states, output_attentions, rng=r_bert, remat=remat,
-               encoder_hidden_states=encoder_hidden_states, encoder_attention_mask=encoder_attention_mask,
-               past_key_values=past_key_values, use_cache=use_cache)
+            flat, (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        )
+    out = bert(
+        base_params(params, spec.name),
+        config,
+        input_ids,
+        attention_mask,
+        token_type_ids,
+        position_ids,
+        head_mask,
+        inputs_embeds,
+        output_hidden_states,
+        output_attentions,
+        rng=r_bert,
+        remat=remat,
+        encoder_hidden_states=encoder_hidden_states,
+        encoder_attention_mask=encoder_attention_mask,
+        past_key_values=past_key_values,
+        use_cache=use_cache,
+    )
     if spec.apply is None:
         return out
     fields, loss = spec.apply(params, config, out, targets, r_head, label_smoothing)

@@ -17,9 +17,21 @@ from jaxbert.files import one_line
 
 # transformers' legacy ids have no organisation ("bert-base-uncased"); a revision is a branch, tag or commit.
 _ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?(@[\w./-]+)?$")
-_FILES = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json", "vocab.txt",
-          "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "modules.json",
-          "sentence_bert_config.json", "1_Pooling/config.json", "2_Normalize/*"]
+_FILES = [
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "vocab.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "1_Pooling/config.json",
+    "2_Normalize/*",
+]
 _OTHER_WEIGHTS = ["pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*.bin", "flax_model.msgpack"]
 
 
@@ -64,5 +76,6 @@ def resolve(name: str | os.PathLike) -> str:
             directory = snapshot_download(repo, **{**fetch, "allow_patterns": _OTHER_WEIGHTS})
         return directory
     except Exception as e:  # the network, an unknown repo, a gated one: all end the same way for the user
-        raise FileNotFoundError(f"{where}, and the hub did not provide it ({type(e).__name__}: {one_line(e)})") \
-            from None
+        raise FileNotFoundError(
+            f"{where}, and the hub did not provide it ({type(e).__name__}: {one_line(e)})"
+        ) from None

@@ -25,12 +25,14 @@ from jaxbert.heads import base_params, forward, mlm_logits, resolve_head
 from jaxbert.inputs import check_arrays, check_encoder_states, positive_int
 from jaxbert.layout import is_stacked, map_encoder, to_compute, to_stored
 from jaxbert.model import BertOutput, bert
-from jaxbert.seq2seq import load_config
 from jaxbert.ops import as_bits, from_bits
 from jaxbert.pooling import pool
+from jaxbert.seq2seq import load_config
 from jaxbert.tokenizer import WordPiece, pad
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
 def _check_dtype(dtype: str | None):
     if dtype is not None and dtype not in _DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(_DTYPES)}")
@@ -53,12 +55,17 @@ def _decoding_params(weights, dtypes, config: BertConfig):
     ops.dense). 16-bit kernels stay [in, out], the only layout its bfloat16 matmul (YNNPACK) takes: XLA copies
     others into it in every call. So a 16-bit tied decoder gets its own [D, V] kernel (bert-base: ~30 ms a
     call). A tree without stacked layers (pruned heads) is only turned back from bits."""
+
     def split(tree, take):
         def layers(encoder):
             if not is_stacked(encoder):
                 return encoder
-            return {"layer": {str(i): jax.tree_util.tree_map(lambda a, i=i: take(a, i), encoder["stacked"])
-                              for i in range(config.num_hidden_layers)}}
+            return {
+                "layer": {
+                    str(i): jax.tree_util.tree_map(lambda a, i=i: take(a, i), encoder["stacked"])
+                    for i in range(config.num_hidden_layers)
+                }
+            }
 
         return map_encoder(tree, layers)
 
@@ -92,8 +99,16 @@ class Bert:
     `length_buckets` may be replaced (ascending, the last at most max_position_embeddings).
     """
 
-    def __init__(self, config: BertConfig, params, head: str | None = None, directory: str | None = None,
-                 *, dtype: str | None = None, consume: bool = False):
+    def __init__(
+        self,
+        config: BertConfig,
+        params,
+        head: str | None = None,
+        directory: str | None = None,
+        *,
+        dtype: str | None = None,
+        consume: bool = False,
+    ):
         """`dtype` casts floating parameters as they are placed; `consume=True` hands over `params`: its layers
         are emptied while stacking, to save memory."""
         self.config, self.head, self.directory = config, resolve_head(head, config), directory
@@ -118,8 +133,9 @@ class Bert:
         self._dtypes = jax.tree_util.tree_map(lambda a: a.dtype, compute)
         self.weights = _to_devices(compute, lambda a: jax.device_put(as_bits(a), replicated))
         self._tokenizer = None
-        self._forward = jax.jit(self._counted(self._forward_impl),
-                                static_argnames=("output_hidden_states", "output_attentions"))
+        self._forward = jax.jit(
+            self._counted(self._forward_impl), static_argnames=("output_hidden_states", "output_attentions")
+        )
         self._embed = jax.jit(self._counted(self._embed_impl), static_argnames=("pooling", "normalize"))
         self._masked_logits = jax.jit(self._counted(self._masked_logits_impl))
         self._apart = None  # (weights, the decoding copy of them): see layers_apart
@@ -138,17 +154,39 @@ class Bert:
     def _unbits(self, weights):
         return jax.tree_util.tree_map(from_bits, weights, self._dtypes)
 
-    def _forward_impl(self, weights, input_ids, attention_mask, token_type_ids, position_ids, head_mask,
-                      encoder_hidden_states=None, encoder_attention_mask=None, *, output_hidden_states=False,
-                      output_attentions=False):
-        return forward(self._unbits(weights), self.config, self.head, input_ids, attention_mask, token_type_ids,
-                       position_ids, head_mask, output_hidden_states=output_hidden_states,
-                       output_attentions=output_attentions, encoder_hidden_states=encoder_hidden_states,
-                       encoder_attention_mask=encoder_attention_mask)
+    def _forward_impl(
+        self,
+        weights,
+        input_ids,
+        attention_mask,
+        token_type_ids,
+        position_ids,
+        head_mask,
+        encoder_hidden_states=None,
+        encoder_attention_mask=None,
+        *,
+        output_hidden_states=False,
+        output_attentions=False,
+    ):
+        return forward(
+            self._unbits(weights),
+            self.config,
+            self.head,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            head_mask,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            encoder_hidden_states=encoder_hidden_states,
+            encoder_attention_mask=encoder_attention_mask,
+        )
 
     def _embed_impl(self, weights, input_ids, attention_mask, token_type_ids, *, pooling, normalize):
-        out = bert(base_params(self._unbits(weights), self.head), self.config, input_ids, attention_mask,
-                   token_type_ids)
+        out = bert(
+            base_params(self._unbits(weights), self.head), self.config, input_ids, attention_mask, token_type_ids
+        )
         return pool(out, attention_mask, pooling, normalize)
 
     def _masked_logits_impl(self, weights, input_ids, attention_mask, token_type_ids, positions):
@@ -157,8 +195,9 @@ class Bert:
         params = self._unbits(weights)
         out = bert(params["bert"], self.config, input_ids, attention_mask, token_type_ids)
         hidden = jnp.take_along_axis(out.last_hidden_state, positions[..., None], axis=1)
-        return mlm_logits(params["cls"], self.config,
-                          params["bert"]["embeddings"]["word_embeddings"]["embedding"], hidden)
+        return mlm_logits(
+            params["cls"], self.config, params["bert"]["embeddings"]["word_embeddings"]["embedding"], hidden
+        )
 
     def layers_apart(self, weights):
         """The parameters decoding runs on, made from `weights` (self.weights) by the first call and kept: the
@@ -223,38 +262,80 @@ class Bert:
             out.append(jax.device_put(a, self._data) if n > 1 and a.shape[0] % n == 0 else a)
         return out
 
-    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, head_mask=None,
-                 output_hidden_states: bool = False, output_attentions: bool = False, *,
-                 encoder_hidden_states=None, encoder_attention_mask=None, decoder_input_ids=None) -> BertOutput:
+    def __call__(
+        self,
+        input_ids,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        head_mask=None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        *,
+        encoder_hidden_states=None,
+        encoder_attention_mask=None,
+        decoder_input_ids=None,
+    ) -> BertOutput:
         """transformers' forward; decoders with cross-attention also take the encoder's states and mask."""
         if decoder_input_ids is not None:
             raise ValueError(f"decoder_input_ids: this is a {self.head} checkpoint, not an encoder-decoder one")
         self.check_inputs(input_ids, attention_mask, token_type_ids, position_ids)
-        states, states_mask = check_encoder_states(self.config, np.shape(input_ids)[0], encoder_hidden_states,
-                                                   encoder_attention_mask)
+        states, states_mask = check_encoder_states(
+            self.config, np.shape(input_ids)[0], encoder_hidden_states, encoder_attention_mask
+        )
         states, states_mask = (None if a is None else jnp.asarray(a) for a in (states, states_mask))
         head_mask = None if head_mask is None else jnp.asarray(head_mask, jnp.float32)
-        return self._forward(self.weights, *self._put(input_ids, attention_mask, token_type_ids, position_ids),
-                             head_mask, states, states_mask, output_hidden_states=output_hidden_states,
-                             output_attentions=output_attentions)
+        return self._forward(
+            self.weights,
+            *self._put(input_ids, attention_mask, token_type_ids, position_ids),
+            head_mask,
+            states,
+            states_mask,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+        )
 
-    def generate(self, prompt_ids=None, attention_mask=None, max_new_tokens: int | None = None, *,
-                 num_beams: int | None = None, do_sample: bool | None = None, temperature: float | None = None,
-                 top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-                 num_return_sequences: int | None = None, length_penalty: float | None = None,
-                 early_stopping: bool | str | None = None, eos_token_id=None, pad_token_id=None) -> np.ndarray:
+    def generate(
+        self,
+        prompt_ids=None,
+        attention_mask=None,
+        max_new_tokens: int | None = None,
+        *,
+        num_beams: int | None = None,
+        do_sample: bool | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int = 0,
+        num_return_sequences: int | None = None,
+        length_penalty: float | None = None,
+        early_stopping: bool | str | None = None,
+        eos_token_id=None,
+        pad_token_id=None,
+    ) -> np.ndarray:
         """transformers' `generate` for a causal LM: prompt_ids [B, P] (rows left-padded, with attention_mask) ->
         [B * num_return_sequences, P + steps run] as np.int32. Greedy by default; num_beams > 1 beam search;
         do_sample=True samples (temperature, top_k, top_p) reproducibly from `seed`. Unset options come from the
         checkpoint's generation_config.json, then config.json, then transformers' defaults. Compiles one program
         per (batch, prompt length, new-token) bucket and search mode; see generate.py."""
-        given = dict(max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=do_sample,
-                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                     num_return_sequences=num_return_sequences, length_penalty=length_penalty,
-                     early_stopping=early_stopping, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+        given = dict(
+            max_new_tokens=max_new_tokens,
+            num_beams=num_beams,
+            do_sample=do_sample,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            num_return_sequences=num_return_sequences,
+            length_penalty=length_penalty,
+            early_stopping=early_stopping,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+        )
         settings = generate_inputs.file_settings(self.directory)
-        req = generate_inputs.request(self.config, self.head, self.length_buckets, settings, prompt_ids,
-                                      attention_mask, given)
+        req = generate_inputs.request(
+            self.config, self.head, self.length_buckets, settings, prompt_ids, attention_mask, given
+        )
         return req.assemble(*self._generate(self.weights, *req.arrays, search=req.search, bound=req.bound))
 
     # -- texts in --------------------------------------------------------------------------------------------
@@ -267,13 +348,21 @@ class Bert:
             self.check_inputs(batch["input_ids"], token_type_ids=batch["token_type_ids"])
             yield idx, dict(zip(batch, self._put(*batch.values())))
 
-    def embed(self, texts, pooling: str | tuple[str, ...] | None = None, normalize: bool | None = None,
-              batch_size: int = 32, max_length: int | None = None, progress: bool | None = None) -> np.ndarray:
+    def embed(
+        self,
+        texts,
+        pooling: str | tuple[str, ...] | None = None,
+        normalize: bool | None = None,
+        batch_size: int = 32,
+        max_length: int | None = None,
+        progress: bool | None = None,
+    ) -> np.ndarray:
         """Sentence embeddings [N, hidden × pooling modes] (float32) in input order. Unset options come from a
         sentence-transformers directory (its pooling, Normalize, max_seq_length: SentenceTransformer(dir)'s
         vectors), else [CLS] pooling, not normalized, the model's length (see sentence_dir.py)."""
-        modes, normalize, max_length, lower = sentence_dir.embedding_options(self.sentence_defaults, pooling,
-                                                                             normalize, max_length)
+        modes, normalize, max_length, lower = sentence_dir.embedding_options(
+            self.sentence_defaults, pooling, normalize, max_length
+        )
         if "pooler" in modes and not self.has_pooler:
             raise ValueError(f"pooling='pooler': this {self.head} checkpoint has no pooler")
         batch_size = positive_int("batch_size", batch_size)
@@ -281,8 +370,14 @@ class Bert:
         enc = self.tokenizer.encode(texts, max_length=self.max_length(max_length))
         out = np.zeros((len(enc), self.config.hidden_size * len(modes)), np.float32)
         for idx, batch in tasks.progress(self.batches(enc, batch_size), len(enc), batch_size, progress):
-            emb = self._embed(self.weights, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
-                              pooling=modes, normalize=normalize)
+            emb = self._embed(
+                self.weights,
+                batch["input_ids"],
+                batch["attention_mask"],
+                batch["token_type_ids"],
+                pooling=modes,
+                normalize=normalize,
+            )
             out[idx] = np.asarray(emb)[: len(idx)]
         return out
 
@@ -308,10 +403,10 @@ class Bert:
 
 def load(path: str | os.PathLike, head: str | None = None, dtype: str | None = None) -> Bert:
     """Load a transformers BERT directory (safetensors / .bin / sharded), a jaxbert directory, or a hub id
-(`org/name[@revision]`, from the local Hugging Face cache or downloaded; see hub.py).
+    (`org/name[@revision]`, from the local Hugging Face cache or downloaded; see hub.py).
 
-    `dtype="bfloat16"` (or float16) stores and runs the parameters in that dtype; LayerNorm and softmax
-    statistics stay in float32.
+        `dtype="bfloat16"` (or float16) stores and runs the parameters in that dtype; LayerNorm and softmax
+        statistics stay in float32.
     """
     path = hub.resolve(path)
     config = load_config(path)

@@ -21,19 +21,28 @@ from jaxbert.seq2seq import EncoderDecoderConfig, Seq2SeqOutput, encoder_decoder
 class EncoderDecoder:
     """A loaded EncoderDecoderModel: `config`, `params`, `encoder` and `decoder` (each a `Bert`), `tokenizer`."""
 
-    def __init__(self, config: EncoderDecoderConfig, params, directory: str | None = None, *,
-                 dtype: str | None = None, consume: bool = False):
+    def __init__(
+        self,
+        config: EncoderDecoderConfig,
+        params,
+        directory: str | None = None,
+        *,
+        dtype: str | None = None,
+        consume: bool = False,
+    ):
         self.config, self.directory, self.head = config, directory, "EncoderDecoderModel"
         proj = params.pop("enc_to_dec_proj", None) if consume else params.get("enc_to_dec_proj")
         self.encoder = Bert(config.encoder, params["encoder"], "BertModel", directory, dtype=dtype, consume=consume)
-        self.decoder = Bert(config.decoder, params["decoder"], "BertLMHeadModel", directory, dtype=dtype,
-                            consume=consume)
+        self.decoder = Bert(
+            config.decoder, params["decoder"], "BertLMHeadModel", directory, dtype=dtype, consume=consume
+        )
         cast = (lambda a: jnp.asarray(a, _DTYPES[dtype])) if dtype else jnp.asarray  # noqa: E731  as the sides
         self.proj = None if proj is None else jax.tree_util.tree_map(cast, proj)
         self._lock = threading.Lock()
         self._own_compiles = 0
-        self._forward = jax.jit(self._count(self._forward_impl),
-                                static_argnames=("output_hidden_states", "output_attentions"))
+        self._forward = jax.jit(
+            self._count(self._forward_impl), static_argnames=("output_hidden_states", "output_attentions")
+        )
         self._generate = jax.jit(self._count(self._generate_impl), static_argnames=("search", "bound"))
 
     def _count(self, fn):
@@ -53,11 +62,29 @@ class EncoderDecoder:
         tree = {"encoder": self.encoder._unbits(enc_weights), "decoder": self.decoder._unbits(dec_weights)}
         return tree if proj is None else {**tree, "enc_to_dec_proj": proj}
 
-    def _forward_impl(self, enc_weights, dec_weights, proj, input_ids, attention_mask, decoder_input_ids,
-                      decoder_attention_mask, *, output_hidden_states=False, output_attentions=False):
-        return encoder_decoder(self._params(enc_weights, dec_weights, proj), self.config, input_ids,
-                               attention_mask, decoder_input_ids, decoder_attention_mask,
-                               output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+    def _forward_impl(
+        self,
+        enc_weights,
+        dec_weights,
+        proj,
+        input_ids,
+        attention_mask,
+        decoder_input_ids,
+        decoder_attention_mask,
+        *,
+        output_hidden_states=False,
+        output_attentions=False,
+    ):
+        return encoder_decoder(
+            self._params(enc_weights, dec_weights, proj),
+            self.config,
+            input_ids,
+            attention_mask,
+            decoder_input_ids,
+            decoder_attention_mask,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+        )
 
     def _generate_impl(self, enc_weights, dec_weights, proj, *arrays, search, bound):
         params = self._params(enc_weights, dec_weights, proj)
@@ -74,39 +101,80 @@ class EncoderDecoder:
     def tokenizer(self):
         return self.decoder.tokenizer
 
-    def __call__(self, input_ids, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
-                 output_hidden_states: bool = False, output_attentions: bool = False) -> Seq2SeqOutput:
+    def __call__(
+        self,
+        input_ids,
+        attention_mask=None,
+        decoder_input_ids=None,
+        decoder_attention_mask=None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> Seq2SeqOutput:
         if decoder_input_ids is None:
             raise ValueError("decoder_input_ids: required (generate() makes them from decoder_start_token_id)")
         check_arrays(self.config.encoder, input_ids, attention_mask)
         check_arrays(self.config.decoder, decoder_input_ids, decoder_attention_mask)
         if np.shape(decoder_input_ids)[0] != np.shape(input_ids)[0]:
-            raise ValueError(f"decoder_input_ids has {np.shape(decoder_input_ids)[0]} rows, input_ids "
-                             f"{np.shape(input_ids)[0]}")
+            raise ValueError(
+                f"decoder_input_ids has {np.shape(decoder_input_ids)[0]} rows, input_ids {np.shape(input_ids)[0]}"
+            )
         as_int = lambda a: None if a is None else jnp.asarray(a, jnp.int32)  # noqa: E731
-        return self._forward(self.encoder.weights, self.decoder.weights, self.proj, as_int(input_ids),
-                             as_int(attention_mask), as_int(decoder_input_ids), as_int(decoder_attention_mask),
-                             output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+        return self._forward(
+            self.encoder.weights,
+            self.decoder.weights,
+            self.proj,
+            as_int(input_ids),
+            as_int(attention_mask),
+            as_int(decoder_input_ids),
+            as_int(decoder_attention_mask),
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+        )
 
-    def generate(self, input_ids, attention_mask=None, max_new_tokens: int | None = None, *,
-                 num_beams: int | None = None, do_sample: bool | None = None, temperature: float | None = None,
-                 top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-                 num_return_sequences: int | None = None, length_penalty: float | None = None,
-                 early_stopping: bool | str | None = None, eos_token_id=None, pad_token_id=None,
-                 decoder_start_token_id: int | None = None) -> np.ndarray:
+    def generate(
+        self,
+        input_ids,
+        attention_mask=None,
+        max_new_tokens: int | None = None,
+        *,
+        num_beams: int | None = None,
+        do_sample: bool | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int = 0,
+        num_return_sequences: int | None = None,
+        length_penalty: float | None = None,
+        early_stopping: bool | str | None = None,
+        eos_token_id=None,
+        pad_token_id=None,
+        decoder_start_token_id: int | None = None,
+    ) -> np.ndarray:
         """transformers' `generate` for an EncoderDecoderModel: input_ids [B, S] for the encoder (rows padded on
         the right, with attention_mask) -> the decoder's ids [B * num_return_sequences, 1 + steps run] as np.int32,
         starting with decoder_start_token_id (else bos_token_id). Options as `Bert.generate`'s, defaults from the
         checkpoint's generation_config.json (else config.json: its top level, then its decoder's). One program per
         (batch, encoder length, new-token) bucket and search mode runs the encoder once and then the decoder."""
-        given = dict(max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=do_sample,
-                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                     num_return_sequences=num_return_sequences, length_penalty=length_penalty,
-                     early_stopping=early_stopping, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-                     decoder_start_token_id=decoder_start_token_id)
+        given = dict(
+            max_new_tokens=max_new_tokens,
+            num_beams=num_beams,
+            do_sample=do_sample,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            num_return_sequences=num_return_sequences,
+            length_penalty=length_penalty,
+            early_stopping=early_stopping,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            decoder_start_token_id=decoder_start_token_id,
+        )
         settings = generate_inputs.file_settings(self.directory)
-        req = generate_inputs.seq2seq_request(self.config, self.encoder.length_buckets, settings, input_ids,
-                                              attention_mask, given)
-        out = self._generate(self.encoder.weights, self.decoder.weights, self.proj, *req.arrays, search=req.search,
-                             bound=req.bound)
+        req = generate_inputs.seq2seq_request(
+            self.config, self.encoder.length_buckets, settings, input_ids, attention_mask, given
+        )
+        out = self._generate(
+            self.encoder.weights, self.decoder.weights, self.proj, *req.arrays, search=req.search, bound=req.bound
+        )
         return req.assemble(*out)

@@ -35,8 +35,9 @@ def _check_range(name: str, values: np.ndarray, upper: int, what: str):
         raise ValueError(f"{name} {int(values[pos])} at position {pos} is outside [0, {upper}) ({what})")
 
 
-def check_arrays(config: BertConfig, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-                 ndim: int = 2) -> None:
+def check_arrays(
+    config: BertConfig, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, ndim: int = 2
+) -> None:
     """input_ids [B, L] ([B, C, L] for multiple choice, ndim=3), non-empty, in the vocabulary; the others of the
     same shape, integer-typed and in range (attention_mask 0/1, may be boolean)."""
     ids = _integer_array("input_ids", input_ids)
@@ -47,10 +48,11 @@ def check_arrays(config: BertConfig, input_ids, attention_mask=None, token_type_
     if 0 in ids.shape:
         raise ValueError(f"input_ids is empty: shape {ids.shape}")
     _check_range("token id", ids, config.vocab_size, "vocab_size")
-    others = (("attention_mask", attention_mask, "attention mask value", 2, "0 or 1"),
-              ("token_type_ids", token_type_ids, "token type id", config.type_vocab_size, "type_vocab_size"),
-              ("position_ids", position_ids, "position id", config.max_position_embeddings,
-               "max_position_embeddings"))
+    others = (
+        ("attention_mask", attention_mask, "attention mask value", 2, "0 or 1"),
+        ("token_type_ids", token_type_ids, "token type id", config.type_vocab_size, "type_vocab_size"),
+        ("position_ids", position_ids, "position id", config.max_position_embeddings, "max_position_embeddings"),
+    )
     for name, arr, label, upper, what in others:
         if arr is None:
             continue
@@ -59,8 +61,9 @@ def check_arrays(config: BertConfig, input_ids, attention_mask=None, token_type_
             raise ValueError(f"{name} shape {arr.shape} does not match input_ids shape {ids.shape}")
         _check_range(label, arr.astype(np.int64), upper, what)
     if position_ids is None and ids.shape[-1] > config.max_position_embeddings:
-        raise ValueError(f"sequence length {ids.shape[-1]} exceeds max_position_embeddings "
-                         f"{config.max_position_embeddings}")
+        raise ValueError(
+            f"sequence length {ids.shape[-1]} exceeds max_position_embeddings {config.max_position_embeddings}"
+        )
 
 
 def check_encoder_states(config: BertConfig, batch: int, states, mask):
@@ -80,8 +83,9 @@ def check_encoder_states(config: BertConfig, batch: int, states, mask):
     if mask is not None:
         mask = _integer_array("encoder_attention_mask", mask, allow_bool=True)
         if mask.shape != states.shape[:2]:
-            raise ValueError(f"encoder_attention_mask shape {mask.shape} does not match encoder_hidden_states "
-                             f"{states.shape[:2]}")
+            raise ValueError(
+                f"encoder_attention_mask shape {mask.shape} does not match encoder_hidden_states {states.shape[:2]}"
+            )
         _check_range("encoder attention mask value", mask.astype(np.int64), 2, "0 or 1")
         mask = mask.astype(np.int32)
     return states.astype(np.float32), mask

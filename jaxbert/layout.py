@@ -33,8 +33,7 @@ def _xp(leaves):
     return np if all(isinstance(x, np.ndarray) for x in leaves) else jnp
 
 
-def stack_layers(encoder_params, config: BertConfig, fuse_qkv: bool = True, consume: bool = False,
-                 place=None) -> dict:
+def stack_layers(encoder_params, config: BertConfig, fuse_qkv: bool = True, consume: bool = False, place=None) -> dict:
     """{"layer": {"0": tree, …}} -> {"stacked": tree with a leading [N] axis}; with `fuse_qkv`, attention's
     query/key/value become one `qkv` dense (kernel [N, D, 3D], bias [N, 3D]). With `consume`, the layers are
     removed from `encoder_params` (see the module docstring); `place` (e.g. a device_put) is applied to each
@@ -72,8 +71,10 @@ def unstack_layers(encoder_params, config: BertConfig) -> dict:
         if fused is not None:
             for name, part in zip(QKV, _xp([fused]).split(fused, 3, axis=-1), strict=True):
                 flat[f"attention/self/{name}/{leaf}"] = part
-    layers = {str(i): traverse_util.unflatten_dict({k: v[i] for k, v in flat.items()}, sep="/")
-              for i in range(config.num_hidden_layers)}
+    layers = {
+        str(i): traverse_util.unflatten_dict({k: v[i] for k, v in flat.items()}, sep="/")
+        for i in range(config.num_hidden_layers)
+    }
     return {"layer": layers}
 
 

@@ -11,8 +11,9 @@ from jaxtyping import Array, Float, Int
 from jaxbert.config import BertConfig
 
 
-def cross_entropy(logits: Float[Array, "... C"], labels: Int[Array, "..."], ignore_index: int = -100,
-                  label_smoothing: float = 0.0) -> Float[Array, ""]:
+def cross_entropy(
+    logits: Float[Array, "... C"], labels: Int[Array, ...], ignore_index: int = -100, label_smoothing: float = 0.0
+) -> Float[Array, ""]:
     """Mean integer-label cross-entropy over labels != ignore_index (PyTorch's CrossEntropyLoss semantics)."""
     valid = labels != ignore_index
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
@@ -22,23 +23,33 @@ def cross_entropy(logits: Float[Array, "... C"], labels: Int[Array, "..."], igno
     return jnp.sum(jnp.where(valid, nll, 0.0)) / jnp.maximum(valid.sum(), 1)
 
 
-def causal_lm_loss(logits: Float[Array, "B L V"], labels: Int[Array, "B L"],
-                   label_smoothing: float = 0.0) -> Float[Array, ""]:
+def causal_lm_loss(
+    logits: Float[Array, "B L V"], labels: Int[Array, "B L"], label_smoothing: float = 0.0
+) -> Float[Array, ""]:
     """Next-token cross-entropy: position t predicts label t+1 (labels are the inputs, -100 ignored), as
     transformers' ForCausalLMLoss."""
     return cross_entropy(logits[:, :-1], labels[:, 1:], label_smoothing=label_smoothing)
 
 
-def sequence_classification_loss(config: BertConfig, logits: Float[Array, "B C"], labels: Array,
-                                 label_smoothing: float = 0.0, sample_weight: Float[Array, "B"] | None = None
-                                 ) -> Float[Array, ""]:
+def sequence_classification_loss(
+    config: BertConfig,
+    logits: Float[Array, "B C"],
+    labels: Array,
+    label_smoothing: float = 0.0,
+    sample_weight: Float[Array, " B"] | None = None,
+) -> Float[Array, ""]:
     """transformers' loss for `problem_type` (inferred as it does when unset). `sample_weight` (1 real, 0
     padding rows of a bucketed batch) makes the mean over real rows only; single-label padding rows carry -100."""
     problem = config.problem_type
     if problem is None:  # transformers infers it from num_labels and the label dtype
         integer = jnp.issubdtype(labels.dtype, jnp.integer)
-        problem = ("regression" if config.num_labels == 1 else
-                   "single_label_classification" if integer else "multi_label_classification")
+        problem = (
+            "regression"
+            if config.num_labels == 1
+            else "single_label_classification"
+            if integer
+            else "multi_label_classification"
+        )
     if problem == "single_label_classification":
         return cross_entropy(logits, labels.reshape(-1), label_smoothing=label_smoothing)
     if problem == "regression":
@@ -52,10 +63,16 @@ def sequence_classification_loss(config: BertConfig, logits: Float[Array, "B C"]
     return jnp.sum(each * w) / jnp.maximum(w.sum(), 1.0)
 
 
-def span_loss(start_logits: Float[Array, "B L"], end_logits: Float[Array, "B L"], start: Int[Array, "B"],
-              end: Int[Array, "B"], label_smoothing: float = 0.0) -> Float[Array, ""]:
+def span_loss(
+    start_logits: Float[Array, "B L"],
+    end_logits: Float[Array, "B L"],
+    start: Int[Array, " B"],
+    end: Int[Array, " B"],
+    label_smoothing: float = 0.0,
+) -> Float[Array, ""]:
     """QA loss: positions outside the sequence are clamped to L and ignored, as in transformers."""
     L = start_logits.shape[-1]
     start, end = jnp.clip(start, 0, L), jnp.clip(end, 0, L)
-    return (cross_entropy(start_logits, start, L, label_smoothing)
-            + cross_entropy(end_logits, end, L, label_smoothing)) / 2
+    return (
+        cross_entropy(start_logits, start, L, label_smoothing) + cross_entropy(end_logits, end, L, label_smoothing)
+    ) / 2

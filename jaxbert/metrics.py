@@ -16,12 +16,23 @@ import numpy as np
 import scipy.stats
 from jaxtyping import ArrayLike, Bool, Num, Shaped
 
-from jaxbert.metrics_text import (  # noqa: F401  (re-exported: one namespace for every metric)
-    _tag_lists, iob2_spans, span_prf, squad_exact, squad_f1, squad_normalize, squad_scores)
+from jaxbert.metrics_text import _tag_lists, iob2_spans, span_prf, squad_exact, squad_f1, squad_normalize, squad_scores  # noqa: F401  (re-exported: one namespace for every metric)
 
-GREATER_IS_BETTER = {"accuracy": True, "f1": True, "mcc": True, "pearson": True, "spearman": True, "mse": False,
-                     "micro_f1": True, "exact_match": True, "precision": True, "recall": True, "accuracy@1": True,
-                     "mrr@10": True, "loss": False}
+GREATER_IS_BETTER = {
+    "accuracy": True,
+    "f1": True,
+    "mcc": True,
+    "pearson": True,
+    "spearman": True,
+    "mse": False,
+    "micro_f1": True,
+    "exact_match": True,
+    "precision": True,
+    "recall": True,
+    "accuracy@1": True,
+    "mrr@10": True,
+    "loss": False,
+}
 
 
 def greater_is_better(name: str) -> bool:
@@ -34,6 +45,7 @@ def greater_is_better(name: str) -> bool:
 
 
 # ---- input checks: one-line ValueErrors naming the argument ----
+
 
 def _array(x, name: str, ndim: int) -> np.ndarray:
     try:
@@ -75,14 +87,16 @@ def _indicator(x, name: str) -> np.ndarray:
 
 # ---- single-label classification (= sklearn accuracy_score, f1_score(average="macro"), matthews_corrcoef) ----
 
-def accuracy(pred: Shaped[ArrayLike, "N"], gold: Shaped[ArrayLike, "N"]) -> float:
+
+def accuracy(pred: Shaped[ArrayLike, " N"], gold: Shaped[ArrayLike, " N"]) -> float:
     """Fraction of pred[i] == gold[i]."""
     p, g = _pair(pred, gold)
     return float(np.mean(p == g))
 
 
-def macro_f1(pred: Shaped[ArrayLike, "N"], gold: Shaped[ArrayLike, "N"], labels: Shaped[ArrayLike, "L"] | None = None
-             ) -> float:
+def macro_f1(
+    pred: Shaped[ArrayLike, " N"], gold: Shaped[ArrayLike, " N"], labels: Shaped[ArrayLike, " L"] | None = None
+) -> float:
     """Unweighted mean over labels of 2·tp / (2·tp + fp + fn), as sklearn: the labels are those present in pred or
     gold unless `labels` is given (then exactly those, absent ones included); a 0/0 label scores 0.0 (sklearn's
     zero_division="warn", without the warning)."""
@@ -98,7 +112,7 @@ def macro_f1(pred: Shaped[ArrayLike, "N"], gold: Shaped[ArrayLike, "N"], labels:
     return float(np.mean(np.where(both > 0, 2.0 * tp / np.maximum(both, 1), 0.0)))
 
 
-def matthews(pred: Shaped[ArrayLike, "N"], gold: Shaped[ArrayLike, "N"]) -> float:
+def matthews(pred: Shaped[ArrayLike, " N"], gold: Shaped[ArrayLike, " N"]) -> float:
     """Multiclass Matthews correlation (Gorodkin's R_K) from the confusion matrix, as sklearn's matthews_corrcoef,
     including its 0.0 when pred or gold holds a single class."""
     p, g = _pair(pred, gold)
@@ -108,11 +122,12 @@ def matthews(pred: Shaped[ArrayLike, "N"], gold: Shaped[ArrayLike, "N"]) -> floa
     t_sum, p_sum = conf.sum(1, dtype=np.float64), conf.sum(0, dtype=np.float64)
     n_correct, total = np.trace(conf, dtype=np.float64), p_sum.sum()
     cov_tp = n_correct * total - np.dot(t_sum, p_sum)
-    cov_pp_tt = (total ** 2 - np.dot(p_sum, p_sum)) * (total ** 2 - np.dot(t_sum, t_sum))
+    cov_pp_tt = (total**2 - np.dot(p_sum, p_sum)) * (total**2 - np.dot(t_sum, t_sum))
     return 0.0 if cov_pp_tt == 0 else float(cov_tp / np.sqrt(cov_pp_tt))
 
 
 # ---- regression (scipy.stats) ----
+
 
 def _correlation(fn, pred, gold) -> float:
     p, g = _numeric(pred, gold)
@@ -128,18 +143,19 @@ def _correlation(fn, pred, gold) -> float:
     return float(fn(p, g).statistic)
 
 
-def pearson(pred: Num[ArrayLike, "N"], gold: Num[ArrayLike, "N"]) -> float:
+def pearson(pred: Num[ArrayLike, " N"], gold: Num[ArrayLike, " N"]) -> float:
     """Pearson's r (scipy.stats.pearsonr); 0.0 when either side is constant, nan when any value is non-finite."""
     return _correlation(scipy.stats.pearsonr, pred, gold)
 
 
-def spearman(pred: Num[ArrayLike, "N"], gold: Num[ArrayLike, "N"]) -> float:
+def spearman(pred: Num[ArrayLike, " N"], gold: Num[ArrayLike, " N"]) -> float:
     """Spearman's rho (scipy.stats.spearmanr); 0.0 when either side is constant, nan when any value is
     non-finite."""
     return _correlation(scipy.stats.spearmanr, pred, gold)
 
 
 # ---- multi-label (= sklearn f1_score(average="micro") / accuracy_score on indicator matrices) ----
+
 
 def micro_f1(pred: Bool[ArrayLike, "N C"], gold: Bool[ArrayLike, "N C"]) -> float:
     """2·TP / (2·TP + FP + FN) over all (row, class) cells; 0.0 when nothing is predicted or gold."""
@@ -158,8 +174,8 @@ def exact_match(pred: Bool[ArrayLike, "N C"], gold: Bool[ArrayLike, "N C"]) -> f
 
 _SIMILARITIES_PER_BLOCK = 1 << 24  # queries are scored in blocks of [B, M] float64 similarities, ~128 MB
 
-def retrieval_metrics(queries: Num[ArrayLike, "N D"], corpus: Num[ArrayLike, "M D"], k: int = 10
-                      ) -> dict[str, float]:
+
+def retrieval_metrics(queries: Num[ArrayLike, "N D"], corpus: Num[ArrayLike, "M D"], k: int = 10) -> dict[str, float]:
     """accuracy@1 and MRR@k of cosine-similarity retrieval where query i's one relevant document is corpus row i
     (rows N..M-1 are distractors). Ties count against the relevant document: its rank is the number of documents
     scoring >= it, so collapsed (identical or zero) embeddings score 0, not by index luck. Scores in float64;
@@ -174,11 +190,13 @@ def retrieval_metrics(queries: Num[ArrayLike, "N D"], corpus: Num[ArrayLike, "M 
     names = ("accuracy@1", f"mrr@{k}")
     if not (np.isfinite(q).all() and np.isfinite(c).all()):
         return dict.fromkeys(names, float("nan"))
-    q, c = (x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-300)
-            for x in (q.astype(np.float64), c.astype(np.float64)))
+    q, c = (
+        x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-300)
+        for x in (q.astype(np.float64), c.astype(np.float64))
+    )
     ranks, step = [], max(1, _SIMILARITIES_PER_BLOCK // len(c))
     for s in range(0, len(q), step):
-        sims = q[s:s + step] @ c.T
+        sims = q[s : s + step] @ c.T
         right = sims[np.arange(len(sims)), np.arange(s, s + len(sims))]
         ranks.append((sims >= right[:, None]).sum(1))
     rank = np.concatenate(ranks)
@@ -187,13 +205,15 @@ def retrieval_metrics(queries: Num[ArrayLike, "N D"], corpus: Num[ArrayLike, "M 
 
 # ---- per-task bundles: stable key names for metrics.jsonl ----
 
-def classification_metrics(pred: Shaped[ArrayLike, "N"], gold: Shaped[ArrayLike, "N"],
-                           labels: Shaped[ArrayLike, "L"] | None = None) -> dict[str, float]:
+
+def classification_metrics(
+    pred: Shaped[ArrayLike, " N"], gold: Shaped[ArrayLike, " N"], labels: Shaped[ArrayLike, " L"] | None = None
+) -> dict[str, float]:
     """accuracy, f1 (macro), mcc of predicted class ids (argmax of the logits) against gold."""
     return {"accuracy": accuracy(pred, gold), "f1": macro_f1(pred, gold, labels), "mcc": matthews(pred, gold)}
 
 
-def regression_metrics(pred: Num[ArrayLike, "N"], gold: Num[ArrayLike, "N"]) -> dict[str, float]:
+def regression_metrics(pred: Num[ArrayLike, " N"], gold: Num[ArrayLike, " N"]) -> dict[str, float]:
     """pearson, spearman and mse (lower is better) of predicted scores."""
     p, g = _numeric(pred, gold)
     return {"pearson": pearson(p, g), "spearman": spearman(p, g), "mse": float(np.mean((p - g) ** 2))}
@@ -215,6 +235,6 @@ def token_metrics(pred_tags: Sequence[Sequence[str]], gold_tags: Sequence[Sequen
     return {**out, "accuracy": sum(a == b for a, b in zip(p, g)) / len(g)}
 
 
-def choice_metrics(pred: Shaped[ArrayLike, "N"], gold: Shaped[ArrayLike, "N"]) -> dict[str, float]:
+def choice_metrics(pred: Shaped[ArrayLike, " N"], gold: Shaped[ArrayLike, " N"]) -> dict[str, float]:
     """accuracy of the chosen option index (argmax over choices)."""
     return {"accuracy": accuracy(pred, gold)}

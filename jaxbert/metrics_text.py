@@ -46,13 +46,16 @@ def _entities(seq: list[str]) -> list[tuple[str, int, int]]:
 
 
 def _ends(prev_tag: str, tag: str, prev_type: str, type_: str) -> bool:  # seqeval's end_of_chunk
-    return (prev_tag in "ES" or (prev_tag in "BI" and tag in "BSO")
-            or (prev_tag not in "O." and prev_type != type_))
+    return prev_tag in "ES" or (prev_tag in "BI" and tag in "BSO") or (prev_tag not in "O." and prev_type != type_)
 
 
 def _starts(prev_tag: str, tag: str, prev_type: str, type_: str) -> bool:  # seqeval's start_of_chunk
-    return (tag in "BS" or (prev_tag in "ES" and tag in "EI") or (prev_tag == "O" and tag in "EI")
-            or (tag not in "O." and prev_type != type_))
+    return (
+        tag in "BS"
+        or (prev_tag in "ES" and tag in "EI")
+        or (prev_tag == "O" and tag in "EI")
+        or (tag not in "O." and prev_type != type_)
+    )
 
 
 def span_prf(pred_tags: Sequence[Sequence[str]], gold_tags: Sequence[Sequence[str]]) -> dict[str, float]:

@@ -48,9 +48,16 @@ def _split(rng, n):
     return (None,) * n if rng is None else tuple(jax.random.split(rng, n))
 
 
-def embeddings(p, config: BertConfig, input_ids: Int[Array, "L"] | None, token_type_ids: Int[Array, "L"],
-               position_ids: Int[Array, "L"], inputs_embeds: Float[Array, "L D"] | None = None, *,
-               rng=None) -> Float[Array, "L D"]:
+def embeddings(
+    p,
+    config: BertConfig,
+    input_ids: Int[Array, " L"] | None,
+    token_type_ids: Int[Array, " L"],
+    position_ids: Int[Array, " L"],
+    inputs_embeds: Float[Array, "L D"] | None = None,
+    *,
+    rng=None,
+) -> Float[Array, "L D"]:
     # The residual stream is float32 whatever the weights' dtype: only matmul inputs are cast down (ops.dense).
     x = take_rows(p["word_embeddings"]["embedding"], input_ids) if inputs_embeds is None else inputs_embeds
     x = x.astype(jnp.float32) + take_rows(p["token_type_embeddings"]["embedding"], token_type_ids).astype(jnp.float32)
@@ -66,19 +73,31 @@ def _residual_norm(p, config: BertConfig, h: Array, residual: Array, rng) -> Flo
     return layer_norm(p["LayerNorm"], h + residual, config.layer_norm_eps)
 
 
-def layer(p, config: BertConfig, x: Float[Array, "L D"], keys: Keys, head_mask: Float[Array, "H"] | None = None,
-          past=None, cross=None, *, rng=None, with_probs: bool = True):
+def layer(
+    p,
+    config: BertConfig,
+    x: Float[Array, "L D"],
+    keys: Keys,
+    head_mask: Float[Array, " H"] | None = None,
+    past=None,
+    cross=None,
+    *,
+    rng=None,
+    with_probs: bool = True,
+):
     """One layer: self-attention, add & norm, [cross-attention over `cross` = ((keys, values) [H, S, K], mask
     [S]), add & norm,] GELU feed-forward, add & norm. Returns (x, self-attention probs, cross-attention probs,
     the self-attention's keys and values); see attention.self_attention for `past` and those keys."""
     r_attn, r_out, r_cross, r_cross_out, r_ffn = _split(rng, 5)
-    context, probs, new = self_attention(p["attention"]["self"], config, x, keys, head_mask, past, rng=r_attn,
-                                         with_probs=with_probs)
+    context, probs, new = self_attention(
+        p["attention"]["self"], config, x, keys, head_mask, past, rng=r_attn, with_probs=with_probs
+    )
     x = _residual_norm(p["attention"]["output"], config, context, x, r_out)
     cross_probs = None
     if cross is not None:
-        context, cross_probs = cross_attention(p["crossattention"]["self"], config, x, *cross, head_mask,
-                                               rng=r_cross, with_probs=with_probs)
+        context, cross_probs = cross_attention(
+            p["crossattention"]["self"], config, x, *cross, head_mask, rng=r_cross, with_probs=with_probs
+        )
         x = _residual_norm(p["crossattention"]["output"], config, context, x, r_cross_out)
     h = activation(config.hidden_act)(dense(p["intermediate"]["dense"], x))
     return _residual_norm(p["output"], config, h, x, r_ffn), probs, cross_probs, new
@@ -111,8 +130,9 @@ def _step(config: BertConfig, ctx: _Context, h, params, i, head_mask, rng, with_
     elif ctx.encoder_states is not None:
         new_cross = cross_keys(params["crossattention"]["self"], config, ctx.encoder_states)
         cross = (new_cross, ctx.encoder_mask)
-    h, probs, cross_probs, new = layer(params, config, h, ctx.keys, head_mask, past, cross, rng=rng,
-                                       with_probs=with_probs)
+    h, probs, cross_probs, new = layer(
+        params, config, h, ctx.keys, head_mask, past, cross, rng=rng, with_probs=with_probs
+    )
     return h, (h, probs, cross_probs, new_cross, None if ctx.cache is None else new)
 
 
@@ -125,8 +145,10 @@ def _scan(stacked, config: BertConfig, ctx: _Context, x, head_mask, rng, remat: 
     for the scan to index (copies; decoding loops use the per-layer loop, where they are updated in place)."""
     if ctx.cache is not None:
         c = ctx.cache
-        stacked_cache = {name: None if getattr(c, name) is None else jnp.stack(getattr(c, name))
-                         for name in ("key", "value", "cross_key", "cross_value")}
+        stacked_cache = {
+            name: None if getattr(c, name) is None else jnp.stack(getattr(c, name))
+            for name in ("key", "value", "cross_key", "cross_value")
+        }
         ctx = ctx.replace(cache=c.replace(**stacked_cache))
     dtypes = jax.tree_util.tree_map(lambda a: a.dtype, stacked)  # 16-bit weights enter as bits: see ops.as_bits
 
@@ -147,6 +169,7 @@ def _scan(stacked, config: BertConfig, ctx: _Context, x, head_mask, rng, remat: 
 def _loop(p, config: BertConfig, ctx: _Context, x, head_mask, rng, remat: bool, with_probs: bool):
     """The stored per-layer tree as a Python loop (no copy of the weights per call); pruned layers, whose
     shapes differ, always run this way."""
+
     def step(carry, params, i, hm, r):
         return _step(config, ctx, carry, params, i, hm, r, with_probs)
 
@@ -169,9 +192,17 @@ def _per_layer(stacked_or_tuple) -> tuple:
     return tuple(stacked_or_tuple)
 
 
-def encoder(p, config: BertConfig, x: Float[Array, "L D"], ctx: _Context,
-            head_mask: Float[Array, "N H"] | None = None, *, rng=None, remat: bool = False,
-            with_probs: bool = True):
+def encoder(
+    p,
+    config: BertConfig,
+    x: Float[Array, "L D"],
+    ctx: _Context,
+    head_mask: Float[Array, "N H"] | None = None,
+    *,
+    rng=None,
+    remat: bool = False,
+    with_probs: bool = True,
+):
     """All layers; returns (last hidden, hidden states: embeddings + each layer, self-attentions per layer,
     cross-attentions per layer, this sequence's cache with the new tokens' keys (and new cross keys) or None).
 
@@ -188,26 +219,45 @@ def encoder(p, config: BertConfig, x: Float[Array, "L D"], ctx: _Context,
     if cache is not None:
         cache = cache.replace(key=_per_layer(new[0]), value=_per_layer(new[1]))
         if new_cross is not None:
-            cache = cache.replace(cross_key=_per_layer(new_cross[0]), cross_value=_per_layer(new_cross[1]),
-                                  cross_mask=ctx.encoder_mask)
+            cache = cache.replace(
+                cross_key=_per_layer(new_cross[0]), cross_value=_per_layer(new_cross[1]), cross_mask=ctx.encoder_mask
+            )
     crossing = ctx.encoder_states is not None or (ctx.cache is not None and ctx.cache.has_cross)
-    return (last, (x, *_per_layer(hidden)), _per_layer(probs) if with_probs else (),
-            _per_layer(cross_probs) if with_probs and crossing else (), cache)
+    return (
+        last,
+        (x, *_per_layer(hidden)),
+        _per_layer(probs) if with_probs else (),
+        _per_layer(cross_probs) if with_probs and crossing else (),
+        cache,
+    )
 
 
-def pooler(p, x: Float[Array, "L D"]) -> Float[Array, "D"]:
+def pooler(p, x: Float[Array, "L D"]) -> Float[Array, " D"]:
     return jnp.tanh(dense(p["dense"], x[0]))
 
 
-def _bert_one(params, config: BertConfig, input_ids, mask, token_type_ids, position_ids, inputs_embeds,
-              head_mask, rng, remat: bool, with_probs: bool = True, cache: KVCache | None = None,
-              encoder_states=None, encoder_mask=None, at: Int[Array, ""] | None = None):
+def _bert_one(
+    params,
+    config: BertConfig,
+    input_ids,
+    mask,
+    token_type_ids,
+    position_ids,
+    inputs_embeds,
+    head_mask,
+    rng,
+    remat: bool,
+    with_probs: bool = True,
+    cache: KVCache | None = None,
+    encoder_states=None,
+    encoder_mask=None,
+    at: Int[Array, ""] | None = None,
+):
     """One sequence: embeddings, the layers, the pooler. With a cache, the L new tokens' keys go to slots
     at … at+L-1 (`at` is the cache's index, given apart so that it is the same for all rows of the vmap: see
     attention.self_attention); returns (last hidden, pooled, hidden states, attentions, cross-attentions, cache)."""
     r_emb, r_enc = _split(rng, 2)
-    x = embeddings(params["embeddings"], config, input_ids, token_type_ids, position_ids, inputs_embeds,
-                   rng=r_emb)
+    x = embeddings(params["embeddings"], config, input_ids, token_type_ids, position_ids, inputs_embeds, rng=r_emb)
     if cache is None:
         keys = keys_for(config, mask)
     else:
@@ -216,12 +266,15 @@ def _bert_one(params, config: BertConfig, input_ids, mask, token_type_ids, posit
         cache = cache.replace(mask=jax.lax.dynamic_update_slice(cache.mask, mask, (at,)))
     fresh_cross = encoder_states is not None and not (cache is not None and cache.has_cross)
     ctx = _Context(keys, cache, encoder_states if fresh_cross else None, encoder_mask if fresh_cross else None)
-    x, hidden, attentions, cross_attentions, cache = encoder(params["encoder"], config, x, ctx, head_mask,
-                                                             rng=r_enc, remat=remat, with_probs=with_probs)
+    x, hidden, attentions, cross_attentions, cache = encoder(
+        params["encoder"], config, x, ctx, head_mask, rng=r_enc, remat=remat, with_probs=with_probs
+    )
     if cache is not None:
         cache = cache.replace(index=cache.index + mask.shape[0])
     pooled = pooler(params["pooler"], x) if "pooler" in params else None
     return x, pooled, hidden, attentions, cross_attentions, cache
+
+
 def normalize_head_mask(config: BertConfig, head_mask) -> Float[Array, "N H"] | None:
     """transformers accepts [H] (same for every layer) or [N, H]."""
     if head_mask is None:
@@ -237,19 +290,32 @@ def normalize_head_mask(config: BertConfig, head_mask) -> Float[Array, "N H"] | 
 
 def _check_decoder_inputs(config: BertConfig, encoder_hidden_states, past_key_values, use_cache: bool):
     if encoder_hidden_states is not None and not config.add_cross_attention:
-        raise ValueError("encoder_hidden_states given, but this model has no cross-attention "
-                         "(config.add_cross_attention is false)")
+        raise ValueError(
+            "encoder_hidden_states given, but this model has no cross-attention (config.add_cross_attention is false)"
+        )
     if (past_key_values is not None or use_cache) and not config.is_decoder:
         raise ValueError("past_key_values / use_cache need a decoder (config.is_decoder is false)")
 
 
-def bert(params, config: BertConfig, input_ids: Int[Array, "B L"] | None = None,
-         attention_mask: Int[Array, "B L"] | None = None, token_type_ids: Int[Array, "B L"] | None = None,
-         position_ids: Int[Array, "B L"] | None = None, head_mask=None,
-         inputs_embeds: Float[Array, "B L D"] | None = None, output_hidden_states: bool = False,
-         output_attentions: bool = False, *, encoder_hidden_states: Float[Array, "B S D"] | None = None,
-         encoder_attention_mask: Int[Array, "B S"] | None = None, past_key_values: KVCache | None = None,
-         use_cache: bool = False, rng=None, remat: bool = False) -> BertOutput:
+def bert(
+    params,
+    config: BertConfig,
+    input_ids: Int[Array, "B L"] | None = None,
+    attention_mask: Int[Array, "B L"] | None = None,
+    token_type_ids: Int[Array, "B L"] | None = None,
+    position_ids: Int[Array, "B L"] | None = None,
+    head_mask=None,
+    inputs_embeds: Float[Array, "B L D"] | None = None,
+    output_hidden_states: bool = False,
+    output_attentions: bool = False,
+    *,
+    encoder_hidden_states: Float[Array, "B S D"] | None = None,
+    encoder_attention_mask: Int[Array, "B S"] | None = None,
+    past_key_values: KVCache | None = None,
+    use_cache: bool = False,
+    rng=None,
+    remat: bool = False,
+) -> BertOutput:
     """The base model (transformers' BertModel) on a batch: the per-sequence function under `jax.vmap`.
 
     Decoders (config.is_decoder) attend causally; `encoder_hidden_states` feed cross-attention. With
@@ -273,20 +339,33 @@ def bert(params, config: BertConfig, input_ids: Int[Array, "B L"] | None = None,
     encoder_mask = None
     if encoder_hidden_states is not None:
         S = encoder_hidden_states.shape[1]
-        encoder_mask = (jnp.ones((B, S), bool) if encoder_attention_mask is None
-                        else jnp.asarray(encoder_attention_mask).astype(bool))
+        encoder_mask = (
+            jnp.ones((B, S), bool)
+            if encoder_attention_mask is None
+            else jnp.asarray(encoder_attention_mask).astype(bool)
+        )
     rngs = None if rng is None else jax.random.split(rng, B)
-    one = functools.partial(_bert_one, params, config, remat=remat, with_probs=output_attentions,
-                            head_mask=normalize_head_mask(config, head_mask))
+    one = functools.partial(
+        _bert_one,
+        params,
+        config,
+        remat=remat,
+        with_probs=output_attentions,
+        head_mask=normalize_head_mask(config, head_mask),
+    )
     x, pooled, hidden, attentions, cross_attentions, cache = jax.vmap(
-        lambda ids, m, t, pos, emb, r, c, es, em, at: one(ids, m, t, pos, emb, rng=r, cache=c, encoder_states=es,
-                                                          encoder_mask=em, at=at),
+        lambda ids, m, t, pos, emb, r, c, es, em, at: one(
+            ids, m, t, pos, emb, rng=r, cache=c, encoder_states=es, encoder_mask=em, at=at
+        ),
         in_axes=(0, 0, 0, 0, 0, None if rngs is None else 0, 0, 0, 0, None),
     )(input_ids, mask, types, positions, inputs_embeds, rngs, cache, encoder_hidden_states, encoder_mask, at)
     if cache is not None:  # a write past the capacity was clamped by XLA: make it loud, not silently wrong
         x = jnp.where((cache.index > cache.capacity)[:, None, None], jnp.nan, x)
-    return BertOutput(last_hidden_state=x, pooler_output=pooled,
-                      hidden_states=hidden if output_hidden_states else None,
-                      attentions=attentions if output_attentions else None,
-                      cross_attentions=cross_attentions if output_attentions and cross_attentions else None,
-                      past_key_values=cache)
+    return BertOutput(
+        last_hidden_state=x,
+        pooler_output=pooled,
+        hidden_states=hidden if output_hidden_states else None,
+        attentions=attentions if output_attentions else None,
+        cross_attentions=cross_attentions if output_attentions and cross_attentions else None,
+        past_key_values=cache,
+    )

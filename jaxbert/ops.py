@@ -28,7 +28,7 @@ def from_bits(a: Array, dtype) -> Array:
     return jax.lax.bitcast_convert_type(a, dtype) if a.dtype != dtype else a
 
 
-def take_rows(table: Float[Array, "V D"], ids: Int[Array, "..."]) -> Float[Array, "... D"]:
+def take_rows(table: Float[Array, "V D"], ids: Int[Array, ...]) -> Float[Array, "... D"]:
     """table[ids] without XLA:CPU's float32 copy of a 16-bit table (see as_bits)."""
     return from_bits(as_bits(table)[ids], table.dtype)
 

@@ -9,7 +9,8 @@ from flax import traverse_util
 
 from jaxbert.config import BertConfig
 from jaxbert.heads import TABLE, resolve_head
-from jaxbert.ops import dense_spec as _dense, norm_spec as _norm
+from jaxbert.ops import dense_spec as _dense
+from jaxbert.ops import norm_spec as _norm
 
 
 def _layer_spec(config: BertConfig, i: int):
@@ -18,12 +19,16 @@ def _layer_spec(config: BertConfig, i: int):
     self_attn = {name: _dense(D, HK) for name in ("query", "key", "value")}
     if config.position_embedding_type != "absolute":
         self_attn["distance_embedding"] = {"embedding": ((2 * config.max_position_embeddings - 1, K), "normal")}
-    spec = {"attention": {"self": self_attn, "output": {"dense": _dense(HK, D), "LayerNorm": _norm(D)}},
-            "intermediate": {"dense": _dense(D, F)},
-            "output": {"dense": _dense(F, D), "LayerNorm": _norm(D)}}
+    spec = {
+        "attention": {"self": self_attn, "output": {"dense": _dense(HK, D), "LayerNorm": _norm(D)}},
+        "intermediate": {"dense": _dense(D, F)},
+        "output": {"dense": _dense(F, D), "LayerNorm": _norm(D)},
+    }
     if config.add_cross_attention:  # always absolute positions, as in transformers
-        spec["crossattention"] = {"self": {name: _dense(D, HK) for name in ("query", "key", "value")},
-                                  "output": {"dense": _dense(HK, D), "LayerNorm": _norm(D)}}
+        spec["crossattention"] = {
+            "self": {name: _dense(D, HK) for name in ("query", "key", "value")},
+            "output": {"dense": _dense(HK, D), "LayerNorm": _norm(D)},
+        }
     return spec
 
 
@@ -71,8 +76,12 @@ def count_params(params) -> dict[str, int]:
     """Parameter counts per component (embeddings, encoder, pooler, each head present) and the total; for a
     bert2bert, per side ("encoder embeddings", …, "decoder cls", "enc_to_dec_proj")."""
     if "decoder" in params and "bert" in params["decoder"]:
-        counts = {f"{side} {name}": n for side in ("encoder", "decoder")
-                  for name, n in count_params(params[side]).items() if name != "total"}
+        counts = {
+            f"{side} {name}": n
+            for side in ("encoder", "decoder")
+            for name, n in count_params(params[side]).items()
+            if name != "total"
+        }
         if "enc_to_dec_proj" in params:
             counts["enc_to_dec_proj"] = _size(params["enc_to_dec_proj"])
         return {**counts, "total": sum(counts.values())}

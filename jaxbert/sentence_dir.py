@@ -15,9 +15,14 @@ import dataclasses
 from jaxbert.files import existing_file, read_json
 
 # sentence-transformers' legacy boolean keys, in the order its Pooling concatenates the modes.
-_LEGACY_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
-                 "pooling_mode_mean_tokens": "mean", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
-                 "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
+_LEGACY_MODES = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens")  # the ones jaxbert computes
 
 
@@ -42,9 +47,12 @@ def _modes(path: str, config: dict) -> tuple[str, ...]:
 
 
 def _module_type(path: str, module: dict) -> tuple[str, str]:
-    if not isinstance(module, dict) or not isinstance(module.get("type"), str) or not isinstance(
-            module.get("path", ""), str):
-        raise ValueError(f"{path}: each module must be an object with string \"type\" and \"path\"")
+    if (
+        not isinstance(module, dict)
+        or not isinstance(module.get("type"), str)
+        or not isinstance(module.get("path", ""), str)
+    ):
+        raise ValueError(f'{path}: each module must be an object with string "type" and "path"')
     return module["type"].rsplit(".", 1)[-1], module.get("path", "")
 
 
@@ -83,8 +91,7 @@ def read(directory: str) -> SentenceDefaults | None:
     prompts_path = existing_file(directory, "config_sentence_transformers.json")
     if prompts_path and read_json(prompts_path).get("default_prompt_name") and unsupported is None:
         unsupported = f"{prompts_path}: a default prompt is not implemented by jaxbert"
-    return SentenceDefaults(pooling or ("mean",), normalize, length, settings.get("do_lower_case") is True,
-                            unsupported)
+    return SentenceDefaults(pooling or ("mean",), normalize, length, settings.get("do_lower_case") is True, unsupported)
 
 
 def embedding_options(defaults: SentenceDefaults | None, pooling, normalize, max_length):

@@ -45,31 +45,36 @@ class EncoderDecoderConfig:
             raise ValueError("EncoderDecoderConfig.decoder: needs is_decoder=true and add_cross_attention=true")
         cross = self.decoder.extra.get("cross_attention_hidden_size")
         if cross is not None and cross != self.decoder.hidden_size:
-            raise ValueError(f"EncoderDecoderConfig.decoder.cross_attention_hidden_size={cross!r}: only the "
-                             "decoder's own hidden size is supported")
+            raise ValueError(
+                f"EncoderDecoderConfig.decoder.cross_attention_hidden_size={cross!r}: only the "
+                "decoder's own hidden size is supported"
+            )
         if self.extra.get("tie_encoder_decoder"):
-            raise ValueError("EncoderDecoderConfig.tie_encoder_decoder=True: shared encoder/decoder weights are "
-                             "not supported")
+            raise ValueError(
+                "EncoderDecoderConfig.tie_encoder_decoder=True: shared encoder/decoder weights are not supported"
+            )
         for key in _TOP_KEYS:
             value = getattr(self, key)
-            if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
-                                          and 0 <= value < self.decoder.vocab_size):
-                raise ValueError(f"EncoderDecoderConfig.{key}={value!r}: must be a token id in "
-                                 f"[0, {self.decoder.vocab_size})")
+            if value is not None and not (
+                isinstance(value, int) and not isinstance(value, bool) and 0 <= value < self.decoder.vocab_size
+            ):
+                raise ValueError(
+                    f"EncoderDecoderConfig.{key}={value!r}: must be a token id in [0, {self.decoder.vocab_size})"
+                )
 
     @property
     def projects(self) -> bool:
         """Whether the encoder's states go through enc_to_dec_proj (transformers adds it when widths differ)."""
         return self.encoder.hidden_size != self.decoder.hidden_size
 
-    def replace(self, **changes) -> "EncoderDecoderConfig":
+    def replace(self, **changes) -> EncoderDecoderConfig:
         return dataclasses.replace(self, **changes)
 
     def __hash__(self):
         return hash((self.encoder, self.decoder, *(getattr(self, k) for k in _TOP_KEYS)))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "EncoderDecoderConfig":
+    def from_dict(cls, data: dict[str, Any]) -> EncoderDecoderConfig:
         data = dict(data)
         parts = {}
         for name in ("encoder", "decoder"):
@@ -87,9 +92,15 @@ class EncoderDecoderConfig:
         return cls(**parts, **kwargs, architectures=tuple(architectures), extra=data)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model_type": self.model_type, "is_encoder_decoder": True, "encoder": self.encoder.to_dict(),
-                "decoder": self.decoder.to_dict(), "architectures": list(self.architectures or (ARCHITECTURE,)),
-                **{k: getattr(self, k) for k in _TOP_KEYS}, **self.extra}
+        return {
+            "model_type": self.model_type,
+            "is_encoder_decoder": True,
+            "encoder": self.encoder.to_dict(),
+            "decoder": self.decoder.to_dict(),
+            "architectures": list(self.architectures or (ARCHITECTURE,)),
+            **{k: getattr(self, k) for k in _TOP_KEYS},
+            **self.extra,
+        }
 
 
 def load_config(directory: str | os.PathLike) -> BertConfig | EncoderDecoderConfig:
@@ -120,7 +131,8 @@ def param_spec(config: EncoderDecoderConfig) -> dict:
 def torch_to_flax(state_dict: dict, config: EncoderDecoderConfig):
     """A PyTorch EncoderDecoderModel state dict -> the tree above, each side checked like any BERT checkpoint
     (every key accounted for, every shape asserted); the report's keys carry their side's prefix."""
-    from jaxbert.convert import ConversionReport, check_tensor, torch_to_flax as bert_to_flax
+    from jaxbert.convert import ConversionReport, check_tensor
+    from jaxbert.convert import torch_to_flax as bert_to_flax
 
     parts: dict[str, dict] = {"encoder": {}, "decoder": {}, "enc_to_dec_proj": {}}
     for key, value in state_dict.items():
@@ -142,8 +154,10 @@ def torch_to_flax(state_dict: dict, config: EncoderDecoderConfig):
         want = {}
     if set(proj) != set(want):
         keys = sorted(set(proj) ^ set(want))
-        raise ValueError(f"enc_to_dec_proj.{keys[0]}: {'unexpected' if keys[0] in proj else 'missing'} (encoder "
-                         f"hidden size {config.encoder.hidden_size}, decoder {config.decoder.hidden_size})")
+        raise ValueError(
+            f"enc_to_dec_proj.{keys[0]}: {'unexpected' if keys[0] in proj else 'missing'} (encoder "
+            f"hidden size {config.encoder.hidden_size}, decoder {config.decoder.hidden_size})"
+        )
     for name, shape in want.items():
         value = proj[name]
         if tuple(value.shape) != shape:
@@ -158,8 +172,14 @@ def flax_to_torch(params: dict, config: EncoderDecoderConfig, include_tied: bool
     from jaxbert.convert import flax_to_torch as bert_to_torch
 
     out = {f"encoder.{k}": v for k, v in bert_to_torch(params["encoder"], config.encoder, "BertModel").items()}
-    out.update({f"decoder.{k}": v for k, v in bert_to_torch(params["decoder"], config.decoder, "BertLMHeadModel",
-                                                            include_tied=include_tied).items()})
+    out.update(
+        {
+            f"decoder.{k}": v
+            for k, v in bert_to_torch(
+                params["decoder"], config.decoder, "BertLMHeadModel", include_tied=include_tied
+            ).items()
+        }
+    )
     if config.projects:
         proj = params["enc_to_dec_proj"]
         out["enc_to_dec_proj.weight"] = np.ascontiguousarray(np.asarray(proj["kernel"]).T)
@@ -192,24 +212,57 @@ def shift_tokens_right(labels: Int[Array, "B T"], pad_token_id: int, decoder_sta
     return jnp.where(shifted == -100, pad_token_id, shifted)
 
 
-def encode(params, config: EncoderDecoderConfig, input_ids, attention_mask=None, token_type_ids=None, *,
-           output_hidden_states: bool = False, output_attentions: bool = False, rng=None, remat: bool = False):
+def encode(
+    params,
+    config: EncoderDecoderConfig,
+    input_ids,
+    attention_mask=None,
+    token_type_ids=None,
+    *,
+    output_hidden_states: bool = False,
+    output_attentions: bool = False,
+    rng=None,
+    remat: bool = False,
+):
     """The encoder's output, and its states as the decoder sees them (projected when the widths differ)."""
     from jaxbert.model import bert
 
-    out = bert(params["encoder"], config.encoder, input_ids, attention_mask, token_type_ids,
-               output_hidden_states=output_hidden_states, output_attentions=output_attentions, rng=rng, remat=remat)
+    out = bert(
+        params["encoder"],
+        config.encoder,
+        input_ids,
+        attention_mask,
+        token_type_ids,
+        output_hidden_states=output_hidden_states,
+        output_attentions=output_attentions,
+        rng=rng,
+        remat=remat,
+    )
     states = out.last_hidden_state
     if config.projects:
         states = dense(params["enc_to_dec_proj"], states)
     return out, states
 
 
-def encoder_decoder(params, config: EncoderDecoderConfig, input_ids=None, attention_mask=None,
-                    decoder_input_ids=None, decoder_attention_mask=None, *, labels=None, token_type_ids=None,
-                    decoder_position_ids=None, output_hidden_states: bool = False, output_attentions: bool = False,
-                    past_key_values=None, use_cache: bool = False, rng=None, remat: bool = False,
-                    label_smoothing: float = 0.0) -> Seq2SeqOutput:
+def encoder_decoder(
+    params,
+    config: EncoderDecoderConfig,
+    input_ids=None,
+    attention_mask=None,
+    decoder_input_ids=None,
+    decoder_attention_mask=None,
+    *,
+    labels=None,
+    token_type_ids=None,
+    decoder_position_ids=None,
+    output_hidden_states: bool = False,
+    output_attentions: bool = False,
+    past_key_values=None,
+    use_cache: bool = False,
+    rng=None,
+    remat: bool = False,
+    label_smoothing: float = 0.0,
+) -> Seq2SeqOutput:
     """transformers' EncoderDecoderModel.forward: encode, then decode with cross-attention over the encoder's
     states. With `labels` and no `decoder_input_ids`, the decoder inputs are the labels shifted right (starting
     with decoder_start_token_id) and the loss is the mean cross-entropy over labels != -100."""
@@ -220,23 +273,50 @@ def encoder_decoder(params, config: EncoderDecoderConfig, input_ids=None, attent
     r_enc, r_dec = (None, None) if rng is None else jax.random.split(rng)
     if labels is not None and decoder_input_ids is None:
         if config.decoder_start_token_id is None or config.pad_token_id is None:
-            raise ValueError("labels without decoder_input_ids need decoder_start_token_id and pad_token_id in "
-                             "the config")
+            raise ValueError(
+                "labels without decoder_input_ids need decoder_start_token_id and pad_token_id in the config"
+            )
         decoder_input_ids = shift_tokens_right(labels, config.pad_token_id, config.decoder_start_token_id)
         if decoder_attention_mask is None:
             decoder_attention_mask = (decoder_input_ids != config.pad_token_id).astype(jnp.int32)
     if decoder_input_ids is None:
         raise ValueError("pass decoder_input_ids (or labels)")
-    enc, states = encode(params, config, input_ids, attention_mask, token_type_ids,
-                         output_hidden_states=output_hidden_states, output_attentions=output_attentions, rng=r_enc,
-                         remat=remat)
-    dec = forward(params["decoder"], config.decoder, "BertLMHeadModel", decoder_input_ids, decoder_attention_mask,
-                  position_ids=decoder_position_ids, output_hidden_states=output_hidden_states,
-                  output_attentions=output_attentions, encoder_hidden_states=states,
-                  encoder_attention_mask=attention_mask, past_key_values=past_key_values, use_cache=use_cache,
-                  rng=r_dec, remat=remat)
+    enc, states = encode(
+        params,
+        config,
+        input_ids,
+        attention_mask,
+        token_type_ids,
+        output_hidden_states=output_hidden_states,
+        output_attentions=output_attentions,
+        rng=r_enc,
+        remat=remat,
+    )
+    dec = forward(
+        params["decoder"],
+        config.decoder,
+        "BertLMHeadModel",
+        decoder_input_ids,
+        decoder_attention_mask,
+        position_ids=decoder_position_ids,
+        output_hidden_states=output_hidden_states,
+        output_attentions=output_attentions,
+        encoder_hidden_states=states,
+        encoder_attention_mask=attention_mask,
+        past_key_values=past_key_values,
+        use_cache=use_cache,
+        rng=r_dec,
+        remat=remat,
+    )
     loss = None if labels is None else cross_entropy(dec.logits, labels, label_smoothing=label_smoothing)
-    return Seq2SeqOutput(logits=dec.logits, loss=loss, past_key_values=dec.past_key_values,
-                         decoder_hidden_states=dec.hidden_states, decoder_attentions=dec.attentions,
-                         cross_attentions=dec.cross_attentions, encoder_last_hidden_state=enc.last_hidden_state,
-                         encoder_hidden_states=enc.hidden_states, encoder_attentions=enc.attentions)
+    return Seq2SeqOutput(
+        logits=dec.logits,
+        loss=loss,
+        past_key_values=dec.past_key_values,
+        decoder_hidden_states=dec.hidden_states,
+        decoder_attentions=dec.attentions,
+        cross_attentions=dec.cross_attentions,
+        encoder_last_hidden_state=enc.last_hidden_state,
+        encoder_hidden_states=enc.hidden_states,
+        encoder_attentions=enc.attentions,
+    )

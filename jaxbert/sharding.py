@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 
 def make_mesh() -> Mesh:
@@ -32,5 +33,4 @@ def fsdp_spec(shape: tuple[int, ...], n: int) -> P:
 
 def state_shardings(tree, mesh: Mesh, fsdp: bool):
     n = len(mesh.devices.flat)
-    return jax.tree_util.tree_map(
-        lambda x: NamedSharding(mesh, fsdp_spec(np.shape(x), n) if fsdp else P()), tree)
+    return jax.tree_util.tree_map(lambda x: NamedSharding(mesh, fsdp_spec(np.shape(x), n) if fsdp else P()), tree)

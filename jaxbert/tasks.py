@@ -41,12 +41,14 @@ def fill_mask(bert, text: str, top_k: int = 5) -> list[list[dict]]:
     positions = np.flatnonzero(ids == tok.mask_token_id)
     if positions.size == 0:
         raise ValueError(f"no {tok.mask_token} in text: {text!r}")
-    (_, batch), = bert.batches(enc, 1)
+    ((_, batch),) = bert.batches(enc, 1)
     # Positions padded to a power of two (repeating the first): few compiled programs whatever the [MASK] count.
     asked = np.full((1, 1 << int(positions.size - 1).bit_length()), positions[0], np.int32)
-    asked[0, :positions.size] = positions
-    logits = np.asarray(bert._masked_logits(bert.weights, batch["input_ids"], batch["attention_mask"],
-                                            batch["token_type_ids"], asked), np.float32)[0]
+    asked[0, : positions.size] = positions
+    logits = np.asarray(
+        bert._masked_logits(bert.weights, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], asked),
+        np.float32,
+    )[0]
     results = []
     for j, pos in enumerate(positions):
         probs = _softmax(logits[j])
@@ -56,8 +58,14 @@ def fill_mask(bert, text: str, top_k: int = 5) -> list[list[dict]]:
             filled = ids.copy()
             filled[pos] = token_id
             sequence = tok.decode(filled, skip_special_tokens=positions.size == 1)
-            candidates.append({"token": tok.id_to_token(token_id), "token_id": int(token_id),
-                               "score": float(probs[token_id]), "sequence": sequence})
+            candidates.append(
+                {
+                    "token": tok.id_to_token(token_id),
+                    "token_id": int(token_id),
+                    "score": float(probs[token_id]),
+                    "sequence": sequence,
+                }
+            )
         results.append(candidates)
     return results
 
@@ -66,8 +74,12 @@ def _logits(bert, enc, batch_size: int) -> list[np.ndarray]:
     """Per text, its logits (unpadded), from bucketed batches."""
     out: list[np.ndarray | None] = [None] * len(enc)
     for idx, batch in progress(bert.batches(enc, batch_size), len(enc), batch_size, None):
-        logits = np.asarray(bert._forward(bert.weights, batch["input_ids"], batch["attention_mask"],
-                                          batch["token_type_ids"], None, None).logits, np.float32)
+        logits = np.asarray(
+            bert._forward(
+                bert.weights, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], None, None
+            ).logits,
+            np.float32,
+        )
         for row, i in enumerate(idx):
             out[i] = logits[row]
     return out
@@ -118,7 +130,7 @@ def tag(bert, texts, batch_size: int = 32) -> list[list[dict]]:
                 words[word] = {"label": names[best], "score": float(probs[pos, best]), "start": start, "end": end}
             words[word]["end"] = end
         text = texts[t]
-        results.append([{"word": text[w["start"]:w["end"]], **w} for w in words.values()])
+        results.append([{"word": text[w["start"] : w["end"]], **w} for w in words.values()])
     return results
 
 

@@ -36,7 +36,7 @@ def read_text_file(path: str, allow_empty: bool = False) -> TextFile:
                 except RecursionError:
                     raise ValueError(f"{path}:{n}: JSON nested too deeply") from None
                 if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                    raise ValueError(f"{path}:{n}: expected an object with a string \"text\" field")
+                    raise ValueError(f'{path}:{n}: expected an object with a string "text" field')
                 line = record["text"]
             texts.append(line)
     if not texts and not allow_empty:

@@ -83,7 +83,7 @@ class WordPiece:
         self.vocab = tokenizer.get_vocab()
 
     @classmethod
-    def from_dir(cls, directory: str) -> "WordPiece":
+    def from_dir(cls, directory: str) -> WordPiece:
         config, config_path = _read_config(directory)
         max_len = _setting(config, config_path, "model_max_length", (int, float), 512)
         if not max_len > 0:
@@ -98,7 +98,8 @@ class WordPiece:
         options = dict(
             lowercase=_setting(config, config_path, "do_lower_case", (bool,), True),
             strip_accents=_setting(config, config_path, "strip_accents", (bool, type(None)), None),
-            handle_chinese_chars=_setting(config, config_path, "tokenize_chinese_chars", (bool,), True))
+            handle_chinese_chars=_setting(config, config_path, "tokenize_chinese_chars", (bool,), True),
+        )
         never_split = _setting(config, config_path, "never_split", (list, type(None)), None) or []
         tok = _load(vocab, lambda: BertWordPieceTokenizer(vocab, clean_text=True, **options)._tokenizer)
         never_split = [t for t in never_split if isinstance(t, str) and t in tok.get_vocab()]
@@ -150,11 +151,17 @@ class WordPiece:
         encs = tok.encode_batch(list(zip(texts, pairs)) if pairs is not None else texts)
         for i, enc in enumerate(encs):
             if len(enc.ids) > limit:
-                raise ValueError(f"texts[{i}] has {len(enc.ids)} tokens, more than max_length {limit} "
-                                 "(pass truncation=True to cut it)")
-        return Encoded([e.ids for e in encs], [e.type_ids for e in encs], [e.offsets for e in encs],
-                       [[-1 if w is None else w for w in e.word_ids] for e in encs],
-                       [e.special_tokens_mask for e in encs])
+                raise ValueError(
+                    f"texts[{i}] has {len(enc.ids)} tokens, more than max_length {limit} "
+                    "(pass truncation=True to cut it)"
+                )
+        return Encoded(
+            [e.ids for e in encs],
+            [e.type_ids for e in encs],
+            [e.offsets for e in encs],
+            [[-1 if w is None else w for w in e.word_ids] for e in encs],
+            [e.special_tokens_mask for e in encs],
+        )
 
     def encode_words(self, words: list[list[str]], *, max_length: int) -> Encoded:
         """Tokenize texts given as words (token classification data): `word_ids` index each text's words, so
@@ -162,18 +169,26 @@ class WordPiece:
         for i, w in enumerate(words):
             _check_texts(w, f"words[{i}]")
         encs = self._truncated(positive_int("max_length", max_length)).encode_batch(words, is_pretokenized=True)
-        return Encoded([e.ids for e in encs], [e.type_ids for e in encs], [e.offsets for e in encs],
-                       [[-1 if w is None else w for w in e.word_ids] for e in encs],
-                       [e.special_tokens_mask for e in encs])
+        return Encoded(
+            [e.ids for e in encs],
+            [e.type_ids for e in encs],
+            [e.offsets for e in encs],
+            [[-1 if w is None else w for w in e.word_ids] for e in encs],
+            [e.special_tokens_mask for e in encs],
+        )
 
-    def __call__(self, texts, pairs=None, *, max_length: int | None = None, truncation: bool = True,
-                 return_tensors: str = "np") -> dict[str, np.ndarray]:
+    def __call__(
+        self, texts, pairs=None, *, max_length: int | None = None, truncation: bool = True, return_tensors: str = "np"
+    ) -> dict[str, np.ndarray]:
         """transformers-style: a padded batch of input_ids, token_type_ids, attention_mask (numpy)."""
         if return_tensors != "np":
             raise ValueError(f"return_tensors={return_tensors!r}: only 'np' is supported")
-        enc = self.encode([texts] if isinstance(texts, str) else texts,
-                          None if pairs is None else ([pairs] if isinstance(pairs, str) else pairs),
-                          max_length=max_length, truncation=truncation)
+        enc = self.encode(
+            [texts] if isinstance(texts, str) else texts,
+            None if pairs is None else ([pairs] if isinstance(pairs, str) else pairs),
+            max_length=max_length,
+            truncation=truncation,
+        )
         return pad(enc, int(enc.lengths().max(initial=0)), len(enc), self.token_to_id("[PAD]") or 0)
 
 

@@ -15,8 +15,8 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from jaxbert.checkpoint import FLAX_MSGPACK, SAFETENSORS, copy_companion_files, find_weights, load_params, write_msgpack
 from jaxbert import hub, seq2seq
+from jaxbert.checkpoint import FLAX_MSGPACK, SAFETENSORS, copy_companion_files, find_weights, load_params, write_msgpack
 from jaxbert.config import BertConfig
 from jaxbert.convert import cast_checked, flax_to_torch
 from jaxbert.files import atomic_directory, check_disjoint, existing_file
@@ -92,8 +92,9 @@ def _listing(directory: str) -> dict[str, int]:
     return {name: os.path.getsize(os.path.join(directory, name)) for name in sorted(os.listdir(directory))}
 
 
-def write_jaxbert_dir(params, config: BertConfig, head: str, dst: str, *, tokenizer_from: str | None = None,
-                      force: bool = False) -> dict[str, int]:
+def write_jaxbert_dir(
+    params, config: BertConfig, head: str, dst: str, *, tokenizer_from: str | None = None, force: bool = False
+) -> dict[str, int]:
     """A jaxbert directory: config.json, flax_model.msgpack, tokenizer files; written atomically."""
     with atomic_directory(dst, force, sources=(tokenizer_from,) if tokenizer_from else ()) as tmp:
         _write_config(config, head, _stored_dtype(params), tmp)
@@ -119,9 +120,18 @@ def convert_checkpoint(src: str, dst: str, *, dtype: str | None = None, force: b
     _check_destination(src, dst, force)
     config, head, source_file, params, report = _read(src, dtype)
     files = write_jaxbert_dir(params, config, head, dst, tokenizer_from=src, force=force)
-    return TransferSummary(src, dst, head, os.path.basename(source_file), _stored_dtype(params),
-                           count_params(params), report.ignored, report.absent, files,
-                           time.perf_counter() - start)
+    return TransferSummary(
+        src,
+        dst,
+        head,
+        os.path.basename(source_file),
+        _stored_dtype(params),
+        count_params(params),
+        report.ignored,
+        report.absent,
+        files,
+        time.perf_counter() - start,
+    )
 
 
 def export_checkpoint(src: str, dst: str, *, dtype: str = "float32", force: bool = False) -> TransferSummary:
@@ -150,5 +160,15 @@ def export_checkpoint(src: str, dst: str, *, dtype: str = "float32", force: bool
             raise OSError(f"{dst}: writing {SAFETENSORS} failed ({e})") from None
         copy_companion_files(src, tmp)
         files = _listing(tmp)
-    return TransferSummary(src, dst, head, os.path.basename(source_file), dtype, count_params(params),
-                           report.ignored, report.absent, files, time.perf_counter() - start)
+    return TransferSummary(
+        src,
+        dst,
+        head,
+        os.path.basename(source_file),
+        dtype,
+        count_params(params),
+        report.ignored,
+        report.absent,
+        files,
+        time.perf_counter() - start,
+    )

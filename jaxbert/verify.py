@@ -6,17 +6,19 @@ from __future__ import annotations
 import numpy as np
 
 from jaxbert.config import BertConfig
-from jaxbert.seq2seq import load_config
 from jaxbert.heads import BASE_FIELDS, TABLE, resolve_head
+from jaxbert.seq2seq import load_config
 
 # Tolerance on max |difference| at real (unpadded) positions: absolute for float32; for half precision,
 # relative to max(1, max |reference|), by what an 8- or 11-bit mantissa can hold.
 TOLERANCE = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 2e-2}
 
 
-SENTENCES = (("The quick brown fox jumps over the lazy dog.", "It was not amused."),
-             ("Paris is the capital of France.", "Berlin is the capital of Germany."),
-             ("Short one.", "Yes."))
+SENTENCES = (
+    ("The quick brown fox jumps over the lazy dog.", "It was not amused."),
+    ("Paris is the capital of France.", "Berlin is the capital of Germany."),
+    ("Short one.", "Yes."),
+)
 
 
 def fixed_batch(config: BertConfig, head: str, directory: str | None = None) -> dict[str, np.ndarray]:
@@ -39,12 +41,12 @@ def _random_batch(config: BertConfig, head: str, batch: int = 3, length: int = 1
     length = min(length, config.max_position_embeddings)
     ids = rng.integers(1, config.vocab_size, (batch, length))
     mask = np.ones((batch, length), np.int64)
-    mask[1, length // 2:] = 0
+    mask[1, length // 2 :] = 0
     mask[2, 3:] = 0
     ids[mask == 0] = config.pad_token_id
     types = np.zeros_like(ids)
     if config.type_vocab_size > 1:
-        types[:, length // 3:] = 1
+        types[:, length // 3 :] = 1
     feed = dict(input_ids=ids, attention_mask=mask, token_type_ids=types * mask)
     if head == "BertForMultipleChoice":
         feed = {k: v[None] for k, v in feed.items()}
@@ -75,8 +77,10 @@ def verify(src: str, dst: str) -> dict[str, tuple[float, float]]:
     else:
         sides = (config,)
     if any(c.position_embedding_type != "absolute" or c.pruned_heads for c in sides):
-        raise ValueError(f"--verify: transformers {transformers.__version__} cannot run this checkpoint "
-                         "(relative position embeddings / pruned heads were removed in transformers 5)")
+        raise ValueError(
+            f"--verify: transformers {transformers.__version__} cannot run this checkpoint "
+            "(relative position embeddings / pruned heads were removed in transformers 5)"
+        )
     try:
         reference = getattr(transformers, head).from_pretrained(src, attn_implementation="eager").eval()
     except OSError as e:
@@ -85,8 +89,9 @@ def verify(src: str, dst: str) -> dict[str, tuple[float, float]]:
     feed = fixed_batch(sides[0], head, src)
     if head == "EncoderDecoderModel":  # the decoder reads the start token then the first tokens of the input
         start = config.decoder_start_token_id if config.decoder_start_token_id is not None else 0
-        feed["decoder_input_ids"] = np.concatenate([np.full((len(feed["input_ids"]), 1), start),
-                                                    feed["input_ids"][:, 1:5] % config.decoder.vocab_size], axis=1)
+        feed["decoder_input_ids"] = np.concatenate(
+            [np.full((len(feed["input_ids"]), 1), start), feed["input_ids"][:, 1:5] % config.decoder.vocab_size], axis=1
+        )
         feed.pop("token_type_ids", None)
     with torch.no_grad():
         expected = reference(**{k: torch.as_tensor(v) for k, v in feed.items()}, return_dict=True)
@@ -101,7 +106,7 @@ def verify(src: str, dst: str) -> dict[str, tuple[float, float]]:
             continue
         ref, out = expected[field].float().numpy(), np.asarray(got[field], np.float32)
         diff = np.abs(out - ref)
-        if diff.shape[:real.ndim] == real.shape:  # per-token outputs: padded positions carry no meaning
+        if diff.shape[: real.ndim] == real.shape:  # per-token outputs: padded positions carry no meaning
             diff = diff[real]
         # float32 must agree to 1e-5; half precision relative to the outputs' magnitude.
         scale = 1.0 if dtype == "float32" else max(1.0, float(np.abs(ref).max()))
@@ -126,11 +131,13 @@ def _greedy_mismatches(reference, converted, head: str, feed: dict, new: int = 8
         feed = {k: feed[k] for k in ("input_ids", "attention_mask")}
         limit = converted.config.decoder.max_position_embeddings
     new = min(new, limit - feed["input_ids"].shape[1] if head == "BertLMHeadModel" else limit - 1)
-    got = converted.generate(feed["input_ids"], feed["attention_mask"], max_new_tokens=new, num_beams=1,
-                             do_sample=False)
+    got = converted.generate(
+        feed["input_ids"], feed["attention_mask"], max_new_tokens=new, num_beams=1, do_sample=False
+    )
     with torch.no_grad():
-        expected = reference.generate(**{k: torch.as_tensor(v) for k, v in feed.items()}, max_new_tokens=new,
-                                      num_beams=1, do_sample=False).numpy()
+        expected = reference.generate(
+            **{k: torch.as_tensor(v) for k, v in feed.items()}, max_new_tokens=new, num_beams=1, do_sample=False
+        ).numpy()
     if expected.shape != got.shape:
         return float(max(expected.size, got.size)), 0.0
     return float((expected != got).sum()), 0.0

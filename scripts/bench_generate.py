@@ -21,8 +21,13 @@ def make_bert_causal(directory: str) -> int:
 
 
 def _rates(batch: int, seconds: float, first: float) -> dict:
-    return {"tokens_per_s": batch * NEW / seconds, "ms_per_step": seconds / NEW * 1e3, "seconds": seconds,
-            "first_call_s": first, "rss_after_mb": rss_mb()}
+    return {
+        "tokens_per_s": batch * NEW / seconds,
+        "ms_per_step": seconds / NEW * 1e3,
+        "seconds": seconds,
+        "first_call_s": first,
+        "rss_after_mb": rss_mb(),
+    }
 
 
 def generate_jax(model_dir: str, dtype: str, batch: str) -> dict:
@@ -75,8 +80,12 @@ def bandwidth(model_dir: str, dtype: str, batch: str) -> dict:
     total = jax.jit(lambda a: a.astype(jnp.float32).sum())
     total(a).block_until_ready()
     seconds = _median_seconds(lambda: total(a).block_until_ready(), 7)
-    return {"tokens_per_s": int(batch) / seconds, "ms_per_step": seconds * 1e3,
-            "gb_per_s": params * size / seconds / 1e9, "weights_mb": params * size / 1e6}
+    return {
+        "tokens_per_s": int(batch) / seconds,
+        "ms_per_step": seconds * 1e3,
+        "gb_per_s": params * size / seconds / 1e9,
+        "weights_mb": params * size / 1e6,
+    }
 
 
 def matmul_floor(model_dir: str, dtype: str, batch: str) -> dict:

@@ -44,8 +44,7 @@ def infer_jax(model_dir: str, dtype: str, batch: str, length: str) -> dict:
     bert(ids).last_hidden_state.block_until_ready()
     first = time.perf_counter() - start
     seconds = _median_seconds(lambda: bert(ids).last_hidden_state.block_until_ready())
-    return {"tokens_per_s": ids.size / seconds, "seconds": seconds, "first_call_s": first,
-            "rss_after_mb": rss_mb()}
+    return {"tokens_per_s": ids.size / seconds, "seconds": seconds, "first_call_s": first, "rss_after_mb": rss_mb()}
 
 
 def infer_torch(model_dir: str, batch: str, length: str) -> dict:
@@ -59,8 +58,7 @@ def infer_torch(model_dir: str, batch: str, length: str) -> dict:
         model(input_ids=ids)
         first = time.perf_counter() - start
         seconds = _median_seconds(lambda: model(input_ids=ids))
-    return {"tokens_per_s": ids.numel() / seconds, "seconds": seconds, "first_call_s": first,
-            "rss_after_mb": rss_mb()}
+    return {"tokens_per_s": ids.numel() / seconds, "seconds": seconds, "first_call_s": first, "rss_after_mb": rss_mb()}
 
 
 def export_onnx(model_dir: str, onnx_path: str, batch: str, length: str) -> dict:
@@ -81,8 +79,14 @@ def export_onnx(model_dir: str, onnx_path: str, batch: str, length: str) -> dict
     ids = torch.from_numpy(_ids(model_dir, int(batch), int(length))).long()
     start = time.perf_counter()
     with torch.inference_mode():
-        torch.onnx.export(model, (ids, torch.ones_like(ids)), onnx_path, dynamo=True,
-                          input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"])
+        torch.onnx.export(
+            model,
+            (ids, torch.ones_like(ids)),
+            onnx_path,
+            dynamo=True,
+            input_names=["input_ids", "attention_mask"],
+            output_names=["last_hidden_state"],
+        )
     return {"seconds": time.perf_counter() - start}
 
 
@@ -99,8 +103,7 @@ def infer_ort(onnx_path: str, model_dir: str, batch: str, length: str) -> dict:
     session.run(None, feed)
     first = time.perf_counter() - start
     seconds = _median_seconds(lambda: session.run(None, feed))
-    return {"tokens_per_s": ids.size / seconds, "seconds": seconds, "first_call_s": first,
-            "rss_after_mb": rss_mb()}
+    return {"tokens_per_s": ids.size / seconds, "seconds": seconds, "first_call_s": first, "rss_after_mb": rss_mb()}
 
 
 def matmul(dtype: str, m: str, d: str, f: str) -> dict:
@@ -156,7 +159,7 @@ def mix_texts(corpus: str, n: int, seed: int = 0) -> list[str]:
     rng = np.random.default_rng(seed)
     counts = np.clip(rng.lognormal(1.1, 1.0, n), 1, 60).astype(int)
     starts = rng.integers(0, len(lines) - 60, n)
-    return [" ".join(lines[s:s + c]) for s, c in zip(starts, counts, strict=True)]
+    return [" ".join(lines[s : s + c]) for s, c in zip(starts, counts, strict=True)]
 
 
 def mix_jax(model_dir: str, corpus: str, n: str, mode: str) -> dict:
@@ -170,8 +173,11 @@ def mix_jax(model_dir: str, corpus: str, n: str, mode: str) -> dict:
     bert.embed(texts, batch_size=32, max_length=512)  # warm-up: compiles every shape the timed runs use
     seconds = _median_seconds(lambda: bert.embed(texts, batch_size=32, max_length=512), 3)
     tokens = int(bert.tokenizer.encode(texts, max_length=512).lengths().sum())
-    return {"useful_tokens_per_s": tokens / seconds, "texts_per_s": len(texts) / seconds,
-            "compiled": bert.compile_count}
+    return {
+        "useful_tokens_per_s": tokens / seconds,
+        "texts_per_s": len(texts) / seconds,
+        "compiled": bert.compile_count,
+    }
 
 
 def mix_torch(model_dir: str, corpus: str, n: str) -> dict:
@@ -188,8 +194,13 @@ def mix_torch(model_dir: str, corpus: str, n: str) -> dict:
     def run():
         with torch.inference_mode():
             for s in range(0, len(order), 32):
-                batch = tok([texts[i] for i in order[s:s + 32]], padding=True, truncation=True, max_length=512,
-                            return_tensors="pt")
+                batch = tok(
+                    [texts[i] for i in order[s : s + 32]],
+                    padding=True,
+                    truncation=True,
+                    max_length=512,
+                    return_tensors="pt",
+                )
                 model(**batch)
 
     run()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 
+
 def child_convert(src: str, dst: str) -> dict:
     from jaxbert.transfer import convert_checkpoint
 
@@ -58,10 +59,18 @@ def _jax_train(dtype: str, remat: bool, measure_only: bool = False) -> dict:
     ids, labels = _mlm_batch()
     k = default_max_predictions(TRAIN_LEN, 0.15)
     positions = np.argsort(labels == -100, axis=1, kind="stable")[:, :k]
-    batch = {"input_ids": ids[None], "attention_mask": np.ones_like(ids)[None], "positions": positions[None],
-             "labels": np.take_along_axis(labels, positions, 1)[None]}
-    fn = jax.jit(lambda s, b, r: train_step(s, b, r, config=config, tx=tx, schedule=schedule(opt),
-                                            dtype=jnp.dtype(dtype), remat=remat), donate_argnums=0)
+    batch = {
+        "input_ids": ids[None],
+        "attention_mask": np.ones_like(ids)[None],
+        "positions": positions[None],
+        "labels": np.take_along_axis(labels, positions, 1)[None],
+    }
+    fn = jax.jit(
+        lambda s, b, r: train_step(
+            s, b, r, config=config, tx=tx, schedule=schedule(opt), dtype=jnp.dtype(dtype), remat=remat
+        ),
+        donate_argnums=0,
+    )
     compiled = fn.lower(state, batch, jax.random.key(1)).compile()
     temp_mb = compiled.memory_analysis().temp_size_in_bytes / 2**20
     if measure_only:
@@ -110,8 +119,6 @@ def child_train_torch() -> dict:
         step()
     seconds = (time.perf_counter() - start) / TRAIN_STEPS
     return {"seconds_per_step": seconds, "sequences_per_s": TRAIN_BATCH / seconds}
-
-
 
 
 def make_checkpoint(directory: str, head: str = "BertModel", **config) -> int:

@@ -48,17 +48,38 @@ import bench_generate as G  # noqa: E402
 import bench_peers as P  # noqa: E402
 import bench_train as T  # noqa: E402
 
-CHILDREN = {f.__name__: f for f in (P.infer_jax, P.infer_torch, P.infer_ort, P.export_onnx, P.matmul,
-                                    P.compile_jax, P.mix_jax, P.mix_torch, T.child_convert,
-                                    T.child_transformers_resave, T.child_baseline, T.child_train_jax_f32,
-                                    T.child_train_jax_bf16, T.child_train_jax_remat_memory, T.child_train_torch,
-                                    G.generate_jax, G.generate_torch, G.bandwidth, G.matmul_floor)}
+CHILDREN = {
+    f.__name__: f
+    for f in (
+        P.infer_jax,
+        P.infer_torch,
+        P.infer_ort,
+        P.export_onnx,
+        P.matmul,
+        P.compile_jax,
+        P.mix_jax,
+        P.mix_torch,
+        T.child_convert,
+        T.child_transformers_resave,
+        T.child_baseline,
+        T.child_train_jax_f32,
+        T.child_train_jax_bf16,
+        T.child_train_jax_remat_memory,
+        T.child_train_torch,
+        G.generate_jax,
+        G.generate_torch,
+        G.bandwidth,
+        G.matmul_floor,
+    )
+}
 
 
 def run_child(name: str, *args: str) -> dict:
-    code = (f"import sys, json; sys.path.insert(0, {HERE!r}); import benchmark as b; "
-            f"r = b.CHILDREN[{name!r}](*sys.argv[1:]); r['peak_rss_mb'] = b.P.rss_mb('VmHWM'); "
-            f"print(json.dumps(r))")
+    code = (
+        f"import sys, json; sys.path.insert(0, {HERE!r}); import benchmark as b; "
+        f"r = b.CHILDREN[{name!r}](*sys.argv[1:]); r['peak_rss_mb'] = b.P.rss_mb('VmHWM'); "
+        f"print(json.dumps(r))"
+    )
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=False)
     if proc.returncode:
         raise RuntimeError(f"{name}{args} failed:\n{proc.stderr[-3000:]}")
@@ -104,13 +125,20 @@ def flops(model_dir: str, batch: int, length: int) -> float:
 
 
 # -- sections ------------------------------------------------------------------------------------------------------
-INFER = (("bert-base", 1, 128), ("bert-base", 8, 128), ("bert-base", 32, 128), ("bert-base", 8, 512),
-         ("MiniLM", 32, 128))
+INFER = (
+    ("bert-base", 1, 128),
+    ("bert-base", 8, 128),
+    ("bert-base", 32, 128),
+    ("bert-base", 8, 512),
+    ("MiniLM", 32, 128),
+)
 
 
 def _infer_peers(model_dir: str, tmp: str, name: str, batch: int, length: int) -> dict:
-    peers = {"jaxbert float32": ("infer_jax", model_dir, "float32", batch, length),
-             "jaxbert bfloat16": ("infer_jax", model_dir, "bfloat16", batch, length)}
+    peers = {
+        "jaxbert float32": ("infer_jax", model_dir, "float32", batch, length),
+        "jaxbert bfloat16": ("infer_jax", model_dir, "bfloat16", batch, length),
+    }
     if available("torch", "transformers"):
         peers["PyTorch eager float32"] = ("infer_torch", model_dir, batch, length)
         if available("onnxruntime", "onnxscript"):
@@ -125,8 +153,10 @@ def section_infer(repeats: int, tmp: str) -> dict:
     for name, batch, length in INFER:
         model_dir = bert_base_dir(tmp) if name == "bert-base" else minilm_dir()
         c = json.load(open(os.path.join(model_dir, "config.json")))
-        limits = {f"XLA dot {dt}": ("matmul", dt, batch * length, c["hidden_size"], c["intermediate_size"])
-                  for dt in ("float32", "bfloat16")}
+        limits = {
+            f"XLA dot {dt}": ("matmul", dt, batch * length, c["hidden_size"], c["intermediate_size"])
+            for dt in ("float32", "bfloat16")
+        }
         rows = alternate({**_infer_peers(model_dir, tmp, name, batch, length), **limits}, repeats)
         work = flops(model_dir, batch, length)
         torch_rate = rows.get("PyTorch eager float32", {}).get("tokens_per_s")
@@ -144,14 +174,20 @@ def section_infer(repeats: int, tmp: str) -> dict:
 
 
 def section_compile(repeats: int, tmp: str) -> dict:
-    return {f"{n} layers": alternate({"stacked (scan)": ("compile_jax", n, 1), "per-layer loop": ("compile_jax", n, 0)},
-                                     repeats) for n in (6, 12, 24)}
+    return {
+        f"{n} layers": alternate(
+            {"stacked (scan)": ("compile_jax", n, 1), "per-layer loop": ("compile_jax", n, 0)}, repeats
+        )
+        for n in (6, 12, 24)
+    }
 
 
 def section_mix(repeats: int, tmp: str) -> dict:
     corpus, n = os.path.join(ROOT, "examples", "data", "geography.txt"), 256
-    peers = {"jaxbert buckets": ("mix_jax", minilm_dir(), corpus, n, "buckets"),
-             "jaxbert pad to 512": ("mix_jax", minilm_dir(), corpus, n, "pad512")}
+    peers = {
+        "jaxbert buckets": ("mix_jax", minilm_dir(), corpus, n, "buckets"),
+        "jaxbert pad to 512": ("mix_jax", minilm_dir(), corpus, n, "pad512"),
+    }
     if available("torch", "transformers"):
         peers["PyTorch eager, sorted, pad per batch"] = ("mix_torch", minilm_dir(), corpus, n)
     rows = alternate(peers, repeats)
@@ -168,11 +204,12 @@ def section_train(repeats: int, tmp: str) -> dict:
     rows = alternate(peers, repeats)
     rows.update(alternate({"jaxbert float32 remat (memory only)": ("child_train_jax_remat_memory",)}, 1))
     base = rows.get("PyTorch eager float32", {}).get("sequences_per_s")
-    for label, row in rows.items():
+    for row in rows.values():
         if base and "sequences_per_s" in row:
             row["x_torch"] = row["sequences_per_s"] / base
     rows["jaxbert float32 remat (memory only)"]["temp_vs_no_remat"] = (
-        rows["jaxbert float32 remat (memory only)"]["compiled_temp_mb"] / rows["jaxbert float32"]["compiled_temp_mb"])
+        rows["jaxbert float32 remat (memory only)"]["compiled_temp_mb"] / rows["jaxbert float32"]["compiled_temp_mb"]
+    )
     return {"bert-base MLM 8x128": rows}
 
 
@@ -193,8 +230,10 @@ def section_generate(repeats: int, tmp: str) -> dict:
         G.make_bert_causal(model_dir)
     results = {}
     for batch in (1, 8):
-        peers = {"jaxbert float32": ("generate_jax", model_dir, "float32", batch),
-                 "jaxbert bfloat16": ("generate_jax", model_dir, "bfloat16", batch)}
+        peers = {
+            "jaxbert float32": ("generate_jax", model_dir, "float32", batch),
+            "jaxbert bfloat16": ("generate_jax", model_dir, "bfloat16", batch),
+        }
         if available("torch", "transformers"):
             peers["PyTorch eager float32"] = ("generate_torch", model_dir, batch)
         for dt in ("float32", "bfloat16"):
@@ -208,8 +247,14 @@ def section_generate(repeats: int, tmp: str) -> dict:
     return results
 
 
-SECTIONS = {"infer": section_infer, "compile": section_compile, "mix": section_mix, "train": section_train,
-            "convert": section_convert, "generate": section_generate}
+SECTIONS = {
+    "infer": section_infer,
+    "compile": section_compile,
+    "mix": section_mix,
+    "train": section_train,
+    "convert": section_convert,
+    "generate": section_generate,
+}
 
 
 def print_table(name: str, table: dict) -> None:
@@ -226,8 +271,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default="benchmark.json")
     args = parser.parse_args()
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+        platform.processor(),
+    )
     machine = f"{cpu}, {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}"
     report = {"machine": machine, "date": time.strftime("%Y-%m-%d"), "repeats": args.repeats}
     print(f"{machine}; medians of {args.repeats} alternating runs")

@@ -13,31 +13,51 @@ import sys
 
 # country: (capital, continent, language, currency)
 FACTS = {
-    "France": ("Paris", "Europe", "French", "euro"), "Germany": ("Berlin", "Europe", "German", "euro"),
-    "Italy": ("Rome", "Europe", "Italian", "euro"), "Spain": ("Madrid", "Europe", "Spanish", "euro"),
-    "Portugal": ("Lisbon", "Europe", "Portuguese", "euro"), "Austria": ("Vienna", "Europe", "German", "euro"),
-    "Greece": ("Athens", "Europe", "Greek", "euro"), "Ireland": ("Dublin", "Europe", "English", "euro"),
-    "Finland": ("Helsinki", "Europe", "Finnish", "euro"), "Netherlands": ("Amsterdam", "Europe", "Dutch", "euro"),
-    "Belgium": ("Brussels", "Europe", "Dutch", "euro"), "Poland": ("Warsaw", "Europe", "Polish", "zloty"),
-    "Sweden": ("Stockholm", "Europe", "Swedish", "krona"), "Norway": ("Oslo", "Europe", "Norwegian", "krone"),
-    "Denmark": ("Copenhagen", "Europe", "Danish", "krone"), "Hungary": ("Budapest", "Europe", "Hungarian", "forint"),
-    "Russia": ("Moscow", "Europe", "Russian", "ruble"), "Ukraine": ("Kyiv", "Europe", "Ukrainian", "hryvnia"),
-    "Switzerland": ("Bern", "Europe", "German", "franc"), "Czechia": ("Prague", "Europe", "Czech", "koruna"),
-    "Japan": ("Tokyo", "Asia", "Japanese", "yen"), "China": ("Beijing", "Asia", "Chinese", "yuan"),
-    "India": ("Delhi", "Asia", "Hindi", "rupee"), "Thailand": ("Bangkok", "Asia", "Thai", "baht"),
-    "Vietnam": ("Hanoi", "Asia", "Vietnamese", "dong"), "Indonesia": ("Jakarta", "Asia", "Indonesian", "rupiah"),
-    "Korea": ("Seoul", "Asia", "Korean", "won"), "Turkey": ("Ankara", "Asia", "Turkish", "lira"),
-    "Iran": ("Tehran", "Asia", "Persian", "rial"), "Pakistan": ("Islamabad", "Asia", "Urdu", "rupee"),
-    "Egypt": ("Cairo", "Africa", "Arabic", "pound"), "Kenya": ("Nairobi", "Africa", "Swahili", "shilling"),
-    "Nigeria": ("Abuja", "Africa", "English", "naira"), "Morocco": ("Rabat", "Africa", "Arabic", "dirham"),
-    "Ghana": ("Accra", "Africa", "English", "cedi"), "Ethiopia": ("Addis Ababa", "Africa", "Amharic", "birr"),
-    "Senegal": ("Dakar", "Africa", "French", "franc"), "Tanzania": ("Dodoma", "Africa", "Swahili", "shilling"),
+    "France": ("Paris", "Europe", "French", "euro"),
+    "Germany": ("Berlin", "Europe", "German", "euro"),
+    "Italy": ("Rome", "Europe", "Italian", "euro"),
+    "Spain": ("Madrid", "Europe", "Spanish", "euro"),
+    "Portugal": ("Lisbon", "Europe", "Portuguese", "euro"),
+    "Austria": ("Vienna", "Europe", "German", "euro"),
+    "Greece": ("Athens", "Europe", "Greek", "euro"),
+    "Ireland": ("Dublin", "Europe", "English", "euro"),
+    "Finland": ("Helsinki", "Europe", "Finnish", "euro"),
+    "Netherlands": ("Amsterdam", "Europe", "Dutch", "euro"),
+    "Belgium": ("Brussels", "Europe", "Dutch", "euro"),
+    "Poland": ("Warsaw", "Europe", "Polish", "zloty"),
+    "Sweden": ("Stockholm", "Europe", "Swedish", "krona"),
+    "Norway": ("Oslo", "Europe", "Norwegian", "krone"),
+    "Denmark": ("Copenhagen", "Europe", "Danish", "krone"),
+    "Hungary": ("Budapest", "Europe", "Hungarian", "forint"),
+    "Russia": ("Moscow", "Europe", "Russian", "ruble"),
+    "Ukraine": ("Kyiv", "Europe", "Ukrainian", "hryvnia"),
+    "Switzerland": ("Bern", "Europe", "German", "franc"),
+    "Czechia": ("Prague", "Europe", "Czech", "koruna"),
+    "Japan": ("Tokyo", "Asia", "Japanese", "yen"),
+    "China": ("Beijing", "Asia", "Chinese", "yuan"),
+    "India": ("Delhi", "Asia", "Hindi", "rupee"),
+    "Thailand": ("Bangkok", "Asia", "Thai", "baht"),
+    "Vietnam": ("Hanoi", "Asia", "Vietnamese", "dong"),
+    "Indonesia": ("Jakarta", "Asia", "Indonesian", "rupiah"),
+    "Korea": ("Seoul", "Asia", "Korean", "won"),
+    "Turkey": ("Ankara", "Asia", "Turkish", "lira"),
+    "Iran": ("Tehran", "Asia", "Persian", "rial"),
+    "Pakistan": ("Islamabad", "Asia", "Urdu", "rupee"),
+    "Egypt": ("Cairo", "Africa", "Arabic", "pound"),
+    "Kenya": ("Nairobi", "Africa", "Swahili", "shilling"),
+    "Nigeria": ("Abuja", "Africa", "English", "naira"),
+    "Morocco": ("Rabat", "Africa", "Arabic", "dirham"),
+    "Ghana": ("Accra", "Africa", "English", "cedi"),
+    "Ethiopia": ("Addis Ababa", "Africa", "Amharic", "birr"),
+    "Senegal": ("Dakar", "Africa", "French", "franc"),
+    "Tanzania": ("Dodoma", "Africa", "Swahili", "shilling"),
     "Canada": ("Ottawa", "North America", "English", "dollar"),
     "Mexico": ("Mexico City", "North America", "Spanish", "peso"),
     "Cuba": ("Havana", "North America", "Spanish", "peso"),
     "Brazil": ("Brasilia", "South America", "Portuguese", "real"),
     "Argentina": ("Buenos Aires", "South America", "Spanish", "peso"),
-    "Peru": ("Lima", "South America", "Spanish", "sol"), "Chile": ("Santiago", "South America", "Spanish", "peso"),
+    "Peru": ("Lima", "South America", "Spanish", "sol"),
+    "Chile": ("Santiago", "South America", "Spanish", "peso"),
     "Colombia": ("Bogota", "South America", "Spanish", "peso"),
     "Australia": ("Canberra", "Oceania", "English", "dollar"),
     "Fiji": ("Suva", "Oceania", "English", "dollar"),
@@ -65,8 +85,11 @@ def main(path: str) -> None:
     for _ in range(60):
         for country, (capital, continent, language, currency) in FACTS.items():
             template = rng.choice(TEMPLATES)
-            lines.append(template.format(country=country, capital=capital, continent=continent,
-                                         language=language, currency=currency))
+            lines.append(
+                template.format(
+                    country=country, capital=capital, continent=continent, language=language, currency=currency
+                )
+            )
     rng.shuffle(lines)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:

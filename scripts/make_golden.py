@@ -41,8 +41,17 @@ import transformers
 assert transformers.__version__.startswith("4.57"), transformers.__version__
 
 # Pairwise-distinct sizes, so a wrong transpose or a swapped axis cannot pass by symmetry.
-SIZES = dict(vocab_size=67, hidden_size=24, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
-             max_position_embeddings=29, type_vocab_size=5, initializer_range=0.2, attn_implementation="eager")
+SIZES = dict(
+    vocab_size=67,
+    hidden_size=24,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=29,
+    type_vocab_size=5,
+    initializer_range=0.2,
+    attn_implementation="eager",
+)
 
 
 def inputs(seed: int):
@@ -59,8 +68,13 @@ def inputs(seed: int):
 
 def run(model, feed, **extra):
     with torch.no_grad():
-        out = model(**{k: torch.tensor(v) for k, v in feed.items()}, output_hidden_states=True,
-                    output_attentions=True, return_dict=True, **extra)
+        out = model(
+            **{k: torch.tensor(v) for k, v in feed.items()},
+            output_hidden_states=True,
+            output_attentions=True,
+            return_dict=True,
+            **extra,
+        )
     result = {}
     for key, value in out.items():
         if isinstance(value, tuple):  # hidden_states / attentions: one entry per layer
@@ -75,8 +89,11 @@ def save(root, name, model, feed, outputs):
     directory = os.path.join(root, name)
     shutil.rmtree(directory, ignore_errors=True)
     model.save_pretrained(directory, safe_serialization=True)
-    np.savez(os.path.join(directory, "io.npz"), **{f"in.{k}": v for k, v in feed.items()},
-             **{f"out.{k}": v for k, v in outputs.items()})
+    np.savez(
+        os.path.join(directory, "io.npz"),
+        **{f"in.{k}": v for k, v in feed.items()},
+        **{f"out.{k}": v for k, v in outputs.items()},
+    )
     print(name, sorted(outputs))
 
 
@@ -89,8 +106,9 @@ def main(root):
         save(root, kind, model, feed, run(model, feed))
 
     torch.manual_seed(2)
-    model = transformers.BertModel(transformers.BertConfig(position_embedding_type="relative_key_query",
-                                                           **SIZES)).eval()
+    model = transformers.BertModel(
+        transformers.BertConfig(position_embedding_type="relative_key_query", **SIZES)
+    ).eval()
     feed = inputs(2)
     head_mask = np.array([[1.0, 0.0, 0.5, 1.0], [1.7, 1.0, 0.0, -0.3], [0.0, 0.0, 0.0, 0.0]], np.float32)
     outputs = run(model, feed, head_mask=torch.tensor(head_mask))
@@ -122,10 +140,16 @@ def flax_cases(root):
         directory = os.path.join(root, f"flax_{head}")
         shutil.rmtree(directory, ignore_errors=True)
         flax_model.save_pretrained(directory)
-        outputs = {k: v.detach().numpy() for k, v in model(**{k: torch.tensor(v) for k, v in feed.items()}).items()
-                   if v is not None and not isinstance(v, tuple)}
-        np.savez(os.path.join(directory, "io.npz"), **{f"in.{k}": v for k, v in feed.items()},
-                 **{f"out.{k}": v for k, v in outputs.items()})
+        outputs = {
+            k: v.detach().numpy()
+            for k, v in model(**{k: torch.tensor(v) for k, v in feed.items()}).items()
+            if v is not None and not isinstance(v, tuple)
+        }
+        np.savez(
+            os.path.join(directory, "io.npz"),
+            **{f"in.{k}": v for k, v in feed.items()},
+            **{f"out.{k}": v for k, v in outputs.items()},
+        )
         print(directory, sorted(os.listdir(directory)), sorted(outputs))
 
 
@@ -134,8 +158,11 @@ DECODER = {**SIZES, "num_hidden_layers": 2}
 
 
 def save_io(directory, feed, outputs):
-    np.savez(os.path.join(directory, "io.npz"), **{f"in.{k}": v for k, v in feed.items()},
-             **{f"out.{k}": v for k, v in outputs.items()})
+    np.savez(
+        os.path.join(directory, "io.npz"),
+        **{f"in.{k}": v for k, v in feed.items()},
+        **{f"out.{k}": v for k, v in outputs.items()},
+    )
     print(directory, sorted(os.listdir(directory)), sorted(outputs))
 
 
@@ -172,10 +199,14 @@ def step_by_step(model, ids, encoder_hidden_states, encoder_attention_mask):
     past, logits = None, []
     with torch.no_grad():
         for t in range(ids.shape[1]):
-            out = model(input_ids=torch.tensor(ids[:, t:t + 1]), attention_mask=torch.ones(ids.shape[0], t + 1),
-                        encoder_hidden_states=torch.tensor(encoder_hidden_states),
-                        encoder_attention_mask=torch.tensor(encoder_attention_mask),
-                        past_key_values=past, use_cache=True)
+            out = model(
+                input_ids=torch.tensor(ids[:, t : t + 1]),
+                attention_mask=torch.ones(ids.shape[0], t + 1),
+                encoder_hidden_states=torch.tensor(encoder_hidden_states),
+                encoder_attention_mask=torch.tensor(encoder_attention_mask),
+                past_key_values=past,
+                use_cache=True,
+            )
             past = out.past_key_values
             logits.append(out.logits[:, 0].numpy())
     return np.stack(logits, axis=1)
@@ -185,8 +216,9 @@ def causal_lm_cases(root):
     """BertLMHeadModel decoders with cross-attention: full forward (no cache), loss, and cached steps."""
     for i, kind in enumerate(("relative_key_query", "relative_key")):
         torch.manual_seed(20 + i)
-        config = transformers.BertConfig(is_decoder=True, add_cross_attention=True, position_embedding_type=kind,
-                                         **DECODER)
+        config = transformers.BertConfig(
+            is_decoder=True, add_cross_attention=True, position_embedding_type=kind, **DECODER
+        )
         model = transformers.BertLMHeadModel(config).eval()
         feed = decoder_inputs(20 + i)
         feed["labels"] = np.where(feed["attention_mask"] == 1, feed["input_ids"], -100)
@@ -200,9 +232,12 @@ def causal_lm_cases(root):
         outputs["step_logits"] = step_by_step(model, step_ids, *encoder)
         with torch.no_grad():
             outputs["full_step_logits"] = model(
-                input_ids=torch.tensor(step_ids), attention_mask=torch.ones(3, 9),
-                encoder_hidden_states=torch.tensor(encoder[0]), encoder_attention_mask=torch.tensor(encoder[1]),
-                use_cache=False).logits.numpy()
+                input_ids=torch.tensor(step_ids),
+                attention_mask=torch.ones(3, 9),
+                encoder_hidden_states=torch.tensor(encoder[0]),
+                encoder_attention_mask=torch.tensor(encoder[1]),
+                use_cache=False,
+            ).logits.numpy()
         gap = np.abs(outputs["step_logits"] - outputs["full_step_logits"]).max()
         assert gap < 1e-5, (kind, gap)
         save(root, f"decoder_{kind}", model, {**feed, "step_input_ids": step_ids}, outputs)
@@ -223,8 +258,9 @@ def bert2bert(seed, encoder_sizes=(), **decoder_sizes):
     """An EncoderDecoderModel of two small BERTs; the decoder differs from the encoder in depth and FFN width."""
     torch.manual_seed(seed)
     encoder = transformers.BertConfig(**{**SIZES, **dict(encoder_sizes)})
-    decoder = transformers.BertConfig(**{**DECODER, "intermediate_size": 31, **decoder_sizes}, is_decoder=True,
-                                      add_cross_attention=True)
+    decoder = transformers.BertConfig(
+        **{**DECODER, "intermediate_size": 31, **decoder_sizes}, is_decoder=True, add_cross_attention=True
+    )
     config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
     config.decoder_start_token_id, config.pad_token_id = 2, 0
     config._attn_implementation = "eager"  # the sub-configs' attn_implementation is not carried over
@@ -253,8 +289,9 @@ def encoder_decoder_cases(root, with_flax):
         save_flax(root, "flax_EncoderDecoder", model, transformers.FlaxEncoderDecoderModel, feed, logits)
 
     # Decoder hidden size 20 (encoder 24) and its own vocabulary: transformers adds enc_to_dec_proj.
-    model, feed, _, logits = bert2bert(41, {"num_hidden_layers": 1}, hidden_size=20, vocab_size=71,
-                                       max_position_embeddings=23, type_vocab_size=3)
+    model, feed, _, logits = bert2bert(
+        41, {"num_hidden_layers": 1}, hidden_size=20, vocab_size=71, max_position_embeddings=23, type_vocab_size=3
+    )
     assert hasattr(model, "enc_to_dec_proj")
     save(root, "pt_EncoderDecoder_proj", model, feed, {"logits": logits})
 
@@ -269,9 +306,12 @@ def decoder_cases(root, with_flax):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", nargs="?", default="tests/fixtures/golden")
-    parser.add_argument("--only", choices=("encoder", "decoder"),
-                        help="write only these cases (encoder: relative positions, head mask, pruning, FlaxBert; "
-                             "decoder: causal LM, cross-attention, KV cache, bert2bert); default both")
+    parser.add_argument(
+        "--only",
+        choices=("encoder", "decoder"),
+        help="write only these cases (encoder: relative positions, head mask, pruning, FlaxBert; "
+        "decoder: causal LM, cross-attention, KV cache, bert2bert); default both",
+    )
     args = parser.parse_args()
     try:  # needs jax + flax in the same environment (e.g. jax==0.4.38 flax==0.10.2)
         import flax  # noqa: F401

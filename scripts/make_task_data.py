@@ -16,26 +16,79 @@ import os
 import random
 import sys
 
-NOUNS = ["film", "book", "phone", "camera", "hotel", "meal", "laptop", "show", "album", "game", "chair", "car",
-         "service", "concert", "novel", "course", "jacket", "coffee", "printer", "movie"]
+NOUNS = [
+    "film",
+    "book",
+    "phone",
+    "camera",
+    "hotel",
+    "meal",
+    "laptop",
+    "show",
+    "album",
+    "game",
+    "chair",
+    "car",
+    "service",
+    "concert",
+    "novel",
+    "course",
+    "jacket",
+    "coffee",
+    "printer",
+    "movie",
+]
 HELD_OUT_NOUNS = ["tablet", "restaurant", "play", "watch"]
 GOOD = ["great", "wonderful", "excellent", "superb", "delightful", "fantastic", "lovely", "brilliant", "good"]
 BAD = ["terrible", "awful", "boring", "dreadful", "poor", "disappointing", "horrible", "bad", "useless"]
 OPENERS = ["honestly", "overall", "to be fair", "in short", "all in all", ""]
-TEMPLATES = ["the {noun} was {adj}", "this {noun} is {adj}", "what a {adj} {noun}", "i found the {noun} {adj}",
-             "the {noun} was not {neg}", "a {adj} {noun}, i would say", "the {noun} is really {adj}"]
+TEMPLATES = [
+    "the {noun} was {adj}",
+    "this {noun} is {adj}",
+    "what a {adj} {noun}",
+    "i found the {noun} {adj}",
+    "the {noun} was not {neg}",
+    "a {adj} {noun}, i would say",
+    "the {noun} is really {adj}",
+]
 
-PEOPLE = ["Anna Schmidt", "John", "Maria Lopez", "Kenji Sato", "Peter", "Fatima Khan", "Luis", "Olga Petrova",
-          "David Miller", "Chen Wei", "Amara Okafor", "Sophie"]
+PEOPLE = [
+    "Anna Schmidt",
+    "John",
+    "Maria Lopez",
+    "Kenji Sato",
+    "Peter",
+    "Fatima Khan",
+    "Luis",
+    "Olga Petrova",
+    "David Miller",
+    "Chen Wei",
+    "Amara Okafor",
+    "Sophie",
+]
 HELD_OUT_PEOPLE = ["Lars Nilsson", "Priya", "Tom Baker"]
 PLACES = ["Paris", "New York", "Berlin", "Tokyo", "Cape Town", "Lima", "Oslo", "Buenos Aires", "Cairo", "Madrid"]
 HELD_OUT_PLACES = ["Hanoi", "San Diego", "Vienna"]
-ORGS = ["Acme Corp", "the United Nations", "Google", "Red Cross", "Siemens", "the World Bank", "Toyota",
-        "Bank of Spain"]
+ORGS = [
+    "Acme Corp",
+    "the United Nations",
+    "Google",
+    "Red Cross",
+    "Siemens",
+    "the World Bank",
+    "Toyota",
+    "Bank of Spain",
+]
 HELD_OUT_ORGS = ["Nokia", "Oxfam", "General Motors"]
-SENTENCES = ["{PER} lives in {LOC} .", "{PER} works for {ORG} in {LOC} .", "{ORG} opened an office in {LOC} .",
-             "yesterday {PER} met {PER} in {LOC} .", "{PER} left {ORG} last year .",
-             "the new director of {ORG} is {PER} .", "{LOC} is far from {LOC} ."]
+SENTENCES = [
+    "{PER} lives in {LOC} .",
+    "{PER} works for {ORG} in {LOC} .",
+    "{ORG} opened an office in {LOC} .",
+    "yesterday {PER} met {PER} in {LOC} .",
+    "{PER} left {ORG} last year .",
+    "the new director of {ORG} is {PER} .",
+    "{LOC} is far from {LOC} .",
+]
 
 
 def review(rng: random.Random, nouns: list[str]) -> dict:
@@ -66,10 +119,11 @@ def main(directory: str) -> None:
     rng = random.Random(12)
     write(os.path.join(directory, "reviews_train.jsonl"), [review(rng, NOUNS) for _ in range(400)])
     write(os.path.join(directory, "reviews_validation.jsonl"), [review(rng, HELD_OUT_NOUNS) for _ in range(100)])
-    write(os.path.join(directory, "entities_train.jsonl"),
-          [sentence(rng, PEOPLE, PLACES, ORGS) for _ in range(400)])
-    write(os.path.join(directory, "entities_validation.jsonl"),
-          [sentence(rng, HELD_OUT_PEOPLE, HELD_OUT_PLACES, HELD_OUT_ORGS) for _ in range(100)])
+    write(os.path.join(directory, "entities_train.jsonl"), [sentence(rng, PEOPLE, PLACES, ORGS) for _ in range(400)])
+    write(
+        os.path.join(directory, "entities_validation.jsonl"),
+        [sentence(rng, HELD_OUT_PEOPLE, HELD_OUT_PLACES, HELD_OUT_ORGS) for _ in range(100)],
+    )
 
 
 if __name__ == "__main__":

@@ -12,8 +12,17 @@ jax.config.update("jax_default_matmul_precision", "highest")
 
 import jaxbert  # noqa: E402
 
-SIZES = dict(vocab_size=97, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=44,
-             max_position_embeddings=40, type_vocab_size=3, num_labels=5, initializer_range=0.1)
+SIZES = dict(
+    vocab_size=97,
+    hidden_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    intermediate_size=44,
+    max_position_embeddings=40,
+    type_vocab_size=3,
+    num_labels=5,
+    initializer_range=0.1,
+)
 ATOL = 1e-5
 
 
@@ -52,7 +61,7 @@ def padded_batch(seed=0, batch=3, length=11, vocab=SIZES["vocab_size"], types=SI
     ids = rng.integers(1, vocab, (batch, length))
     mask = np.ones((batch, length), np.int64)
     for row in range(1, batch):
-        mask[row, length - 2 * row - 1:] = 0
+        mask[row, length - 2 * row - 1 :] = 0
     ids[mask == 0] = 0
     return dict(input_ids=ids, attention_mask=mask, token_type_ids=rng.integers(0, types, (batch, length)))
 
@@ -99,8 +108,9 @@ def kill_when_logged(process, metrics, logged, timeout: float = 300) -> None:
 
     deadline = time.time() + timeout
     while time.time() < deadline and process.poll() is None:
-        if metrics.exists() and any(logged(json.loads(line)) for line in metrics.read_text().splitlines()
-                                    if line.strip()):
+        if metrics.exists() and any(
+            logged(json.loads(line)) for line in metrics.read_text().splitlines() if line.strip()
+        ):
             process.send_signal(signal.SIGKILL)
             break
         time.sleep(0.05)

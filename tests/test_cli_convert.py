@@ -6,11 +6,11 @@ import os
 import jax
 import numpy as np
 import pytest
+from conftest import assert_close, hf_model, padded_batch, state_dict, torch_run
 from flax import serialization
 from safetensors.numpy import load_file
 
 import jaxbert
-from conftest import assert_close, hf_model, padded_batch, state_dict, torch_run
 from jaxbert.cli import main
 
 torch = pytest.importorskip("torch")
@@ -36,8 +36,19 @@ def _feed(head):
 def _compare(bert, hf, head):
     expected = torch_run(hf, _feed(head))
     got = bert(**_feed(head))
-    fields = [f for f in ("last_hidden_state", "pooler_output", "logits", "prediction_logits",
-                          "seq_relationship_logits", "start_logits", "end_logits") if expected.get(f) is not None]
+    fields = [
+        f
+        for f in (
+            "last_hidden_state",
+            "pooler_output",
+            "logits",
+            "prediction_logits",
+            "seq_relationship_logits",
+            "start_logits",
+            "end_logits",
+        )
+        if expected.get(f) is not None
+    ]
     for field in fields:
         assert_close(got[field], expected[field].numpy(), field)
     return fields
@@ -60,7 +71,7 @@ def _write_sharded_bin(sd, directory):
     os.makedirs(directory)
     keys = sorted(sd)
     weight_map = {}
-    for i, part in enumerate((keys[: len(keys) // 2], keys[len(keys) // 2:])):
+    for i, part in enumerate((keys[: len(keys) // 2], keys[len(keys) // 2 :])):
         name = f"pytorch_model-0000{i + 1}-of-00002.bin"
         torch.save({k: torch.from_numpy(sd[k]) for k in part}, os.path.join(directory, name))
         weight_map.update({k: name for k in part})
@@ -109,10 +120,23 @@ def _paths_and_shapes(path):
 def test_converted_msgpack_has_flaxberts_exact_tree(tmp_path, capsys):
     """Same paths and shapes as the msgpack transformers 4.57's FlaxBertForPreTraining wrote."""
     reference = os.path.join(GOLDEN, "flax_BertForPreTraining")
-    hf = hf_model("BertForPreTraining", **{k: v for k, v in json.load(open(os.path.join(reference, "config.json")))
-                                           .items() if k in ("vocab_size", "hidden_size", "num_hidden_layers",
-                                                             "num_attention_heads", "intermediate_size",
-                                                             "max_position_embeddings", "type_vocab_size")})
+    hf = hf_model(
+        "BertForPreTraining",
+        **{
+            k: v
+            for k, v in json.load(open(os.path.join(reference, "config.json"))).items()
+            if k
+            in (
+                "vocab_size",
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "intermediate_size",
+                "max_position_embeddings",
+                "type_vocab_size",
+            )
+        },
+    )
     hf.save_pretrained(tmp_path / "src")
     assert cli(capsys, "convert", tmp_path / "src", tmp_path / "dst")[0] == 0
     ours = _paths_and_shapes(tmp_path / "dst" / "flax_model.msgpack")
@@ -125,8 +149,9 @@ def test_convert_export_round_trip_equals_original(tmp_path, capsys):
     assert cli(capsys, "convert", tmp_path / "src", tmp_path / "jax")[0] == 0
     rc, out, err = cli(capsys, "export", tmp_path / "jax", tmp_path / "pt")
     assert rc == 0, err
-    back, info = transformers.BertForPreTraining.from_pretrained(tmp_path / "pt", output_loading_info=True,
-                                                                 attn_implementation="eager")
+    back, info = transformers.BertForPreTraining.from_pretrained(
+        tmp_path / "pt", output_loading_info=True, attn_implementation="eager"
+    )
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     original = load_file(tmp_path / "src" / "model.safetensors")
     exported = load_file(tmp_path / "pt" / "model.safetensors")
@@ -172,8 +197,10 @@ def test_version_flag_and_info_name_the_versions_and_devices(tmp_path, capsys):
     import subprocess
     import sys
 
-    for argv in ([sys.executable, "-m", "jaxbert", "--version"], [os.path.join(os.path.dirname(sys.executable),
-                                                                             "jaxbert"), "--version"]):
+    for argv in (
+        [sys.executable, "-m", "jaxbert", "--version"],
+        [os.path.join(os.path.dirname(sys.executable), "jaxbert"), "--version"],
+    ):
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and done.stdout.strip() == f"jaxbert {jaxbert.__version__}", done
     assert main(["info", os.path.join(GOLDEN, "pt_EncoderDecoder")]) == 0

@@ -9,9 +9,10 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import cli_fails as fails
+from conftest import hf_model
 from safetensors.numpy import load_file, save_file
 
-from conftest import cli_fails as fails, hf_model
 from jaxbert.cli import main
 
 torch = pytest.importorskip("torch")
@@ -44,8 +45,13 @@ def test_config_missing_or_invalid(src, tmp_path, capsys):
 
 def test_no_weights_file_lists_what_was_looked_for(src, tmp_path, capsys):
     (src / "model.safetensors").unlink()
-    fails(capsys, tmp_path, "convert", src, match="no weights file found (looked for model.safetensors, "
-                                                  "model.safetensors.index.json, pytorch_model.bin")
+    fails(
+        capsys,
+        tmp_path,
+        "convert",
+        src,
+        match="no weights file found (looked for model.safetensors, model.safetensors.index.json, pytorch_model.bin",
+    )
 
 
 def test_truncated_safetensors_leaves_no_dst(src, tmp_path, capsys):
@@ -66,17 +72,32 @@ def test_corrupt_msgpack(src, tmp_path, capsys):
 def test_shape_mismatch_names_key_and_both_shapes(src, tmp_path, capsys):
     config = json.loads((src / "config.json").read_text())
     (src / "config.json").write_text(json.dumps({**config, "intermediate_size": 48}))
-    fails(capsys, tmp_path, "convert", src,
-          match="bert.encoder.layer.0.intermediate.dense.bias: shape (44,) in the checkpoint, expected (48,)")
+    fails(
+        capsys,
+        tmp_path,
+        "convert",
+        src,
+        match="bert.encoder.layer.0.intermediate.dense.bias: shape (44,) in the checkpoint, expected (48,)",
+    )
 
 
 def test_unknown_and_missing_keys_are_named(src, tmp_path, capsys):
     _rewrite(src, lambda s: s.update({"bert.encoder.layer.0.attention.self.rotary.weight": np.zeros(2, np.float32)}))
     fails(capsys, tmp_path, "convert", src, match="unknown key 'bert.encoder.layer.0.attention.self.rotary.weight'")
-    _rewrite(src, lambda s: (s.pop("bert.encoder.layer.0.attention.self.rotary.weight"),
-                             s.pop("bert.encoder.layer.2.output.LayerNorm.weight")))
-    fails(capsys, tmp_path, "convert", src, match="missing keys for BertForMaskedLM: "
-                                                  "bert.encoder.layer.2.output.LayerNorm.weight")
+    _rewrite(
+        src,
+        lambda s: (
+            s.pop("bert.encoder.layer.0.attention.self.rotary.weight"),
+            s.pop("bert.encoder.layer.2.output.LayerNorm.weight"),
+        ),
+    )
+    fails(
+        capsys,
+        tmp_path,
+        "convert",
+        src,
+        match="missing keys for BertForMaskedLM: bert.encoder.layer.2.output.LayerNorm.weight",
+    )
 
 
 def test_other_model_type_is_not_supported_yet(src, tmp_path, capsys):
@@ -114,10 +135,12 @@ def test_malicious_pickle_is_refused_and_nothing_runs(src, tmp_path, capsys, mon
 
 
 def _run(*args, block_torch=False):
-    code = ("import sys; sys.modules['torch'] = None; " if block_torch else "") + \
-        "from jaxbert.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", "import sys\n" + code, *map(str, args)], capture_output=True,
-                          text=True, timeout=300)
+    code = (
+        "import sys; sys.modules['torch'] = None; " if block_torch else ""
+    ) + "from jaxbert.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run(
+        [sys.executable, "-c", "import sys\n" + code, *map(str, args)], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_bin_without_torch_names_the_extra(src, tmp_path):
@@ -126,12 +149,15 @@ def test_bin_without_torch_names_the_extra(src, tmp_path):
     torch.save(model.state_dict(), src / "pytorch_model.bin")
     proc = _run("convert", src, tmp_path / "dst", block_torch=True)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip() == (f"jaxbert convert: error: {src / 'pytorch_model.bin'}: reading .bin checkpoints "
-                                   "needs torch: pip install 'jaxbert[torch]'")
+    assert proc.stderr.strip() == (
+        f"jaxbert convert: error: {src / 'pytorch_model.bin'}: reading .bin checkpoints "
+        "needs torch: pip install 'jaxbert[torch]'"
+    )
     assert not (tmp_path / "dst").exists()
 
 
 def test_module_entry_point_exit_status(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "jaxbert", "info", str(tmp_path)], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxbert", "info", str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "config.json not found" in proc.stderr

@@ -6,10 +6,9 @@ import shutil
 import jax
 import numpy as np
 import pytest
+from conftest import cli_fails, model_dir
 
 import jaxbert
-
-from conftest import cli_fails, model_dir
 from jaxbert.cli import main
 
 torch = pytest.importorskip("torch")
@@ -39,11 +38,16 @@ def _lines(capsys, *args) -> list[str]:
     return out.rstrip("\n").split("\n")
 
 
-@pytest.mark.parametrize("options, kwargs", [
-    ((), dict(max_new_tokens=20, do_sample=False)),
-    (("--max-new-tokens", 7, "--num-beams", 3, "--num-return-sequences", 2),
-     dict(max_new_tokens=7, num_beams=3, num_return_sequences=2, do_sample=False)),
-])
+@pytest.mark.parametrize(
+    "options, kwargs",
+    [
+        ((), dict(max_new_tokens=20, do_sample=False)),
+        (
+            ("--max-new-tokens", 7, "--num-beams", 3, "--num-return-sequences", 2),
+            dict(max_new_tokens=7, num_beams=3, num_return_sequences=2, do_sample=False),
+        ),
+    ],
+)
 def test_generate_prints_what_transformers_generates(lm_dir, capsys, options, kwargs):
     lines = _lines(capsys, lm_dir, PROMPT, *options)
     assert lines == _reference(lm_dir, PROMPT, **kwargs)
@@ -57,12 +61,15 @@ def test_sampling_is_reproducible_from_the_seed(lm_dir, capsys):
     assert _lines(capsys, *args, "--seed", 4) != first
 
 
-@pytest.mark.parametrize("args, match", [
-    (("--max-new-tokens", 0), "max_new_tokens 0: must be ≥ 1"),
-    (("--num-beams", 0), "num_beams"),
-    (("--max-new-tokens", 500), "exceeds max_position_embeddings 40"),
-    (("--top-p", 1.5, "--do-sample"), "top_p"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (("--max-new-tokens", 0), "max_new_tokens 0: must be ≥ 1"),
+        (("--num-beams", 0), "num_beams"),
+        (("--max-new-tokens", 500), "exceeds max_position_embeddings 40"),
+        (("--top-p", 1.5, "--do-sample"), "top_p"),
+    ],
+)
 def test_bad_options_are_one_line_errors(lm_dir, capsys, tmp_path, args, match):
     cli_fails(capsys, tmp_path, "generate", lm_dir, PROMPT, *args, match=match)
 
@@ -96,13 +103,20 @@ def bert2bert_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("s2s")
     model_dir(directory, "BertModel")  # for the tokenizer files; the weights are replaced below
     torch.manual_seed(0)
-    sizes = dict(vocab_size=30522, num_hidden_layers=2, intermediate_size=37, max_position_embeddings=40,
-                 attn_implementation="eager")
+    sizes = dict(
+        vocab_size=30522,
+        num_hidden_layers=2,
+        intermediate_size=37,
+        max_position_embeddings=40,
+        attn_implementation="eager",
+    )
     enc = transformers.BertConfig(hidden_size=32, num_attention_heads=4, **sizes)
-    dec = transformers.BertConfig(hidden_size=24, num_attention_heads=3, is_decoder=True, add_cross_attention=True,
-                                  **sizes)
-    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(enc, dec, decoder_start_token_id=101,
-                                                                            pad_token_id=0)
+    dec = transformers.BertConfig(
+        hidden_size=24, num_attention_heads=3, is_decoder=True, add_cross_attention=True, **sizes
+    )
+    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(
+        enc, dec, decoder_start_token_id=101, pad_token_id=0
+    )
     transformers.EncoderDecoderModel(config=config).eval().save_pretrained(directory)
     return str(directory)
 

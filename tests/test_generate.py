@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import SIZES, hf_model
 
 import jaxbert
-from conftest import SIZES, hf_model
 from jaxbert.generate import Search, Warp, decode, warp_logits
 
 torch = pytest.importorskip("torch")
@@ -42,8 +42,9 @@ def _prompts(seed=0, rows=4):
 
 def _hf_generate(hf, ids, mask=None, **kwargs):
     with torch.no_grad():
-        return hf.generate(torch.as_tensor(ids), attention_mask=None if mask is None else torch.as_tensor(mask),
-                           **kwargs).numpy()
+        return hf.generate(
+            torch.as_tensor(ids), attention_mask=None if mask is None else torch.as_tensor(mask), **kwargs
+        ).numpy()
 
 
 def _stops_some_rows(new: np.ndarray) -> int:
@@ -64,7 +65,7 @@ def test_greedy_equals_transformers_with_left_padding_and_eos(models):
     np.testing.assert_array_equal(got, expected)
     stopped = [eos in row[P:-1] for row in got]
     assert any(stopped) and not all(stopped), got  # rows ended early and got padded, others ran on
-    assert (got[0, P + list(got[0, P:]).index(eos) + 1:] == 0).all()
+    assert (got[0, P + list(got[0, P:]).index(eos) + 1 :] == 0).all()
     # Without a mask, transformers infers it from the pad tokens in the prompt: so does jaxbert.
     np.testing.assert_array_equal(lm.generate(ids, max_new_tokens=NEW, eos_token_id=eos), expected)
 
@@ -76,13 +77,17 @@ def test_greedy_with_an_eos_list_trims_to_the_steps_run(models):
     eos = sorted({int(t) for t in plain[:, P + 2]})  # every row ends by its third token
     expected = _hf_generate(hf, ids, mask, max_new_tokens=NEW, eos_token_id=eos)
     assert expected.shape[1] <= P + 3
-    np.testing.assert_array_equal(lm.generate(ids, attention_mask=mask, max_new_tokens=NEW, eos_token_id=eos),
-                                  expected)
+    np.testing.assert_array_equal(lm.generate(ids, attention_mask=mask, max_new_tokens=NEW, eos_token_id=eos), expected)
 
 
-@pytest.mark.parametrize("options", [dict(num_beams=3), dict(num_beams=4, early_stopping=True,
-                                                            num_return_sequences=2, length_penalty=2.0),
-                                     dict(num_beams=3, early_stopping="never", length_penalty=0.5)])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(num_beams=3),
+        dict(num_beams=4, early_stopping=True, num_return_sequences=2, length_penalty=2.0),
+        dict(num_beams=3, early_stopping="never", length_penalty=0.5),
+    ],
+)
 def test_beam_search_equals_transformers(models, options):
     hf, lm, _ = models
     ids, mask = _prompts(seed=2)
@@ -90,8 +95,9 @@ def test_beam_search_equals_transformers(models, options):
     eos = [int(plain[0, P + 3]), int(plain[-1, P + 5])]  # tokens the beams pick: some hypotheses end there
     expected = _hf_generate(hf, ids, mask, max_new_tokens=NEW, eos_token_id=eos, **options)
     assert expected.shape != plain.shape or (expected != plain).any()
-    np.testing.assert_array_equal(lm.generate(ids, attention_mask=mask, max_new_tokens=NEW, eos_token_id=eos,
-                                              **options), expected)
+    np.testing.assert_array_equal(
+        lm.generate(ids, attention_mask=mask, max_new_tokens=NEW, eos_token_id=eos, **options), expected
+    )
 
 
 def test_sampling_is_reproducible_and_respects_top_k_and_top_p(models):
@@ -109,8 +115,9 @@ def test_sampling_is_reproducible_and_respects_top_k_and_top_p(models):
     # A row's draws do not depend on the rest of the batch (nor on its padding to a batch bucket).
     fewer = lm.generate(ids[:3], attention_mask=mask[:3], max_new_tokens=NEW, eos_token_id=5, do_sample=True)
     np.testing.assert_array_equal(fewer, first[:3, : fewer.shape[1]])
-    several = lm.generate(ids[:2], attention_mask=mask[:2], max_new_tokens=NEW, eos_token_id=5, do_sample=True,
-                          num_return_sequences=2)
+    several = lm.generate(
+        ids[:2], attention_mask=mask[:2], max_new_tokens=NEW, eos_token_id=5, do_sample=True, num_return_sequences=2
+    )
     assert several.shape[0] == 4 and (several[0] != several[1]).any()
     np.testing.assert_array_equal(several[:, :P], np.repeat(ids[:2], 2, axis=0))
 
@@ -124,11 +131,19 @@ def test_warpers_equal_transformers():
     tied = logits.copy()
     tied[:, :3] = -np.sort(-tied, axis=1)[:, 9:10]  # three more tokens equal to the 10th largest
     warp = jax.jit(warp_logits)
-    for temperature, top_k, top_p, x in ((0.7, 10, 0.9, logits), (1.0, 0, 0.5, logits), (2.0, 10, 1.0, tied),
-                                         (1.3, 1, 0.3, logits), (1.0, 50, 0.95, logits)):
+    for temperature, top_k, top_p, x in (
+        (0.7, 10, 0.9, logits),
+        (1.0, 0, 0.5, logits),
+        (2.0, 10, 1.0, tied),
+        (1.3, 1, 0.3, logits),
+        (1.0, 50, 0.95, logits),
+    ):
         scores = torch.as_tensor(x)
-        for warper in (lp.TemperatureLogitsWarper(temperature), top_k and lp.TopKLogitsWarper(top_k),
-                       top_p < 1 and lp.TopPLogitsWarper(top_p)):
+        for warper in (
+            lp.TemperatureLogitsWarper(temperature),
+            top_k and lp.TopKLogitsWarper(top_k),
+            top_p < 1 and lp.TopPLogitsWarper(top_p),
+        ):
             scores = warper(None, scores) if warper else scores
         got = warp(jnp.asarray(x), Warp(jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p)))
         np.testing.assert_array_equal(np.isinf(np.asarray(got)), np.isinf(scores.numpy()))
@@ -142,8 +157,9 @@ def test_one_program_per_bucket_whatever_the_prompt_length_batch_and_max_new_tok
     before = lm.compile_count
     outputs = {}
     for rows, start, n in ((4, 0, 9), (3, 4, 5), (4, 3, 16), (3, 1, 1), (4, 0, 2)):
-        outputs[rows, start, n] = lm.generate(ids[:rows, start:], attention_mask=mask[:rows, start:],
-                                              max_new_tokens=n, eos_token_id=[1, 2])
+        outputs[rows, start, n] = lm.generate(
+            ids[:rows, start:], attention_mask=mask[:rows, start:], max_new_tokens=n, eos_token_id=[1, 2]
+        )
     assert lm.compile_count == before  # prompt bucket 16, batch bucket 4, new-token bucket 16 throughout
     np.testing.assert_array_equal(outputs[4, 0, 2], outputs[4, 0, 9][:, : P + 2])
     expected = _hf_generate(hf, ids[:3, 4:], mask[:3, 4:], max_new_tokens=5, eos_token_id=[1, 2])
@@ -156,8 +172,10 @@ def test_defaults_come_from_generation_config_json(models, tmp_path):
     shutil.copytree(directory, copy)
     (copy / "generation_config.json").write_text(json.dumps({"eos_token_id": [7], "max_new_tokens": 6}))
     ids, mask = _prompts(seed=6)
-    np.testing.assert_array_equal(jaxbert.load(copy).generate(ids, attention_mask=mask),
-                                  lm.generate(ids, attention_mask=mask, max_new_tokens=6, eos_token_id=[7]))
+    np.testing.assert_array_equal(
+        jaxbert.load(copy).generate(ids, attention_mask=mask),
+        lm.generate(ids, attention_mask=mask, max_new_tokens=6, eos_token_id=[7]),
+    )
     (copy / "generation_config.json").write_text(json.dumps({"repetition_penalty": 1.3}))
     with pytest.raises(ValueError, match="repetition_penalty=1.3 is not implemented"):
         jaxbert.load(copy).generate(ids)
@@ -177,9 +195,18 @@ def test_the_step_function_is_model_agnostic():
     table = jax.random.normal(jax.random.key(0), (11, 11))
     step = lambda cache, ids, mask, pos: (table[ids], cache.replace(index=cache.index + ids.shape[1]))  # noqa: E731
     ids = jnp.array([[3, 0, 0]])  # one real token, then the bucket's padding
-    tokens, steps = decode(step, Counter(jnp.zeros(1, jnp.int32)), ids, jnp.array([[1, 0, 0]]),
-                           jnp.zeros_like(ids), jnp.int32(1), jnp.int32(5), jnp.array([True]),
-                           search=Search(eos=(), pad=None), bound=8)
+    tokens, steps = decode(
+        step,
+        Counter(jnp.zeros(1, jnp.int32)),
+        ids,
+        jnp.array([[1, 0, 0]]),
+        jnp.zeros_like(ids),
+        jnp.int32(1),
+        jnp.int32(5),
+        jnp.array([True]),
+        search=Search(eos=(), pad=None),
+        bound=8,
+    )
     chain, expected = 3, []
     for _ in range(5):
         chain = int(jnp.argmax(table[chain]))
@@ -187,22 +214,29 @@ def test_the_step_function_is_model_agnostic():
     assert int(steps) == 5 and np.asarray(tokens)[0, :5].tolist() == expected
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(max_new_tokens=0), ValueError, "max_new_tokens 0: must be ≥ 1"),
-    (dict(max_new_tokens=2.5), TypeError, "max_new_tokens must be an integer"),
-    (dict(max_new_tokens=40 - P + 1), ValueError, "prompt length 8 \\+ max_new_tokens 33 = 41 exceeds max_position"),
-    (dict(num_beams=0), ValueError, "num_beams 0: must be ≥ 1"),
-    (dict(num_beams=2, do_sample=True), ValueError, "do_sample=True with num_beams=2: beam-search sampling"),
-    (dict(num_beams=2, num_return_sequences=3), ValueError, "num_return_sequences 3: must be in \\[1, 2\\]"),
-    (dict(num_return_sequences=2), ValueError, "num_return_sequences 2: greedy search returns one"),
-    (dict(do_sample=True, temperature=0.0), ValueError, "temperature 0.0: must be in \\(0"),
-    (dict(do_sample=True, top_p=0.0), ValueError, "top_p 0.0: must be in \\(0, 1\\]"),
-    (dict(do_sample=True, top_p=1.5), ValueError, "top_p 1.5: must be in \\(0, 1\\]"),
-    (dict(do_sample=True, top_k=-1), ValueError, "top_k -1: must be an integer ≥ 0"),
-    (dict(num_beams=2, early_stopping="soon"), ValueError, "early_stopping 'soon'"),
-    (dict(eos_token_id=[3, 97]), ValueError, "eos_token_id \\[3, 97\\]: token ids must be integers in \\[0, vocab"),
-    (dict(length_penalty=float("nan"), num_beams=2), ValueError, "length_penalty nan"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(max_new_tokens=0), ValueError, "max_new_tokens 0: must be ≥ 1"),
+        (dict(max_new_tokens=2.5), TypeError, "max_new_tokens must be an integer"),
+        (
+            dict(max_new_tokens=40 - P + 1),
+            ValueError,
+            "prompt length 8 \\+ max_new_tokens 33 = 41 exceeds max_position",
+        ),
+        (dict(num_beams=0), ValueError, "num_beams 0: must be ≥ 1"),
+        (dict(num_beams=2, do_sample=True), ValueError, "do_sample=True with num_beams=2: beam-search sampling"),
+        (dict(num_beams=2, num_return_sequences=3), ValueError, "num_return_sequences 3: must be in \\[1, 2\\]"),
+        (dict(num_return_sequences=2), ValueError, "num_return_sequences 2: greedy search returns one"),
+        (dict(do_sample=True, temperature=0.0), ValueError, "temperature 0.0: must be in \\(0"),
+        (dict(do_sample=True, top_p=0.0), ValueError, "top_p 0.0: must be in \\(0, 1\\]"),
+        (dict(do_sample=True, top_p=1.5), ValueError, "top_p 1.5: must be in \\(0, 1\\]"),
+        (dict(do_sample=True, top_k=-1), ValueError, "top_k -1: must be an integer ≥ 0"),
+        (dict(num_beams=2, early_stopping="soon"), ValueError, "early_stopping 'soon'"),
+        (dict(eos_token_id=[3, 97]), ValueError, "eos_token_id \\[3, 97\\]: token ids must be integers in \\[0, vocab"),
+        (dict(length_penalty=float("nan"), num_beams=2), ValueError, "length_penalty nan"),
+    ],
+)
 def test_bad_arguments_are_one_line_errors_naming_the_value(models, kwargs, error, match):
     _, lm, _ = models
     ids, mask = _prompts()

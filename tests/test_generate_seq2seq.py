@@ -9,10 +9,10 @@ import shutil
 
 import numpy as np
 import pytest
-
-import jaxbert
 from conftest import SIZES
 from test_seq2seq import _model
+
+import jaxbert
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -50,15 +50,16 @@ def _inputs(seed=0, rows=4):
     rng = np.random.default_rng(seed)
     ids, mask = rng.integers(3, SIZES["vocab_size"], (rows, S)), np.ones((rows, S), np.int64)
     for row, pad in ((1, 3), (2, 7), (3, 1))[: rows - 1]:
-        mask[row, S - pad:] = 0
+        mask[row, S - pad :] = 0
     ids[mask == 0] = 0
     return ids, mask
 
 
 def _hf_generate(model, ids, mask=None, **kwargs):
     with torch.no_grad():
-        return model.generate(torch.as_tensor(ids), attention_mask=None if mask is None else torch.as_tensor(mask),
-                              **kwargs).numpy()
+        return model.generate(
+            torch.as_tensor(ids), attention_mask=None if mask is None else torch.as_tensor(mask), **kwargs
+        ).numpy()
 
 
 def _ended_early(out: np.ndarray, eos) -> list[bool]:
@@ -78,10 +79,12 @@ def test_greedy_equals_transformers_with_padded_inputs_and_eos(models):
     assert got.shape == (4, 1 + NEW) and (got[:, 0] == 2).all()  # the start token, then every step ran
     stopped = _ended_early(got, eos)
     assert stopped[0] and not all(stopped), got
-    assert (got[0, list(got[0]).index(eos) + 1:] == 0).all()  # finished rows get pad
+    assert (got[0, list(got[0]).index(eos) + 1 :] == 0).all()  # finished rows get pad
     # transformers infers no encoder mask for encoder-decoders: the pad tokens are attended to, here as there.
-    np.testing.assert_array_equal(s2s.generate(ids, max_new_tokens=NEW, eos_token_id=eos),
-                                  _hf_generate(hf, ids, max_new_tokens=NEW, eos_token_id=eos))
+    np.testing.assert_array_equal(
+        s2s.generate(ids, max_new_tokens=NEW, eos_token_id=eos),
+        _hf_generate(hf, ids, max_new_tokens=NEW, eos_token_id=eos),
+    )
 
 
 def _beam_search_equals_transformers(hf, s2s, options):
@@ -100,15 +103,20 @@ def test_beam_search_equals_transformers(models):
 
 
 def test_beam_search_returning_several_with_early_stopping_equals_transformers(projected):
-    _beam_search_equals_transformers(*projected[:2], dict(num_beams=3, num_return_sequences=2, early_stopping=True,
-                                                          length_penalty=1.5))
+    _beam_search_equals_transformers(
+        *projected[:2], dict(num_beams=3, num_return_sequences=2, early_stopping=True, length_penalty=1.5)
+    )
 
 
 def test_sampling_is_reproducible_from_the_seed(projected):
     _, s2s, _ = projected
     ids, mask = _inputs(seed=2)
-    run = lambda seed: s2s.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=True,  # noqa: E731
-                                    num_return_sequences=2, seed=seed)
+
+    def run(seed):
+        return s2s.generate(
+            ids, attention_mask=mask, max_new_tokens=NEW, do_sample=True, num_return_sequences=2, seed=seed
+        )
+
     first = run(0)
     assert first.shape == (8, 1 + NEW) and (first[0] != first[1]).any()  # two draws per input
     np.testing.assert_array_equal(run(0), first)
@@ -149,13 +157,16 @@ def _copy(directory, tmp_path, generation=None, **config_changes):
     return copy
 
 
-@pytest.mark.parametrize("generation, config", [
-    # generation_config.json: its start token and eos; 20 new tokens by default (transformers: max_length 20 + 1)
-    (dict(decoder_start_token_id=5, eos_token_id=[40, 41], pad_token_id=1), {}),
-    # none: transformers reads config.json, its top level first, then the decoder's; no start token -> bos;
-    # max_length counts the start token
-    (None, dict(decoder_start_token_id=None, decoder__bos_token_id=4, decoder__eos_token_id=40, max_length=7)),
-])
+@pytest.mark.parametrize(
+    "generation, config",
+    [
+        # generation_config.json: its start token and eos; 20 new tokens by default (transformers: max_length 20 + 1)
+        (dict(decoder_start_token_id=5, eos_token_id=[40, 41], pad_token_id=1), {}),
+        # none: transformers reads config.json, its top level first, then the decoder's; no start token -> bos;
+        # max_length counts the start token
+        (None, dict(decoder_start_token_id=None, decoder__bos_token_id=4, decoder__eos_token_id=40, max_length=7)),
+    ],
+)
 @pytest.mark.filterwarnings("ignore:Using the model-agnostic default")
 def test_defaults_resolve_as_transformers(projected, tmp_path, generation, config):
     _, _, directory = projected
@@ -173,25 +184,40 @@ def test_no_start_token_is_refused_as_by_transformers(projected, tmp_path):
     ids, mask = _inputs()
     with pytest.raises(ValueError, match="decoder_start_token_id"):
         _hf_generate(transformers.EncoderDecoderModel.from_pretrained(copy), ids, mask, max_new_tokens=2)
-    with pytest.raises(ValueError, match="^decoder_start_token_id: not given, not in generation_config.json or "
-                                         "config.json, and no bos_token_id to fall back on$"):
+    with pytest.raises(
+        ValueError,
+        match="^decoder_start_token_id: not given, not in generation_config.json or "
+        "config.json, and no bos_token_id to fall back on$",
+    ):
         jaxbert.load(copy).generate(ids, attention_mask=mask)
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(max_new_tokens=0), ValueError, "max_new_tokens 0: must be ≥ 1"),
-    (dict(num_beams=0), ValueError, "num_beams 0: must be ≥ 1"),
-    (dict(max_new_tokens=40), ValueError, "decoder start token 1 \\+ max_new_tokens 40 = 41 exceeds "
-                                          "max_position_embeddings 40"),
-    (dict(decoder_start_token_id=97), ValueError, "decoder_start_token_id 97: token ids must be integers in \\[0, "
-                                                  "vocab_size=97\\)"),
-    (dict(num_beams=2, num_return_sequences=3), ValueError, "num_return_sequences 3: must be in \\[1, 2\\]"),
-    (dict(do_sample=True, num_beams=2), ValueError, "do_sample=True with num_beams=2"),
-    (dict(input_ids=np.ones((2, 41), np.int64), attention_mask=None), ValueError,
-     "sequence length 41 exceeds max_position_embeddings"),
-    (dict(input_ids=np.array([1, 2]), attention_mask=None), ValueError, "input_ids must be 2-D"),
-    (dict(attention_mask=np.ones((4, 3), np.int64)), ValueError, "attention_mask shape \\(4, 3\\) does not match"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(max_new_tokens=0), ValueError, "max_new_tokens 0: must be ≥ 1"),
+        (dict(num_beams=0), ValueError, "num_beams 0: must be ≥ 1"),
+        (
+            dict(max_new_tokens=40),
+            ValueError,
+            "decoder start token 1 \\+ max_new_tokens 40 = 41 exceeds max_position_embeddings 40",
+        ),
+        (
+            dict(decoder_start_token_id=97),
+            ValueError,
+            "decoder_start_token_id 97: token ids must be integers in \\[0, vocab_size=97\\)",
+        ),
+        (dict(num_beams=2, num_return_sequences=3), ValueError, "num_return_sequences 3: must be in \\[1, 2\\]"),
+        (dict(do_sample=True, num_beams=2), ValueError, "do_sample=True with num_beams=2"),
+        (
+            dict(input_ids=np.ones((2, 41), np.int64), attention_mask=None),
+            ValueError,
+            "sequence length 41 exceeds max_position_embeddings",
+        ),
+        (dict(input_ids=np.array([1, 2]), attention_mask=None), ValueError, "input_ids must be 2-D"),
+        (dict(attention_mask=np.ones((4, 3), np.int64)), ValueError, "attention_mask shape \\(4, 3\\) does not match"),
+    ],
+)
 def test_bad_arguments_are_one_line_errors_naming_the_value(projected, kwargs, error, match):
     _, s2s, _ = projected
     ids, mask = _inputs()

@@ -6,9 +6,9 @@ import os
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import assert_close
 
 import jaxbert
-from conftest import assert_close
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "fixtures", "golden")
 
@@ -54,8 +54,14 @@ def test_prune_heads_matches_transformers_pruning():
     assert config.to_dict()["pruned_heads"] == {"0": [1, 3], "2": [0, 2, 3]}
     assert params["bert"]["encoder"]["layer"]["2"]["attention"]["self"]["query"]["kernel"].shape == (24, 6)
     assert params["bert"]["encoder"]["layer"]["0"]["attention"]["output"]["dense"]["kernel"].shape == (12, 24)
-    got = jaxbert.forward(params, config, bert.head, **{k: jnp.asarray(v) for k, v in inputs.items()},
-                          output_hidden_states=True, output_attentions=True)
+    got = jaxbert.forward(
+        params,
+        config,
+        bert.head,
+        **{k: jnp.asarray(v) for k, v in inputs.items()},
+        output_hidden_states=True,
+        output_attentions=True,
+    )
     _check(got, outputs)
 
 

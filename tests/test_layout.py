@@ -8,11 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import SIZES, assert_close, hf_model, jax_config, padded_batch, state_dict, torch_run
 
 import jaxbert
-from conftest import SIZES, assert_close, hf_model, jax_config, padded_batch, state_dict, torch_run
-from jaxbert import layout
-from jaxbert import attention
+from jaxbert import attention, layout
 from jaxbert import model as M
 
 torch = pytest.importorskip("torch")
@@ -55,8 +54,14 @@ def test_compute_layout_matches_transformers(head):
         feed = {k: np.stack([v, v[::-1]]) for k, v in feed.items()}
     # head_mask on this layout: test_golden (transformers 5 dropped it).
     expected = torch_run(hf, feed, output_hidden_states=True, output_attentions=True)
-    got = jaxbert.forward(params, config, head, **{k: jnp.asarray(v) for k, v in feed.items()},
-                          output_hidden_states=True, output_attentions=True)
+    got = jaxbert.forward(
+        params,
+        config,
+        head,
+        **{k: jnp.asarray(v) for k, v in feed.items()},
+        output_hidden_states=True,
+        output_attentions=True,
+    )
     field = "last_hidden_state" if head == "BertModel" else next(iter(k for k in got.to_dict() if "logits" in k))
     assert_close(got[field], expected[field].numpy(), field)
     for i, (g, e) in enumerate(zip(got.hidden_states, expected.hidden_states, strict=True)):
@@ -72,8 +77,9 @@ def test_softmax_free_path_matches_transformers(stacked):
     params = layout.to_compute(params, config) if stacked else params
     feed = padded_batch(6)
     expected = torch_run(hf, feed, output_hidden_states=True)
-    got = jaxbert.forward(params, config, "BertForMaskedLM", **{k: jnp.asarray(v) for k, v in feed.items()},
-                          output_hidden_states=True)
+    got = jaxbert.forward(
+        params, config, "BertForMaskedLM", **{k: jnp.asarray(v) for k, v in feed.items()}, output_hidden_states=True
+    )
     assert got.attentions is None
     assert_close(got.logits, expected.logits.numpy(), "logits")
     for i, (g, e) in enumerate(zip(got.hidden_states, expected.hidden_states, strict=True)):

@@ -6,9 +6,9 @@ import pickle
 
 import numpy as np
 import pytest
+from conftest import assert_close, hf_model, padded_batch, torch_run
 
 import jaxbert
-from conftest import assert_close, hf_model, padded_batch, torch_run
 
 torch = pytest.importorskip("torch")
 
@@ -19,8 +19,11 @@ def saved(tmp_path_factory):
     hf = hf_model("BertForTokenClassification")
     root = tmp_path_factory.mktemp("ckpt")
     dirs = {}
-    for name, kwargs in (("safetensors", {}), ("bin", {"safe_serialization": False}),
-                         ("sharded", {"max_shard_size": "20KB"})):
+    for name, kwargs in (
+        ("safetensors", {}),
+        ("bin", {"safe_serialization": False}),
+        ("sharded", {"max_shard_size": "20KB"}),
+    ):
         dirs[name] = str(root / name)
         if name == "bin":  # transformers 5 only writes safetensors; write the .bin a 4.x user would have
             hf.config.save_pretrained(dirs[name])

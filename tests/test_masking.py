@@ -14,8 +14,10 @@ def corpus():
     from jaxbert.tokenizer import WordPiece
 
     tok = WordPiece.from_dir(str(minilm.get_model_path()))
-    text = ("Tokenization splits unbelievably uncommon words into several pieces, while common words stay whole. "
-            "Whole-word masking must treat every piece of a word together. ") * 3
+    text = (
+        "Tokenization splits unbelievably uncommon words into several pieces, while common words stay whole. "
+        "Whole-word masking must treat every piece of a word together. "
+    ) * 3
     ids = tok([text] * 8 + ["short one"] * 8, max_length=96)["input_ids"]
     continuation = np.zeros(30522, bool)
     for token, i in tok.vocab.items():
@@ -25,8 +27,15 @@ def corpus():
 
 
 def _mask(ids, seed, continuation=None, k=None):
-    return mask_tokens(ids, rng=np.random.default_rng(seed), special_ids=SPECIAL, mask_id=103, vocab_size=30522,
-                       max_predictions=k or default_max_predictions(ids.shape[1], 0.15), continuation=continuation)
+    return mask_tokens(
+        ids,
+        rng=np.random.default_rng(seed),
+        special_ids=SPECIAL,
+        mask_id=103,
+        vocab_size=30522,
+        max_predictions=k or default_max_predictions(ids.shape[1], 0.15),
+        continuation=continuation,
+    )
 
 
 @pytest.mark.parametrize("whole_word", [False, True])

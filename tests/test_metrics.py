@@ -25,6 +25,7 @@ def seqeval():
     pytest.importorskip("seqeval")
     import seqeval.metrics
     import seqeval.metrics.sequence_labeling
+
     return seqeval
 
 
@@ -37,6 +38,7 @@ def _quiet(fn, *args, **kwargs):
 
 # ---- single-label classification vs scikit-learn ----
 
+
 def _label_cases():
     rng = np.random.default_rng(0)
     cases = []
@@ -46,11 +48,16 @@ def _label_cases():
         pred = np.where(rng.random(n) < rng.random(), gold, rng.integers(0, k + 1, n))
         cases.append((pred, gold))
     g = np.array([0, 1, 2, 2, 1, 0])
-    cases += [(g, g), ((g + 1) % 3, g),                          # all correct, all wrong
-              (np.zeros(6, int), g), (g, np.zeros(6, int)),       # single class on one side
-              (np.zeros(6, int), np.zeros(6, int)), (np.array([4]), np.array([4])),  # single class on both
-              (np.array([0, 0, 1, 1, 0, 1]), g),                 # gold label 2 never predicted
-              (np.array(["pos", "neg", "neg"]), np.array(["pos", "pos", "neu"]))]   # string labels
+    cases += [
+        (g, g),
+        ((g + 1) % 3, g),  # all correct, all wrong
+        (np.zeros(6, int), g),
+        (g, np.zeros(6, int)),  # single class on one side
+        (np.zeros(6, int), np.zeros(6, int)),
+        (np.array([4]), np.array([4])),  # single class on both
+        (np.array([0, 0, 1, 1, 0, 1]), g),  # gold label 2 never predicted
+        (np.array(["pos", "neg", "neg"]), np.array(["pos", "pos", "neu"])),
+    ]  # string labels
     return cases
 
 
@@ -78,6 +85,7 @@ def test_degenerate_classification_values():
 
 
 # ---- regression vs scipy ----
+
 
 def test_correlations_match_scipy():
     stats = pytest.importorskip("scipy.stats")
@@ -110,10 +118,13 @@ def test_constant_input_is_zero_not_nan_and_nonfinite_is_nan():
 
 # ---- multi-label vs scikit-learn ----
 
+
 def test_multilabel_matches_sklearn(skm):
     rng = np.random.default_rng(3)
-    cases = [(rng.random((n, c)) < rng.random(), rng.random((n, c)) < rng.random())
-             for n, c in rng.integers(1, 12, (80, 2)) + [0, 1]]
+    cases = [
+        (rng.random((n, c)) < rng.random(), rng.random((n, c)) < rng.random())
+        for n, c in rng.integers(1, 12, (80, 2)) + [0, 1]
+    ]
     z = np.zeros((4, 3), bool)
     cases += [(z, z), (~z, ~z), (z, ~z), (~z, z), (np.eye(3, dtype=bool), np.eye(3, dtype=bool)[::-1])]
     for pred, gold in cases:
@@ -124,9 +135,33 @@ def test_multilabel_matches_sklearn(skm):
 
 # ---- token classification vs seqeval ----
 
-TAGS = ["O", "O", "O", "B-PER", "I-PER", "B-LOC", "I-LOC", "I-MISC", "B-MISC",  # well-formed material
-        "E-PER", "S-LOC", "E-LOC", "S-MISC",                                   # IOBES tags in an IOB2 stream
-        "B", "I", "E", "S", ".", ".-PER", "X-LOC", "O-PER", "B-PER-X", "BPER", "IPER", "I_LOC"]  # odd corners
+TAGS = [
+    "O",
+    "O",
+    "O",
+    "B-PER",
+    "I-PER",
+    "B-LOC",
+    "I-LOC",
+    "I-MISC",
+    "B-MISC",  # well-formed material
+    "E-PER",
+    "S-LOC",
+    "E-LOC",
+    "S-MISC",  # IOBES tags in an IOB2 stream
+    "B",
+    "I",
+    "E",
+    "S",
+    ".",
+    ".-PER",
+    "X-LOC",
+    "O-PER",
+    "B-PER-X",
+    "BPER",
+    "IPER",
+    "I_LOC",
+]  # odd corners
 
 
 def _tag_cases():
@@ -138,12 +173,16 @@ def _tag_cases():
         pred = [[t if rng.random() < 0.6 else str(rng.choice(alphabet)) for t in s] for s in gold]
         cases.append((pred, gold))
     gold = [["B-PER", "I-PER", "O", "B-LOC"], ["O", "B-MISC"]]
-    cases += [(gold, gold),                                                     # all correct
-              ([["O"] * 4, ["O", "O"]], gold), (gold, [["O"] * 4, ["O", "O"]]),  # no entities on one side
-              ([["O"] * 3], [["O"] * 3]), ([[]], [[]]),                        # no entities at all
-              ([["I-PER", "I-PER", "O", "I-LOC"], ["O", "I-MISC"]], gold),       # I- without B- opens an entity
-              ([["B-PER", "I-LOC", "O", "B-LOC"], ["O", "B-MISC"]], gold),       # type change splits
-              ([["B-PER"], [".-PER", "E-PER"]], [["B-PER"], ["B-PER", "E-PER"]])]  # "." keeps an old start
+    cases += [
+        (gold, gold),  # all correct
+        ([["O"] * 4, ["O", "O"]], gold),
+        (gold, [["O"] * 4, ["O", "O"]]),  # no entities on one side
+        ([["O"] * 3], [["O"] * 3]),
+        ([[]], [[]]),  # no entities at all
+        ([["I-PER", "I-PER", "O", "I-LOC"], ["O", "I-MISC"]], gold),  # I- without B- opens an entity
+        ([["B-PER", "I-LOC", "O", "B-LOC"], ["O", "B-MISC"]], gold),  # type change splits
+        ([["B-PER"], [".-PER", "E-PER"]], [["B-PER"], ["B-PER", "E-PER"]]),
+    ]  # "." keeps an old start
     return cases
 
 
@@ -170,7 +209,8 @@ def test_sentence_boundaries_and_the_dot_quirk():
     # The "." tag keeps the previous start, which seqeval takes from the joined stream, across the sentence break.
     assert M.span_prf([["B-PER"], [".-PER", "E-PER"]], [["B-PER"], [".-PER", "E-PER"]])["f1"] == 1.0
     assert M.iob2_spans([".-PER", "E-PER"]) == {("PER", 0, 1)}
-    gold, pred = [["O", "B-PER"], [".-PER", "E-PER"]], [["B-PER", "O"], [".-PER", "E-PER"]]  # (PER, 1, 4) vs (PER, 0, 4)
+    gold, pred = [["O", "B-PER"], [".-PER", "E-PER"]], [["B-PER", "O"], [".-PER", "E-PER"]]
+    # spans (PER, 1, 4) vs (PER, 0, 4)
     assert M.span_prf(pred, gold) == {"precision": 0.0, "recall": 0.0, "f1": 0.0}
     # An entity never runs over a sentence end.
     assert M.span_prf([["B-PER"], ["I-PER"]], [["B-PER"], ["B-PER"]]) == {"precision": 1.0, "recall": 1.0, "f1": 1.0}
@@ -179,17 +219,19 @@ def test_sentence_boundaries_and_the_dot_quirk():
 # ---- extractive QA vs the official SQuAD scripts ----
 # v1.1 (evaluate-v1.1.py), verbatim:
 
+
 def normalize_answer(s):
     """Lower text and remove punctuation, articles and extra whitespace."""
+
     def remove_articles(text):
-        return re.sub(r'\b(a|an|the)\b', ' ', text)
+        return re.sub(r"\b(a|an|the)\b", " ", text)
 
     def white_space_fix(text):
-        return ' '.join(text.split())
+        return " ".join(text.split())
 
     def remove_punc(text):
         exclude = set(string.punctuation)
-        return ''.join(ch for ch in text if ch not in exclude)
+        return "".join(ch for ch in text if ch not in exclude)
 
     def lower(text):
         return text.lower()
@@ -211,7 +253,7 @@ def f1_score(prediction, ground_truth):
 
 
 def exact_match_score(prediction, ground_truth):
-    return (normalize_answer(prediction) == normalize_answer(ground_truth))
+    return normalize_answer(prediction) == normalize_answer(ground_truth)
 
 
 def metric_max_over_ground_truths(metric_fn, prediction, ground_truths):
@@ -225,79 +267,132 @@ def metric_max_over_ground_truths(metric_fn, prediction, ground_truths):
 def evaluate(dataset, predictions):
     f1 = exact_match = total = 0
     for article in dataset:
-        for paragraph in article['paragraphs']:
-            for qa in paragraph['qas']:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
                 total += 1
-                if qa['id'] not in predictions:
-                    message = 'Unanswered question ' + qa['id'] + \
-                              ' will receive score 0.'
+                if qa["id"] not in predictions:
+                    message = "Unanswered question " + qa["id"] + " will receive score 0."
                     print(message, file=sys.stderr)
                     continue
-                ground_truths = list(map(lambda x: x['text'], qa['answers']))
-                prediction = predictions[qa['id']]
-                exact_match += metric_max_over_ground_truths(
-                    exact_match_score, prediction, ground_truths)
-                f1 += metric_max_over_ground_truths(
-                    f1_score, prediction, ground_truths)
+                ground_truths = list(map(lambda x: x["text"], qa["answers"]))
+                prediction = predictions[qa["id"]]
+                exact_match += metric_max_over_ground_truths(exact_match_score, prediction, ground_truths)
+                f1 += metric_max_over_ground_truths(f1_score, prediction, ground_truths)
 
     exact_match = 100.0 * exact_match / total
     f1 = 100.0 * f1 / total
 
-    return {'exact_match': exact_match, 'f1': f1}
+    return {"exact_match": exact_match, "f1": f1}
+
 
 # v2.0 (evaluate-v2.0.py), verbatim:
 
+
 def normalize_answer_v2(s):
-  """Lower text and remove punctuation, articles and extra whitespace."""
-  def remove_articles(text):
-    regex = re.compile(r'\b(a|an|the)\b', re.UNICODE)
-    return re.sub(regex, ' ', text)
-  def white_space_fix(text):
-    return ' '.join(text.split())
-  def remove_punc(text):
-    exclude = set(string.punctuation)
-    return ''.join(ch for ch in text if ch not in exclude)
-  def lower(text):
-    return text.lower()
-  return white_space_fix(remove_articles(remove_punc(lower(s))))
+    """Lower text and remove punctuation, articles and extra whitespace."""
+
+    def remove_articles(text):
+        regex = re.compile(r"\b(a|an|the)\b", re.UNICODE)
+        return re.sub(regex, " ", text)
+
+    def white_space_fix(text):
+        return " ".join(text.split())
+
+    def remove_punc(text):
+        exclude = set(string.punctuation)
+        return "".join(ch for ch in text if ch not in exclude)
+
+    def lower(text):
+        return text.lower()
+
+    return white_space_fix(remove_articles(remove_punc(lower(s))))
+
 
 def get_tokens(s):
-  if not s: return []  # noqa: E701
-  return normalize_answer_v2(s).split()
+    if not s:
+        return []  # noqa: E701
+    return normalize_answer_v2(s).split()
+
 
 def compute_exact(a_gold, a_pred):
-  return int(normalize_answer_v2(a_gold) == normalize_answer_v2(a_pred))
+    return int(normalize_answer_v2(a_gold) == normalize_answer_v2(a_pred))
+
 
 def compute_f1(a_gold, a_pred):
-  gold_toks = get_tokens(a_gold)
-  pred_toks = get_tokens(a_pred)
-  common = collections.Counter(gold_toks) & collections.Counter(pred_toks)
-  num_same = sum(common.values())
-  if len(gold_toks) == 0 or len(pred_toks) == 0:
-    # If either is no-answer, then F1 is 1 if they agree, 0 otherwise
-    return int(gold_toks == pred_toks)
-  if num_same == 0:
-    return 0
-  precision = 1.0 * num_same / len(pred_toks)
-  recall = 1.0 * num_same / len(gold_toks)
-  f1 = (2 * precision * recall) / (precision + recall)
-  return f1
+    gold_toks = get_tokens(a_gold)
+    pred_toks = get_tokens(a_pred)
+    common = collections.Counter(gold_toks) & collections.Counter(pred_toks)
+    num_same = sum(common.values())
+    if len(gold_toks) == 0 or len(pred_toks) == 0:
+        # If either is no-answer, then F1 is 1 if they agree, 0 otherwise
+        return int(gold_toks == pred_toks)
+    if num_same == 0:
+        return 0
+    precision = 1.0 * num_same / len(pred_toks)
+    recall = 1.0 * num_same / len(gold_toks)
+    f1 = (2 * precision * recall) / (precision + recall)
+    return f1
+
 
 # (v2.0's get_raw_scores, per question:)
 def v2_scores(answers, a_pred):
-  gold_answers = [a for a in answers if normalize_answer_v2(a)]
-  if not gold_answers:
-    # For unanswerable questions, only correct answer is empty string
-    gold_answers = ['']
-  return (max(compute_exact(a, a_pred) for a in gold_answers),
-          max(compute_f1(a, a_pred) for a in gold_answers))
+    gold_answers = [a for a in answers if normalize_answer_v2(a)]
+    if not gold_answers:
+        # For unanswerable questions, only correct answer is empty string
+        gold_answers = [""]
+    return (max(compute_exact(a, a_pred) for a in gold_answers), max(compute_f1(a, a_pred) for a in gold_answers))
 
 
-TEXTS = ["The Eiffel Tower", "eiffel tower", "the  eiffel\ttower.", "An apple a day", "a", "the", "an", "The the",
-         "", " ", "...", "?!", "Théâtre de la Ville", "THÉÂTRE", "the théâtre", "athe", "theater", "a-b", "a_b",
-         "U.S.A.", "usa", "1,000", "1000", "“quoted”", '"quoted"', "naïve café", "Straße", "STRASSE", "İstanbul",
-         "50%", "50 %", "$5", "5", "foo\u00a0bar", "foo\u3000bar", "foo bar", "bar foo", "foo foo bar",
-         "red red red", "red", "don't", "dont", "Über-cool", "über cool", "x—y", "x y", "rock 'n' roll", "1 2 3 4"]
+TEXTS = [
+    "The Eiffel Tower",
+    "eiffel tower",
+    "the  eiffel\ttower.",
+    "An apple a day",
+    "a",
+    "the",
+    "an",
+    "The the",
+    "",
+    " ",
+    "...",
+    "?!",
+    "Théâtre de la Ville",
+    "THÉÂTRE",
+    "the théâtre",
+    "athe",
+    "theater",
+    "a-b",
+    "a_b",
+    "U.S.A.",
+    "usa",
+    "1,000",
+    "1000",
+    "“quoted”",
+    '"quoted"',
+    "naïve café",
+    "Straße",
+    "STRASSE",
+    "İstanbul",
+    "50%",
+    "50 %",
+    "$5",
+    "5",
+    "foo\u00a0bar",
+    "foo\u3000bar",
+    "foo bar",
+    "bar foo",
+    "foo foo bar",
+    "red red red",
+    "red",
+    "don't",
+    "dont",
+    "Über-cool",
+    "über cool",
+    "x—y",
+    "x y",
+    "rock 'n' roll",
+    "1 2 3 4",
+]
 
 
 def test_squad_normalize_matches_both_scripts():
@@ -308,8 +403,9 @@ def test_squad_normalize_matches_both_scripts():
 def test_squad_exact_and_f1_match_official_scripts():
     rng = np.random.default_rng(5)
     cases = [(p, [g]) for p in TEXTS for g in TEXTS]
-    cases += [(str(rng.choice(TEXTS)), [str(t) for t in rng.choice(TEXTS, int(rng.integers(0, 4)))])
-              for _ in range(400)]
+    cases += [
+        (str(rng.choice(TEXTS)), [str(t) for t in rng.choice(TEXTS, int(rng.integers(0, 4)))]) for _ in range(400)
+    ]
     for pred, golds in cases:
         em, f1 = v2_scores(golds, pred)
         assert M.squad_exact(pred, golds) == em and M.squad_f1(pred, golds) == f1
@@ -321,8 +417,13 @@ def test_squad_exact_and_f1_match_official_scripts():
 
 
 def test_squad_scores_match_v1_evaluate(capsys):
-    refs = {"q1": ["Denver Broncos", "The Denver Broncos"], "q2": ["Santa Clara, California"],
-            "q3": ["1,000 men"], "q4": ["gold"], "q5": ["Levi's Stadium", "Levi's"]}
+    refs = {
+        "q1": ["Denver Broncos", "The Denver Broncos"],
+        "q2": ["Santa Clara, California"],
+        "q3": ["1,000 men"],
+        "q4": ["gold"],
+        "q5": ["Levi's Stadium", "Levi's"],
+    }
     preds = {"q1": "denver broncos!", "q2": "Santa Clara", "q3": "a thousand men", "q5": "Stadium", "zz": "x"}
     dataset = [{"paragraphs": [{"qas": [{"id": q, "answers": [{"text": a} for a in g]} for q, g in refs.items()]}]}]
     want = evaluate(dataset, preds)
@@ -331,6 +432,7 @@ def test_squad_scores_match_v1_evaluate(capsys):
 
 
 # ---- retrieval vs brute force ----
+
 
 def _brute_force(queries, corpus, k):
     """Rank by sorting documents on (-cosine, relevant last), so ties go against the relevant document."""
@@ -373,7 +475,7 @@ def test_retrieval_blocks_change_nothing(monkeypatch):
 
 def test_retrieval_ties_go_against_the_relevant_document():
     same = np.ones((5, 3))
-    assert M.retrieval_metrics(same, same) == {"accuracy@1": 0.0, "mrr@10": 0.2}   # collapsed: rank 5 for all
+    assert M.retrieval_metrics(same, same) == {"accuracy@1": 0.0, "mrr@10": 0.2}  # collapsed: rank 5 for all
     assert M.retrieval_metrics(same, same, k=4) == {"accuracy@1": 0.0, "mrr@4": 0.0}
     assert M.retrieval_metrics(np.eye(3), np.eye(3) * 7) == {"accuracy@1": 1.0, "mrr@10": 1.0}
     assert np.isnan(M.retrieval_metrics([[np.nan, 1.0]], [[1.0, 1.0]])["mrr@10"])
@@ -381,15 +483,27 @@ def test_retrieval_ties_go_against_the_relevant_document():
 
 # ---- names, directions, validation ----
 
+
 def test_bundle_keys_and_directions():
-    bundles = [M.classification_metrics([0, 1], [0, 1]), M.regression_metrics([0.0, 1.0], [0.0, 1.0]),
-               M.multilabel_metrics([[1, 0]], [[1, 0]]), M.token_metrics([["B-PER"]], [["B-PER"]]),
-               M.choice_metrics([2], [2]), M.squad_scores({"a": "x"}, {"a": ["x"]}),
-               M.retrieval_metrics(np.eye(2), np.eye(2))]
+    bundles = [
+        M.classification_metrics([0, 1], [0, 1]),
+        M.regression_metrics([0.0, 1.0], [0.0, 1.0]),
+        M.multilabel_metrics([[1, 0]], [[1, 0]]),
+        M.token_metrics([["B-PER"]], [["B-PER"]]),
+        M.choice_metrics([2], [2]),
+        M.squad_scores({"a": "x"}, {"a": ["x"]}),
+        M.retrieval_metrics(np.eye(2), np.eye(2)),
+    ]
     keys = [sorted(b) for b in bundles]
-    assert keys == [["accuracy", "f1", "mcc"], ["mse", "pearson", "spearman"], ["exact_match", "micro_f1"],
-                    ["accuracy", "f1", "precision", "recall"], ["accuracy"], ["exact_match", "f1"],
-                    ["accuracy@1", "mrr@10"]]
+    assert keys == [
+        ["accuracy", "f1", "mcc"],
+        ["mse", "pearson", "spearman"],
+        ["exact_match", "micro_f1"],
+        ["accuracy", "f1", "precision", "recall"],
+        ["accuracy"],
+        ["exact_match", "f1"],
+        ["accuracy@1", "mrr@10"],
+    ]
     assert all(name in M.GREATER_IS_BETTER for b in bundles for name in b)
     assert not M.greater_is_better("mse") and not M.greater_is_better("loss") and not M.greater_is_better("mlm_loss")
     assert M.greater_is_better("mrr@5") and M.greater_is_better("accuracy@3") and M.greater_is_better("f1")
@@ -397,34 +511,37 @@ def test_bundle_keys_and_directions():
         M.greater_is_better("bleu")
 
 
-@pytest.mark.parametrize("call, name", [
-    (lambda: M.accuracy([1, 2], [1]), "pred"),
-    (lambda: M.accuracy([], []), "pred"),
-    (lambda: M.accuracy([[1]], [[1]]), "pred"),
-    (lambda: M.macro_f1([1], ["1"]), "mix text"),
-    (lambda: M.macro_f1([1], [1], labels=[1, 1]), "labels"),
-    (lambda: M.macro_f1([1], [1], labels=[]), "labels"),
-    (lambda: M.matthews([1, 2], [[1], [2]]), "gold"),
-    (lambda: M.pearson([1.0], [1.0]), "at least 2"),
-    (lambda: M.spearman(["a", "b"], ["a", "b"]), "pred"),
-    (lambda: M.micro_f1([[2, 0]], [[1, 0]]), "pred"),
-    (lambda: M.exact_match([[1, 0]], [[1, 0, 0]]), "pred"),
-    (lambda: M.micro_f1([1, 0], [1, 0]), "pred"),
-    (lambda: M.iob2_spans("B-PER"), "tags"),
-    (lambda: M.iob2_spans(["B-PER", ""]), "tags"),
-    (lambda: M.span_prf([["O"]], [["O", "O"]]), "pred_tags and gold_tags"),
-    (lambda: M.span_prf([], []), "pred_tags"),
-    (lambda: M.span_prf(["B-PER"], ["B-PER"]), "pred_tags"),
-    (lambda: M.token_metrics([[]], [[]]), "gold_tags"),
-    (lambda: M.squad_exact(None, ["x"]), "prediction"),
-    (lambda: M.squad_f1("x", "x"), "golds"),
-    (lambda: M.squad_normalize(3), "text"),
-    (lambda: M.squad_scores({}, {}), "references"),
-    (lambda: M.retrieval_metrics(np.ones((3, 2)), np.ones((2, 2))), "corpus"),
-    (lambda: M.retrieval_metrics(np.ones((2, 2)), np.ones((2, 3))), "corpus"),
-    (lambda: M.retrieval_metrics(np.ones(2), np.ones((2, 2))), "queries"),
-    (lambda: M.retrieval_metrics(np.ones((2, 2)), np.ones((2, 2)), k=0), "k"),
-])
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: M.accuracy([1, 2], [1]), "pred"),
+        (lambda: M.accuracy([], []), "pred"),
+        (lambda: M.accuracy([[1]], [[1]]), "pred"),
+        (lambda: M.macro_f1([1], ["1"]), "mix text"),
+        (lambda: M.macro_f1([1], [1], labels=[1, 1]), "labels"),
+        (lambda: M.macro_f1([1], [1], labels=[]), "labels"),
+        (lambda: M.matthews([1, 2], [[1], [2]]), "gold"),
+        (lambda: M.pearson([1.0], [1.0]), "at least 2"),
+        (lambda: M.spearman(["a", "b"], ["a", "b"]), "pred"),
+        (lambda: M.micro_f1([[2, 0]], [[1, 0]]), "pred"),
+        (lambda: M.exact_match([[1, 0]], [[1, 0, 0]]), "pred"),
+        (lambda: M.micro_f1([1, 0], [1, 0]), "pred"),
+        (lambda: M.iob2_spans("B-PER"), "tags"),
+        (lambda: M.iob2_spans(["B-PER", ""]), "tags"),
+        (lambda: M.span_prf([["O"]], [["O", "O"]]), "pred_tags and gold_tags"),
+        (lambda: M.span_prf([], []), "pred_tags"),
+        (lambda: M.span_prf(["B-PER"], ["B-PER"]), "pred_tags"),
+        (lambda: M.token_metrics([[]], [[]]), "gold_tags"),
+        (lambda: M.squad_exact(None, ["x"]), "prediction"),
+        (lambda: M.squad_f1("x", "x"), "golds"),
+        (lambda: M.squad_normalize(3), "text"),
+        (lambda: M.squad_scores({}, {}), "references"),
+        (lambda: M.retrieval_metrics(np.ones((3, 2)), np.ones((2, 2))), "corpus"),
+        (lambda: M.retrieval_metrics(np.ones((2, 2)), np.ones((2, 3))), "corpus"),
+        (lambda: M.retrieval_metrics(np.ones(2), np.ones((2, 2))), "queries"),
+        (lambda: M.retrieval_metrics(np.ones((2, 2)), np.ones((2, 2)), k=0), "k"),
+    ],
+)
 def test_invalid_inputs_name_the_argument(call, name):
     with pytest.raises(ValueError, match=name):
         call()

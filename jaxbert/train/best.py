@@ -31,8 +31,9 @@ class Best:
         if not self.metric or step == 0 or self.key not in result:
             return False
         value = result[self.key]
-        better = math.isfinite(value) and (self.value is None or (value > self.value if self.up else
-                                                                  value < self.value))
+        better = math.isfinite(value) and (
+            self.value is None or (value > self.value if self.up else value < self.value)
+        )
         if better:
             self.value, self.step, self.bad = value, step, 0
         else:
@@ -45,8 +46,14 @@ class Best:
 
     def save(self, run, params) -> None:
         out = run.cfg.output_dir
-        write_jaxbert_dir(jax.device_get(params), run.final_config(), run.head, os.path.join(out, "best"),
-                          tokenizer_from=run.cfg.model, force=True)
+        write_jaxbert_dir(
+            jax.device_get(params),
+            run.final_config(),
+            run.head,
+            os.path.join(out, "best"),
+            tokenizer_from=run.cfg.model,
+            force=True,
+        )
         with atomic_file(os.path.join(out, "best.json")) as tmp:
             with open(tmp, "w", encoding="utf-8") as f:
                 json.dump({"step": self.step, "metric": self.key, "value": self.value}, f)

@@ -39,8 +39,9 @@ def step_dir(mgr: ocp.CheckpointManager, step: int) -> str:
 
 
 def save(mgr: ocp.CheckpointManager, step: int, state, meta: dict) -> None:
-    mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-             force=True)
+    mgr.save(
+        step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True
+    )
     mgr.wait_until_finished()
     write_digests(step_dir(mgr, step))
 
@@ -87,8 +88,9 @@ def verify(directory: str) -> None:
             raise DamagedCheckpoint(f"{file}: missing")
         got = _digest(file)
         if got["size"] != want["size"]:
-            raise DamagedCheckpoint(f"{file}: {got['size']} bytes, its digest says {want['size']} (truncated or "
-                                    "damaged)")
+            raise DamagedCheckpoint(
+                f"{file}: {got['size']} bytes, its digest says {want['size']} (truncated or damaged)"
+            )
         if got["sha256"] != want["sha256"]:
             raise DamagedCheckpoint(f"{file}: contents differ from its sha256 digest (damaged)")
 
@@ -132,8 +134,10 @@ def clear_after(mgr: ocp.CheckpointManager, step: int, say) -> None:
             os.rename(directory, aside)
             say(f"resume: moved the damaged checkpoint {later} aside to {aside}")
             continue
-        raise ValueError(f"--resume: {directory} is an intact checkpoint after step {step} that this run would "
-                         f"overwrite; resume from it, or move it away first")
+        raise ValueError(
+            f"--resume: {directory} is an intact checkpoint after step {step} that this run would "
+            f"overwrite; resume from it, or move it away first"
+        )
     mgr.reload()
 
 
@@ -157,8 +161,10 @@ def check_meta(meta: dict, expected: dict, where: str) -> None:
         raise ValueError(f"--resume: {where} has no model config in its meta")
     for key in model:
         if stored.get(key) != model[key]:
-            raise ValueError(f"--resume: {where} was made for a different model: {key}={stored.get(key)!r} there, "
-                             f"{model[key]!r} in --model")
+            raise ValueError(
+                f"--resume: {where} was made for a different model: {key}={stored.get(key)!r} there, "
+                f"{model[key]!r} in --model"
+            )
     for key, value in expected.items():
         if key not in ("step", "epoch", "offset", "model_config") and meta.get(key) != value:
             raise ValueError(f"--resume: {where} was made with {key}={meta.get(key)!r}, this run has {value!r}")
@@ -178,8 +184,10 @@ def resume_point(cfg, own: ocp.CheckpointManager, expected_meta, say):
     schedule options) is done here, before anything compiles. `expected_meta(step)` is this run's meta."""
     if not cfg.resume:
         if own.latest_step() is not None:
-            raise ValueError(f"{cfg.output_dir} has checkpoints up to step {own.latest_step()}: pass --resume auto "
-                             "to continue, or choose a new --output-dir")
+            raise ValueError(
+                f"{cfg.output_dir} has checkpoints up to step {own.latest_step()}: pass --resume auto "
+                "to continue, or choose a new --output-dir"
+            )
         return None
     root, step = resume_location(cfg.resume, cfg.output_dir)
     mine = os.path.realpath(root) == os.path.realpath(own.directory.as_posix())

@@ -65,8 +65,10 @@ class TrainConfig:
             if value is not None and not ok(value):
                 raise ValueError(f"{_flag(name)} {value!r}: {why}")
         if self.max_predictions_per_seq is not None and self.max_predictions_per_seq > self.max_seq_length:
-            raise ValueError(f"--max-predictions-per-seq {self.max_predictions_per_seq}: exceeds --max-seq-length "
-                             f"{self.max_seq_length}")
+            raise ValueError(
+                f"--max-predictions-per-seq {self.max_predictions_per_seq}: exceeds --max-seq-length "
+                f"{self.max_seq_length}"
+            )
         if self.warmup_steps and self.warmup_ratio:
             raise ValueError("pass --warmup-steps or --warmup-ratio, not both")
         self._check_task_fields()
@@ -86,17 +88,35 @@ class TrainConfig:
         return self.RESUME_KEYS + (TASK_FIELDS[:5] if self.task != "mlm" else ())
 
     # Fields that decide which data and masking each step sees: a resumed run must agree on them.
-    RESUME_KEYS = ("seed", "max_seq_length", "line_by_line", "mlm_probability", "whole_word_mask",
-                   "grad_accum_steps", "max_steps", "num_train_epochs", "learning_rate", "warmup_steps",
-                   "warmup_ratio", "dtype")
+    RESUME_KEYS = (
+        "seed",
+        "max_seq_length",
+        "line_by_line",
+        "mlm_probability",
+        "whole_word_mask",
+        "grad_accum_steps",
+        "max_steps",
+        "num_train_epochs",
+        "learning_rate",
+        "warmup_steps",
+        "warmup_ratio",
+        "dtype",
+    )
 
 
 TASKS = ("mlm", "sequence-classification", "token-classification", "multiple-choice")
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 MLM_FIELDS = ("line_by_line", "mlm_probability", "whole_word_mask", "max_predictions_per_seq")
 # Options of task fine-tuning (not flags of train-mlm, whose interface predates them).
-TASK_FIELDS = ("text_column", "text_pair_column", "label_column", "problem_type", "task", "metric_for_best_model",
-               "early_stopping_patience")
+TASK_FIELDS = (
+    "text_column",
+    "text_pair_column",
+    "label_column",
+    "problem_type",
+    "task",
+    "metric_for_best_model",
+    "early_stopping_patience",
+)
 
 
 def _flag(name: str) -> str:

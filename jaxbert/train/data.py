@@ -29,8 +29,16 @@ def _tokenize(tok: WordPiece, texts: list[str], seq_len: int, line_by_line: bool
     return flat[: blocks * seq_len].reshape(blocks, seq_len)
 
 
-def tokenized(tok: WordPiece, texts: list[str], seq_len: int, line_by_line: bool, pad_id: int,
-              cache_dir: str, name: str, tokenizer_key: str) -> np.ndarray:
+def tokenized(
+    tok: WordPiece,
+    texts: list[str],
+    seq_len: int,
+    line_by_line: bool,
+    pad_id: int,
+    cache_dir: str,
+    name: str,
+    tokenizer_key: str,
+) -> np.ndarray:
     """Token blocks [N, seq_len], from the cache when the same texts were tokenized the same way before."""
     h = hashlib.sha256(json.dumps([tokenizer_key, seq_len, line_by_line]).encode())
     for text in texts:
@@ -70,8 +78,10 @@ class Batches:
         self.per_step = self.batch_size * self.accum
         self.steps_per_epoch = len(self.blocks) // self.per_step
         if self.steps_per_epoch == 0:
-            raise ValueError(f"the training set has {len(self.blocks)} sequences, fewer than one step needs "
-                             f"({self.batch_size} per batch × {self.accum} accumulation steps)")
+            raise ValueError(
+                f"the training set has {len(self.blocks)} sequences, fewer than one step needs "
+                f"({self.batch_size} per batch × {self.accum} accumulation steps)"
+            )
 
     def position(self, step: int) -> dict:
         return {"epoch": step // self.steps_per_epoch, "offset": (step % self.steps_per_epoch) * self.per_step}
@@ -80,5 +90,5 @@ class Batches:
         """The token ids of optimizer step `step`: [accum, batch_size, L]."""
         pos = self.position(step)
         order = np.random.default_rng([self.seed, pos["epoch"]]).permutation(len(self.blocks))
-        rows = order[pos["offset"]: pos["offset"] + self.per_step]
+        rows = order[pos["offset"] : pos["offset"] + self.per_step]
         return np.asarray(self.blocks[rows]).reshape(self.accum, self.batch_size, -1)

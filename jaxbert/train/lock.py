@@ -112,20 +112,27 @@ def _who(owner) -> str:
     if not isinstance(owner, dict):
         return "an unknown owner"
     return f"pid {owner.get('pid')} on {owner.get('host')}" + (
-        f" (started {owner['started']})" if owner.get("started") else "")
+        f" (started {owner['started']})" if owner.get("started") else ""
+    )
 
 
 def _refusal(path: str, owner, state: str) -> str:
     directory = os.path.dirname(path)
     if state == "running":
-        return (f"{directory}: in use by another jaxbert run, {_who(owner)}; wait for it or choose another "
-                f"--output-dir (lock file {path})")
+        return (
+            f"{directory}: in use by another jaxbert run, {_who(owner)}; wait for it or choose another "
+            f"--output-dir (lock file {path})"
+        )
     if state == "stale":
-        return (f"{directory}: locked, but pid {owner['pid']} on {owner['host']} is not running: stale lock from "
-                "an interrupted run; pass --break-lock to take it over")
+        return (
+            f"{directory}: locked, but pid {owner['pid']} on {owner['host']} is not running: stale lock from "
+            "an interrupted run; pass --break-lock to take it over"
+        )
     if state == "elsewhere":
-        return (f"{directory}: locked by {_who(owner)}, another host (cannot check whether it still runs); "
-                f"pass --break-lock to take it over if it does not")
+        return (
+            f"{directory}: locked by {_who(owner)}, another host (cannot check whether it still runs); "
+            f"pass --break-lock to take it over if it does not"
+        )
     return f"{path}: unreadable lock file; pass --break-lock to take it over if no run uses {directory}"
 
 

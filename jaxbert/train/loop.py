@@ -47,21 +47,37 @@ def _compile(run, tx, sched, state_sh, mesh):
     rep = sharding.replicated(mesh)
 
     def step(state, batch, rng):
-        return train_step(state, batch, rng, config=run.config, tx=tx, schedule=sched, head=run.head, dtype=dtype,
-                          remat=cfg.remat, label_smoothing=cfg.label_smoothing)
+        return train_step(
+            state,
+            batch,
+            rng,
+            config=run.config,
+            tx=tx,
+            schedule=sched,
+            head=run.head,
+            dtype=dtype,
+            remat=cfg.remat,
+            label_smoothing=cfg.label_smoothing,
+        )
 
-    step_fn = jax.jit(step, in_shardings=(state_sh, batch_sh, rep), out_shardings=(state_sh, rep),
-                      donate_argnums=0)
-    eval_jit = jax.jit(run.eval_fn(dtype), in_shardings=(state_sh.params, sharding.batch_sharding(mesh)),
-                       out_shardings=rep)
+    step_fn = jax.jit(step, in_shardings=(state_sh, batch_sh, rep), out_shardings=(state_sh, rep), donate_argnums=0)
+    eval_jit = jax.jit(
+        run.eval_fn(dtype), in_shardings=(state_sh.params, sharding.batch_sharding(mesh)), out_shardings=rep
+    )
     return step_fn, eval_jit
 
 
 def _meta(run, step: int) -> dict:
-    return {"step": step, **run.train.position(step), "train_sequences": len(run.train.blocks),
-            "global_batch_size": run.train.batch_size, "model_config": checkpoints.model_fields(run.config),
-            "clip_gradients": run.cfg.max_grad_norm > 0,  # shapes the optimizer state (--max-grad-norm 0: none)
-            **{k: getattr(run.cfg, k) for k in run.cfg.resume_keys()}, **run.meta()}
+    return {
+        "step": step,
+        **run.train.position(step),
+        "train_sequences": len(run.train.blocks),
+        "global_batch_size": run.train.batch_size,
+        "model_config": checkpoints.model_fields(run.config),
+        "clip_gradients": run.cfg.max_grad_norm > 0,  # shapes the optimizer state (--max-grad-norm 0: none)
+        **{k: getattr(run.cfg, k) for k in run.cfg.resume_keys()},
+        **run.meta(),
+    }
 
 
 def _check_output_dir(cfg: TrainConfig) -> None:
@@ -99,8 +115,7 @@ def _train(cfg: TrainConfig) -> dict:
     start, last_good = 0, None
     if point:
         source, start = point
-        abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                                          state)
+        abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
         state = checkpoints.restore_state(source, start, abstract)
         last_good = (start, source.directory.as_posix())
         pos = run.train.position(start)
@@ -146,8 +161,10 @@ def _where(last_good, own) -> str:
 def _save(run, state, done, own, last_good):
     """Checkpoint `done`, unless a parameter is not finite: then stop, naming the last good checkpoint."""
     if not bool(_all_finite(state.params)):
-        raise TrainingError(f"non-finite parameters after step {done}; stopped without saving them, last good "
-                            f"checkpoint: {_where(last_good, own)}")
+        raise TrainingError(
+            f"non-finite parameters after step {done}; stopped without saving them, last good "
+            f"checkpoint: {_where(last_good, own)}"
+        )
     checkpoints.save(own, done, state, _meta(run, done))
     return done, own.directory.as_posix()
 
@@ -168,16 +185,21 @@ def _loop(run, state, start: int, step_fn, eval_fn, own, metrics, last_good, sto
         loss = float(m["loss"])
         done = step + 1
         if not math.isfinite(loss):
-            raise TrainingError(f"non-finite loss ({loss}) at step {done}; stopped, last good checkpoint: "
-                                f"{_where(last_good, own)}")
+            raise TrainingError(
+                f"non-finite loss ({loss}) at step {done}; stopped, last good checkpoint: {_where(last_good, own)}"
+            )
         if done % cfg.logging_steps == 0 or done == total:
             now = time.perf_counter()
-            record = {"step": done, "epoch": round(done / run.train.steps_per_epoch, 4),
-                      **{k: float(v) for k, v in jax.device_get(m).items() if k != "masked_tokens"},
-                      "tokens_per_s": tokens / (now - tick)}
+            record = {
+                "step": done,
+                "epoch": round(done / run.train.steps_per_epoch, 4),
+                **{k: float(v) for k, v in jax.device_get(m).items() if k != "masked_tokens"},
+                "tokens_per_s": tokens / (now - tick),
+            }
             metrics.add(record)
-            bar.set_postfix(loss=f"{loss:.4f}", lr=f"{record['learning_rate']:.2e}",
-                            tok_s=f"{record['tokens_per_s']:.0f}", **shown)
+            bar.set_postfix(
+                loss=f"{loss:.4f}", lr=f"{record['learning_rate']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}", **shown
+            )
             tick, tokens = now, 0
         if (cfg.eval_steps and done % cfg.eval_steps == 0) or done == total:
             result = evaluate(run, state, done, eval_fn, metrics, best)
@@ -186,8 +208,10 @@ def _loop(run, state, start: int, step_fn, eval_fn, own, metrics, last_good, sto
             last_good = _save(run, state, done, own, last_good)
         bar.update(1)
         if best.stop:
-            run.say(f"early stopping at step {done}: no better {best.key} in {best.patience} evaluations (best "
-                    f"{best.value:.4f} at step {best.step})")
+            run.say(
+                f"early stopping at step {done}: no better {best.key} in {best.patience} evaluations (best "
+                f"{best.value:.4f} at step {best.step})"
+            )
             break
     bar.close()
     if stop.requested:
@@ -208,12 +232,16 @@ def evaluate(run, state, done: int, eval_fn, metrics, best) -> dict:
 
 def _finish(run, state, metrics, own, last_good, result) -> dict:
     if not bool(_all_finite(state.params)):
-        raise TrainingError(f"non-finite parameters after step {int(state.step)}; OUT/final not written, last "
-                            f"good checkpoint: {_where(last_good, own)}")
+        raise TrainingError(
+            f"non-finite parameters after step {int(state.step)}; OUT/final not written, last "
+            f"good checkpoint: {_where(last_good, own)}"
+        )
     params = jax.device_get(state.params)
     final_dir = os.path.join(run.cfg.output_dir, "final")
     write_jaxbert_dir(params, run.final_config(), run.head, final_dir, tokenizer_from=run.cfg.model, force=True)
     plotted = outputs.plot(metrics.records, os.path.join(run.cfg.output_dir, "loss.png"), run.metric)
-    run.say(f"wrote {final_dir} (jaxbert {run.head}), metrics.jsonl, "
-            + ("loss.png" if plotted else "no loss.png (needs matplotlib: pip install 'jaxbert[plot]')"))
+    run.say(
+        f"wrote {final_dir} (jaxbert {run.head}), metrics.jsonl, "
+        + ("loss.png" if plotted else "no loss.png (needs matplotlib: pip install 'jaxbert[plot]')")
+    )
     return result

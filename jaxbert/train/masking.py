@@ -38,8 +38,17 @@ def _cap(selected, max_predictions, continuation, ids):
     return selected & ~over
 
 
-def mask_tokens(ids: np.ndarray, *, rng: np.random.Generator, special_ids, mask_id: int, vocab_size: int,
-                probability: float = 0.15, max_predictions: int, continuation: np.ndarray | None = None):
+def mask_tokens(
+    ids: np.ndarray,
+    *,
+    rng: np.random.Generator,
+    special_ids,
+    mask_id: int,
+    vocab_size: int,
+    probability: float = 0.15,
+    max_predictions: int,
+    continuation: np.ndarray | None = None,
+):
     """ids [N, L] -> (inputs [N, L], positions [N, K], labels [N, K] with -100 in unused slots)."""
     maskable = ~np.isin(ids, np.asarray(list(special_ids)))
     selected = _cap(_select(ids, maskable, rng, probability, continuation), max_predictions, continuation, ids)

@@ -27,7 +27,7 @@ def read_metrics(path: str) -> list[dict]:
             raise ValueError(f"{path}:{number}: not a JSON record ({str(e).splitlines()[0]})") from None
         step = record.get("step") if isinstance(record, dict) else None
         if not isinstance(step, int) or isinstance(step, bool):
-            raise ValueError(f"{path}:{number}: a record without an integer \"step\"")
+            raise ValueError(f'{path}:{number}: a record without an integer "step"')
         records.append(record)
     return records
 

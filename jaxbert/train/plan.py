@@ -50,14 +50,22 @@ class Run:
         """Mask a [..., L] block of ids; the Generator is seeded by `seed` (a list), never global."""
         flat = ids.reshape(-1, ids.shape[-1])
         inputs, positions, labels = mask_tokens(
-            flat, rng=np.random.default_rng(seed), special_ids=self.special, mask_id=self.mask_id,
-            vocab_size=self.config.vocab_size, probability=self.cfg.mlm_probability,
-            max_predictions=self.max_predictions, continuation=self.continuation)
+            flat,
+            rng=np.random.default_rng(seed),
+            special_ids=self.special,
+            mask_id=self.mask_id,
+            vocab_size=self.config.vocab_size,
+            probability=self.cfg.mlm_probability,
+            max_predictions=self.max_predictions,
+            continuation=self.continuation,
+        )
         lead = ids.shape[:-1]
-        return {"input_ids": inputs.reshape(ids.shape),
-                "attention_mask": (flat != self.config.pad_token_id).astype(np.int32).reshape(ids.shape),
-                "positions": positions.reshape(*lead, -1), "labels": labels.reshape(*lead, -1)}
-
+        return {
+            "input_ids": inputs.reshape(ids.shape),
+            "attention_mask": (flat != self.config.pad_token_id).astype(np.int32).reshape(ids.shape),
+            "positions": positions.reshape(*lead, -1),
+            "labels": labels.reshape(*lead, -1),
+        }
 
     def batch(self, step: int) -> dict:
         return self.masked(self.train(step), [self.cfg.seed, step])
@@ -65,8 +73,10 @@ class Run:
     def initial_params(self):
         params, fresh = mlm_params(self.cfg.model, self.config, self.cfg.seed)
         if fresh:
-            self.say(f"model: the checkpoint has no masked-LM head; initialized a new one tied to the word "
-                     f"embeddings ({', '.join(fresh)})")
+            self.say(
+                f"model: the checkpoint has no masked-LM head; initialized a new one tied to the word "
+                f"embeddings ({', '.join(fresh)})"
+            )
         return params
 
     def eval_fn(self, dtype):
@@ -76,7 +86,7 @@ class Run:
         nll = correct = count = 0.0
         B = self.train.batch_size
         for start in range(0, len(self.val), B):
-            ids = self.val[start:start + B]
+            ids = self.val[start : start + B]
             if len(ids) < B:  # pad the last batch with padding rows: nothing in them is masked
                 pad = np.full((B - len(ids), ids.shape[1]), self.config.pad_token_id, ids.dtype)
                 ids = np.concatenate([ids, pad])
@@ -86,8 +96,10 @@ class Run:
         return {"eval_loss": loss, "eval_accuracy": correct / max(count, 1), "eval_perplexity": math.exp(loss)}
 
     def describe(self, result: dict) -> str:
-        return (f"validation loss {result['eval_loss']:.4f}, perplexity {result['eval_perplexity']:.2f}, "
-                f"accuracy {result['eval_accuracy']:.3f}")
+        return (
+            f"validation loss {result['eval_loss']:.4f}, perplexity {result['eval_perplexity']:.2f}, "
+            f"accuracy {result['eval_accuracy']:.3f}"
+        )
 
     def final_config(self):
         return self.config.replace(architectures=("BertForMaskedLM",))
@@ -100,8 +112,10 @@ def model_and_batch(cfg: TrainConfig) -> tuple[BertConfig, int]:
     """The model's config and the global batch size, checked against each other and the devices."""
     config = BertConfig.from_pretrained(cfg.model)
     if cfg.max_seq_length > config.max_position_embeddings:
-        raise ValueError(f"--max-seq-length {cfg.max_seq_length} exceeds the model's max_position_embeddings "
-                         f"{config.max_position_embeddings}")
+        raise ValueError(
+            f"--max-seq-length {cfg.max_seq_length} exceeds the model's max_position_embeddings "
+            f"{config.max_position_embeddings}"
+        )
     n = jax.device_count()
     batch = cfg.global_batch_size or cfg.per_device_batch_size * n
     if batch % n:
@@ -122,8 +136,10 @@ def prepare(cfg: TrainConfig) -> Run:
     else:
         cut = len(train_text.texts) * cfg.validation_split_percentage // 100
         if cut == 0:
-            raise ValueError(f"{cfg.train_file}: {len(train_text.texts)} lines leave no validation set at "
-                             f"{cfg.validation_split_percentage}%: pass --validation-file")
+            raise ValueError(
+                f"{cfg.train_file}: {len(train_text.texts)} lines leave no validation set at "
+                f"{cfg.validation_split_percentage}%: pass --validation-file"
+            )
         val_texts, train_texts = train_text.texts[:cut], train_text.texts[cut:]
     tok = WordPiece.from_dir(cfg.model)
     key = D.tokenizer_key(cfg.model)
@@ -142,16 +158,28 @@ def prepare(cfg: TrainConfig) -> Run:
         for token, i in tok.vocab.items():
             continuation[i] = token.startswith("##")
     special = [tok.token_to_id(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]")]
-    run = Run(cfg, config, batches, np.asarray(val_blocks), [i for i in special if i is not None],
-              tok.mask_token_id, continuation,
-              cfg.max_predictions_per_seq or default_max_predictions(cfg.max_seq_length, cfg.mlm_probability),
-              total, warmup)
+    run = Run(
+        cfg,
+        config,
+        batches,
+        np.asarray(val_blocks),
+        [i for i in special if i is not None],
+        tok.mask_token_id,
+        continuation,
+        cfg.max_predictions_per_seq or default_max_predictions(cfg.max_seq_length, cfg.mlm_probability),
+        total,
+        warmup,
+    )
     if cfg.metric_for_best_model or cfg.early_stopping_patience:
         from jaxbert.train.task_table import metric_name
 
         run.metric = metric_name(cfg.metric_for_best_model, ("loss", "accuracy"))
-    run.say(f"data: {len(train_texts)} training texts -> {len(train_blocks)} sequences of {cfg.max_seq_length} "
-            f"tokens, {len(val_blocks)} validation sequences; {train_text.empty_lines} empty lines skipped")
-    run.say(f"plan: {total} steps of {batch} sequences x {cfg.grad_accum_steps} accumulation on {n} device(s)"
-            f"{' (FSDP)' if cfg.fsdp else ''}, warm-up {warmup}, {cfg.dtype}{', remat' if cfg.remat else ''}")
+    run.say(
+        f"data: {len(train_texts)} training texts -> {len(train_blocks)} sequences of {cfg.max_seq_length} "
+        f"tokens, {len(val_blocks)} validation sequences; {train_text.empty_lines} empty lines skipped"
+    )
+    run.say(
+        f"plan: {total} steps of {batch} sequences x {cfg.grad_accum_steps} accumulation on {n} device(s)"
+        f"{' (FSDP)' if cfg.fsdp else ''}, warm-up {warmup}, {cfg.dtype}{', remat' if cfg.remat else ''}"
+    )
     return run

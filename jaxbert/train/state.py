@@ -35,9 +35,8 @@ class OptimConfig:
     warmup_steps: int = 0
     total_steps: int = 1
 
-
     @classmethod
-    def from_train(cls, cfg, warmup_steps: int, total_steps: int) -> "OptimConfig":
+    def from_train(cls, cfg, warmup_steps: int, total_steps: int) -> OptimConfig:
         """The optimizer's share of a TrainConfig (same field names), with the resolved step counts."""
         names = {f.name for f in dataclasses.fields(cls)} - {"warmup_steps", "total_steps"}
         return cls(**{n: getattr(cfg, n) for n in names}, warmup_steps=warmup_steps, total_steps=total_steps)
@@ -46,8 +45,7 @@ class OptimConfig:
 def decay_mask(params) -> dict:
     """True where weight decay applies: not on biases, not on LayerNorm parameters (as transformers' Trainer)."""
     flat = traverse_util.flatten_dict(params)
-    return traverse_util.unflatten_dict(
-        {path: path[-1] != "bias" and "LayerNorm" not in path for path in flat})
+    return traverse_util.unflatten_dict({path: path[-1] != "bias" and "LayerNorm" not in path for path in flat})
 
 
 def schedule(cfg: OptimConfig) -> optax.Schedule:
@@ -57,8 +55,14 @@ def schedule(cfg: OptimConfig) -> optax.Schedule:
 
 
 def optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
-    adamw = optax.adamw(schedule(cfg), b1=cfg.adam_beta1, b2=cfg.adam_beta2, eps=cfg.adam_epsilon,
-                        weight_decay=cfg.weight_decay, mask=decay_mask)
+    adamw = optax.adamw(
+        schedule(cfg),
+        b1=cfg.adam_beta1,
+        b2=cfg.adam_beta2,
+        eps=cfg.adam_epsilon,
+        weight_decay=cfg.weight_decay,
+        mask=decay_mask,
+    )
     return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw) if cfg.max_grad_norm else adamw
 
 

@@ -26,13 +26,31 @@ def masked_lm(params, config: BertConfig, batch: dict, *, rng=None, dtype=jnp.fl
 TARGET_KEYS = ("labels", "start_positions", "end_positions", "sample_weight")  # heads.forward's loss inputs
 
 
-def task_forward(params, config: BertConfig, head: str, batch: dict, *, rng=None, dtype=jnp.float32,
-                 remat: bool = False, label_smoothing: float = 0.0):
+def task_forward(
+    params,
+    config: BertConfig,
+    head: str,
+    batch: dict,
+    *,
+    rng=None,
+    dtype=jnp.float32,
+    remat: bool = False,
+    label_smoothing: float = 0.0,
+):
     """heads.forward on a task batch: its outputs and the head's loss (padding rows carry -100 / weight 0)."""
     params = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
-    return forward(params, config, head, batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"),
-                   rng=rng, remat=remat, label_smoothing=label_smoothing,
-                   **{k: batch[k] for k in TARGET_KEYS if k in batch})
+    return forward(
+        params,
+        config,
+        head,
+        batch["input_ids"],
+        batch["attention_mask"],
+        batch.get("token_type_ids"),
+        rng=rng,
+        remat=remat,
+        label_smoothing=label_smoothing,
+        **{k: batch[k] for k in TARGET_KEYS if k in batch},
+    )
 
 
 def _loss(params, config, head, batch, rng, dtype, remat, label_smoothing):
@@ -40,8 +58,9 @@ def _loss(params, config, head, batch, rng, dtype, remat, label_smoothing):
         logits = masked_lm(params, config, batch, rng=rng, dtype=dtype, remat=remat)
         loss = cross_entropy(logits, batch["labels"], label_smoothing=label_smoothing)
     else:
-        out = task_forward(params, config, head, batch, rng=rng, dtype=dtype, remat=remat,
-                           label_smoothing=label_smoothing)
+        out = task_forward(
+            params, config, head, batch, rng=rng, dtype=dtype, remat=remat, label_smoothing=label_smoothing
+        )
         logits, loss = out.logits, out.loss
     labels = batch["labels"]
     if not jnp.issubdtype(labels.dtype, jnp.integer):  # scores / label sets: no accuracy to count
@@ -50,8 +69,19 @@ def _loss(params, config, head, batch, rng, dtype, remat, label_smoothing):
     return loss, (jnp.sum((logits.argmax(-1) == labels) & valid), valid.sum())
 
 
-def train_step(state: TrainState, batch: dict, rng: jax.Array, *, config: BertConfig, tx, schedule,
-               head: str = "BertForMaskedLM", dtype=jnp.float32, remat: bool = False, label_smoothing: float = 0.0):
+def train_step(
+    state: TrainState,
+    batch: dict,
+    rng: jax.Array,
+    *,
+    config: BertConfig,
+    tx,
+    schedule,
+    head: str = "BertForMaskedLM",
+    dtype=jnp.float32,
+    remat: bool = False,
+    label_smoothing: float = 0.0,
+):
     """(state, batch [A micro-batches, B, ...], rng) -> (state, metrics); one optimizer update."""
     grad_fn = jax.value_and_grad(_loss, has_aux=True)
     micro = jax.tree_util.tree_leaves(batch)[0].shape[0]
@@ -59,20 +89,24 @@ def train_step(state: TrainState, batch: dict, rng: jax.Array, *, config: BertCo
     def accumulate(carry, xs):
         grads, loss, correct, count = carry
         mb, i = xs
-        (l, (c, n)), g = grad_fn(state.params, config, head, mb, jax.random.fold_in(rng, i), dtype, remat,
-                                 label_smoothing)
-        return (jax.tree_util.tree_map(jnp.add, grads, g), loss + l, correct + c, count + n), None
+        (mb_loss, (c, n)), g = grad_fn(
+            state.params, config, head, mb, jax.random.fold_in(rng, i), dtype, remat, label_smoothing
+        )
+        return (jax.tree_util.tree_map(jnp.add, grads, g), loss + mb_loss, correct + c, count + n), None
 
     zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
     init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
     (grads, loss, correct, count), _ = jax.lax.scan(accumulate, init, (batch, jnp.arange(micro)))
     grads = jax.tree_util.tree_map(lambda g: g / micro, grads)  # mean over micro-batches, as transformers
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    new = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                        opt_state=opt_state)
-    metrics = {"loss": loss / micro, "accuracy": correct / jnp.maximum(count, 1),
-               "grad_norm": optax.tree.norm(grads), "learning_rate": schedule(state.step),
-               "masked_tokens": count}
+    new = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
+    metrics = {
+        "loss": loss / micro,
+        "accuracy": correct / jnp.maximum(count, 1),
+        "grad_norm": optax.tree.norm(grads),
+        "learning_rate": schedule(state.step),
+        "masked_tokens": count,
+    }
     if not jnp.issubdtype(batch["labels"].dtype, jnp.integer):
         del metrics["accuracy"]
     return new, metrics

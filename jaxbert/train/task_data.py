@@ -46,8 +46,7 @@ class Row:
         """A list of strings: a JSON array, or (CSV/TSV) a JSON array in the cell or numbered columns."""
         value = self.get(column)
         if not self.typed:
-            numbered = [self.values[f"{column}{i}"] for i in range(len(self.values)) if f"{column}{i}" in
-                        self.values]
+            numbered = [self.values[f"{column}{i}"] for i in range(len(self.values)) if f"{column}{i}" in self.values]
             value = numbered if column not in self.values else parse_cell(self, column, value, want_list=True)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"{self.where(column)}: expected a list of strings, got {_kind(value)}")
@@ -62,8 +61,14 @@ class Row:
 def _kind(value) -> str:
     if isinstance(value, list):
         return "a list"
-    return {bool: "true/false", int: "an integer", float: "a number", str: "a string", dict: "an object",
-            type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        bool: "true/false",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        dict: "an object",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def parse_cell(row: Row, column: str, cell: str, want_list: bool = False):
@@ -139,6 +144,7 @@ def _read_csv(path: str, delimiter: str) -> list[Row]:
                 raise ValueError(f"{path}:{reader.line_num}: {len(fields)} fields, the header has {len(header)}")
             rows.append(Row(path, reader.line_num, dict(zip(header, fields)), False))
     except csv.Error as e:
-        raise ValueError(f"{path}:{reader.line_num}: not valid {'TSV' if delimiter == chr(9) else 'CSV'} ({e})"
-                         ) from None
+        raise ValueError(
+            f"{path}:{reader.line_num}: not valid {'TSV' if delimiter == chr(9) else 'CSV'} ({e})"
+        ) from None
     return rows

@@ -47,27 +47,39 @@ class Encodedset:
         for r, e in enumerate(rows):
             for c in range(C):
                 a, b = self.starts[e * C + c], self.starts[e * C + c + 1]
-                ids[r, c, :b - a], types[r, c, :b - a], mask[r, c, :b - a] = self.ids[a:b], self.types[a:b], 1
+                ids[r, c, : b - a], types[r, c, : b - a], mask[r, c, : b - a] = self.ids[a:b], self.types[a:b], 1
                 if len(self.tags):
-                    tags[r, :b - a] = self.tags[a:b]
+                    tags[r, : b - a] = self.tags[a:b]
         weight = (np.arange(n_rows) < len(rows)).astype(np.float32)
         if len(self.tags):
             labels = tags
         else:
             pad = IGNORE if self.targets.dtype == np.int32 else 0
             labels = np.full((n_rows, *self.targets.shape[1:]), pad, self.targets.dtype)
-            labels[:len(rows)] = self.targets[np.asarray(rows, np.int64)]
+            labels[: len(rows)] = self.targets[np.asarray(rows, np.int64)]
         squeeze = (lambda a: a) if C > 1 else (lambda a: a[:, 0])
-        return {"input_ids": squeeze(ids), "attention_mask": squeeze(mask), "token_type_ids": squeeze(types),
-                "labels": labels, "sample_weight": weight}
+        return {
+            "input_ids": squeeze(ids),
+            "attention_mask": squeeze(mask),
+            "token_type_ids": squeeze(types),
+            "labels": labels,
+            "sample_weight": weight,
+        }
 
 
 def _pack(enc, choices: int, targets: np.ndarray, tags=None, truncated: int = 0) -> Encodedset:
     starts = np.zeros(len(enc) + 1, np.int64)
     starts[1:] = np.cumsum([len(x) for x in enc.ids])
     flat = lambda lists, dtype: np.fromiter((v for x in lists for v in x), dtype, int(starts[-1]))  # noqa: E731
-    return Encodedset(flat(enc.ids, np.int32), flat(enc.type_ids, np.int8), starts,
-                      np.zeros(0, np.int32) if tags is None else flat(tags, np.int32), targets, choices, truncated)
+    return Encodedset(
+        flat(enc.ids, np.int32),
+        flat(enc.type_ids, np.int8),
+        starts,
+        np.zeros(0, np.int32) if tags is None else flat(tags, np.int32),
+        targets,
+        choices,
+        truncated,
+    )
 
 
 def cached(cache_dir: str, name: str, key: list, build) -> Encodedset:
@@ -76,13 +88,20 @@ def cached(cache_dir: str, name: str, key: list, build) -> Encodedset:
     path = os.path.join(cache_dir, f"{name}-{digest}.npz")
     if os.path.isfile(path):
         with np.load(path) as f:
-            return Encodedset(**{k: f[k] for k in ("ids", "types", "starts", "tags", "targets")},
-                              choices=int(f["choices"]), truncated=int(f["truncated"]))
+            return Encodedset(
+                **{k: f[k] for k in ("ids", "types", "starts", "tags", "targets")},
+                choices=int(f["choices"]),
+                truncated=int(f["truncated"]),
+            )
     data = build()
     os.makedirs(cache_dir, exist_ok=True)
     with atomic_file(path, suffix=".npz") as tmp:  # never a truncated cache entry
-        np.savez(tmp, **{k: getattr(data, k) for k in ("ids", "types", "starts", "tags", "targets")},
-                 choices=data.choices, truncated=data.truncated)
+        np.savez(
+            tmp,
+            **{k: getattr(data, k) for k in ("ids", "types", "starts", "tags", "targets")},
+            choices=data.choices,
+            truncated=data.truncated,
+        )
     return data
 
 
@@ -129,18 +148,23 @@ def encode_choices(tok, rows, columns, labels: Labels, max_len: int):
     targets = []
     for row, opts in zip(rows, lists):
         if len(opts) != n or n < 2:
-            raise ValueError(f"{row.where(options)}: {len(opts)} options; every example needs the same number "
-                             f"(at least 2; {rows[0].path}:{rows[0].line} has {n})")
+            raise ValueError(
+                f"{row.where(options)}: {len(opts)} options; every example needs the same number "
+                f"(at least 2; {rows[0].path}:{rows[0].line} has {n})"
+            )
         value = row.label(label)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
-            raise ValueError(f"{row.where(label)}: label {value!r} out of range: expected the index of the right "
-                             f"option, an integer in [0, {n})")
+            raise ValueError(
+                f"{row.where(label)}: label {value!r} out of range: expected the index of the right "
+                f"option, an integer in [0, {n})"
+            )
         targets.append(value)
     targets = np.asarray(targets, np.int32)
     firsts = [c for c in contexts for _ in range(n)]
     seconds = [o for opts in lists for o in opts]
-    return [contexts, lists, targets.tolist()], lambda: _pack(tok.encode(firsts, seconds, max_length=max_len), n,
-                                                              targets)
+    return [contexts, lists, targets.tolist()], lambda: _pack(
+        tok.encode(firsts, seconds, max_length=max_len), n, targets
+    )
 
 
 @dataclasses.dataclass
@@ -154,7 +178,7 @@ class TaskBatches(D.Batches):
         """The batch of optimizer step `step`: every leaf [accum, batch_size, ...]."""
         pos = self.position(step)
         order = np.random.default_rng([self.seed, pos["epoch"]]).permutation(len(self.blocks))
-        rows = order[pos["offset"]: pos["offset"] + self.per_step]
+        rows = order[pos["offset"] : pos["offset"] + self.per_step]
         length = batching.bucket(int(self.blocks.lengths()[rows].max()), self.buckets)
         batch = self.blocks.batch(rows, self.per_step, length, self.pad_id)
         return {k: v.reshape(self.accum, self.batch_size, *v.shape[1:]) for k, v in batch.items()}

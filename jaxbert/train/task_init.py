@@ -41,8 +41,9 @@ def _mismatch(name: str, have: tuple, want: tuple, head: str) -> str:
     return f"{name}: shape {have} in the checkpoint, {want} for this task"
 
 
-def task_params(directory: str, config: BertConfig, head: str, seed: int,
-                renew: str | None = None) -> tuple[dict, list[str]]:
+def task_params(
+    directory: str, config: BertConfig, head: str, seed: int, renew: str | None = None
+) -> tuple[dict, list[str]]:
     """The checkpoint in `directory` as `head` with `config`'s labels, float32, and what was initialized.
 
     `renew` (why) re-initializes the classifier even when its shape fits: the data's labels are not the
@@ -55,8 +56,9 @@ def task_params(directory: str, config: BertConfig, head: str, seed: int,
     pooler = sorted(n for n in expected if n.startswith("bert.pooler.") and n not in source)
     shapes = {n: tuple(np.shape(state[source[n]])) for n in head_names if n in source}
     # The weight first: its shape says how many labels the checkpoint has.
-    wrong = sorted((n for n, shape in shapes.items() if shape != tuple(expected[n][1])),
-                   key=lambda n: not n.endswith(".weight"))
+    wrong = sorted(
+        (n for n, shape in shapes.items() if shape != tuple(expected[n][1])), key=lambda n: not n.endswith(".weight")
+    )
     notes, fresh = [], list(pooler)
     if pooler:
         notes.append(f"the checkpoint has no pooler; initialized a new one ({', '.join(pooler)})")
@@ -68,8 +70,10 @@ def task_params(directory: str, config: BertConfig, head: str, seed: int,
     if shapes and not (renew or wrong):
         fresh += [n for n in head_names if n not in shapes]  # a partial head: complete it
         if len(shapes) < len(head_names):
-            notes.append(f"the checkpoint's {head} head lacks {', '.join(sorted(set(head_names) - set(shapes)))}; "
-                         "initialized them")
+            notes.append(
+                f"the checkpoint's {head} head lacks {', '.join(sorted(set(head_names) - set(shapes)))}; "
+                "initialized them"
+            )
     else:
         fresh += head_names
     if fresh:

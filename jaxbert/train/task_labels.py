@@ -49,12 +49,16 @@ def _names(items, column: str, fixed) -> tuple[str, ...]:
     for row, value in items:
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             hint = " (pass --problem-type regression for scores)" if isinstance(value, float) else ""
-            raise ValueError(f"{row.where(column)}: label {value!r} is {_kind(value)}; classification labels are "
-                             f"integers or strings{hint}")
+            raise ValueError(
+                f"{row.where(column)}: label {value!r} is {_kind(value)}; classification labels are "
+                f"integers or strings{hint}"
+            )
         first = first or (row, value)
         if type(value) is not type(first[1]):
-            raise ValueError(f"{row.where(column)}: label {value!r} is {_kind(value)}, but {first[0].path}:"
-                             f"{first[0].line} has {_kind(first[1])} {first[1]!r}: use one kind")
+            raise ValueError(
+                f"{row.where(column)}: label {value!r} is {_kind(value)}, but {first[0].path}:"
+                f"{first[0].line} has {_kind(first[1])} {first[1]!r}: use one kind"
+            )
         if isinstance(value, int) and value < 0:
             raise ValueError(f"{row.where(column)}: label {value} out of range [0, {len(fixed) if fixed else 'n'})")
         if fixed and isinstance(value, int) and value >= len(fixed):
@@ -144,8 +148,9 @@ def tag_lists(rows, words_column: str, tags_column: str):
         if not isinstance(tags, list):
             raise ValueError(f"{row.where(tags_column)}: expected a list of tags, got {_kind(tags)}")
         if len(tags) != len(words):
-            raise ValueError(f"{row.where(tags_column)}: {len(tags)} tags for {len(words)} tokens in column "
-                             f"{words_column!r}")
+            raise ValueError(
+                f"{row.where(tags_column)}: {len(tags)} tags for {len(words)} tokens in column {words_column!r}"
+            )
         out.append((row, words, tags))
     return out
 

@@ -64,12 +64,22 @@ class TaskRun:
         return lambda params, batch: task_eval_step(params, batch, config=self.config, head=self.head, dtype=dtype)
 
     def evaluate(self, params, eval_fn) -> dict:
-        return evaluate_examples(eval_fn, params, self.val, self.task, self.labels, self.train.batch_size,
-                                 self.train.buckets, jax.device_count(), self.config.pad_token_id)
+        return evaluate_examples(
+            eval_fn,
+            params,
+            self.val,
+            self.task,
+            self.labels,
+            self.train.batch_size,
+            self.train.buckets,
+            jax.device_count(),
+            self.config.pad_token_id,
+        )
 
     def describe(self, result: dict) -> str:
-        return ", ".join(f"{'validation ' * (k == 'eval_loss')}{k.removeprefix('eval_')} {v:.4f}"
-                         for k, v in result.items())
+        return ", ".join(
+            f"{'validation ' * (k == 'eval_loss')}{k.removeprefix('eval_')} {v:.4f}" for k, v in result.items()
+        )
 
     def final_config(self) -> BertConfig:
         return self.config.replace(extra={**self.config.extra, "num_labels": self.config.num_labels})
@@ -78,8 +88,17 @@ class TaskRun:
         return {"labels": list(self.labels.names), "resolved_problem_type": self.labels.problem_type}
 
 
-def evaluate_examples(eval_fn, params, data: E.Encodedset, task: Task, labels: Labels, batch_size: int,
-                      buckets, multiple: int, pad_id: int) -> dict:
+def evaluate_examples(
+    eval_fn,
+    params,
+    data: E.Encodedset,
+    task: Task,
+    labels: Labels,
+    batch_size: int,
+    buckets,
+    multiple: int,
+    pad_id: int,
+) -> dict:
     """{"eval_loss", "eval_<metric>"...} of `data`: the mean loss over real labels, and the task's metrics."""
     outputs: list = [None] * len(data)
     loss = units = 0.0
@@ -97,8 +116,12 @@ def evaluate_examples(eval_fn, params, data: E.Encodedset, task: Task, labels: L
 def labelled_config(config: BertConfig, task: Task, labels: Labels) -> BertConfig:
     if not labels.names:  # multiple choice: one score per option, no label names
         return config.replace(architectures=(task.head,))
-    return config.replace(id2label=dict(enumerate(labels.names)), label2id=labels.ids,
-                          problem_type=labels.problem_type, architectures=(task.head,))
+    return config.replace(
+        id2label=dict(enumerate(labels.names)),
+        label2id=labels.ids,
+        problem_type=labels.problem_type,
+        architectures=(task.head,),
+    )
 
 
 def _names(names) -> str:
@@ -131,8 +154,10 @@ def prepare(cfg: TrainConfig) -> TaskRun:
     else:
         cut = len(train_rows) * cfg.validation_split_percentage // 100
         if cut == 0:
-            raise ValueError(f"{cfg.train_file}: {len(train_rows)} examples leave no validation set at "
-                             f"{cfg.validation_split_percentage}%: pass --validation-file")
+            raise ValueError(
+                f"{cfg.train_file}: {len(train_rows)} examples leave no validation set at "
+                f"{cfg.validation_split_percentage}%: pass --validation-file"
+            )
         val_rows, train_rows = train_rows[:cut], train_rows[cut:]
     cols = columns(task, cfg)
     labels, renew = task_labels(task, train_rows, cols, cfg.problem_type, model_labels(config, task.head))
@@ -141,22 +166,30 @@ def prepare(cfg: TrainConfig) -> TaskRun:
     key = [D.tokenizer_key(cfg.model), task.name, cfg.max_seq_length, labels.names, labels.problem_type]
 
     pending = [task.encode(tok, rows, cols, labels, cfg.max_seq_length) for rows in (train_rows, val_rows)]
-    train, val = (E.cached(os.path.join(cfg.output_dir, "cache"), name, [*key, *parts], build)
-                  for name, (parts, build) in zip(("train", "validation"), pending))
-    batches = E.TaskBatches(train, batch, cfg.grad_accum_steps, cfg.seed,
-                            batching.length_buckets(cfg.max_seq_length), config.pad_token_id)
+    train, val = (
+        E.cached(os.path.join(cfg.output_dir, "cache"), name, [*key, *parts], build)
+        for name, (parts, build) in zip(("train", "validation"), pending)
+    )
+    batches = E.TaskBatches(
+        train, batch, cfg.grad_accum_steps, cfg.seed, batching.length_buckets(cfg.max_seq_length), config.pad_token_id
+    )
     total = cfg.max_steps or math.ceil(cfg.num_train_epochs * batches.steps_per_epoch)
     warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * total)
-    run = TaskRun(cfg, labelled_config(config, task, labels), task, labels, batches, val, total, warmup, metric,
-                  renew)
+    run = TaskRun(cfg, labelled_config(config, task, labels), task, labels, batches, val, total, warmup, metric, renew)
     named = f"{len(labels.names)} labels ({_names(labels.names)})"
-    run.say(f"data: {len(train)} training and {len(val)} validation examples ({task.name}"
-            f"{', ' + labels.problem_type if labels.problem_type else ''}; "
-            f"{named if labels.names else f'{train.choices} options each'})")
+    run.say(
+        f"data: {len(train)} training and {len(val)} validation examples ({task.name}"
+        f"{', ' + labels.problem_type if labels.problem_type else ''}; "
+        f"{named if labels.names else f'{train.choices} options each'})"
+    )
     if train.truncated or val.truncated:
-        run.say(f"data: {train.truncated} training and {val.truncated} validation words beyond --max-seq-length "
-                f"{cfg.max_seq_length} are truncated (no label, not scored)")
-    run.say(f"plan: {total} steps of {batch} examples x {cfg.grad_accum_steps} accumulation on {n} device(s)"
-            f"{' (FSDP)' if cfg.fsdp else ''}, warm-up {warmup}, {cfg.dtype}{', remat' if cfg.remat else ''}; "
-            f"best model by eval_{metric}")
+        run.say(
+            f"data: {train.truncated} training and {val.truncated} validation words beyond --max-seq-length "
+            f"{cfg.max_seq_length} are truncated (no label, not scored)"
+        )
+    run.say(
+        f"plan: {total} steps of {batch} examples x {cfg.grad_accum_steps} accumulation on {n} device(s)"
+        f"{' (FSDP)' if cfg.fsdp else ''}, warm-up {warmup}, {cfg.dtype}{', remat' if cfg.remat else ''}; "
+        f"best model by eval_{metric}"
+    )
     return run

@@ -8,7 +8,7 @@ entry: its encoder yields the batch keys its head's loss takes (labels, start_po
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -45,7 +45,7 @@ def _score_tags(logits, data: E.Encodedset, labels: Labels) -> dict:
         tags = data.tags[a:b]
         keep = tags != E.IGNORE
         gold.append([labels.names[i] for i in tags[keep]])
-        pred.append([labels.names[i] for i in np.asarray(x)[:b - a].argmax(-1)[keep]])
+        pred.append([labels.names[i] for i in np.asarray(x)[: b - a].argmax(-1)[keep]])
     return metrics.token_metrics(pred, gold)
 
 
@@ -54,25 +54,49 @@ def _score_choices(logits, data: E.Encodedset, labels: Labels) -> dict:
 
 
 def _sequence_metrics(labels: Labels) -> tuple[str, ...]:
-    return {"regression": ("pearson", "spearman", "mse"),
-            "multi_label_classification": ("micro_f1", "exact_match")}.get(labels.problem_type,
-                                                                           ("accuracy", "f1", "mcc"))
+    return {
+        "regression": ("pearson", "spearman", "mse"),
+        "multi_label_classification": ("micro_f1", "exact_match"),
+    }.get(labels.problem_type, ("accuracy", "f1", "mcc"))
 
 
 def _tag_label_names(rows, columns, problem_type, fixed) -> Labels:
     return tag_labels(tag_lists(rows, columns[0], columns[2]), columns[2], fixed)
 
 
-TASKS: dict[str, Task] = {t.name: t for t in (
-    Task("sequence-classification", "BertForSequenceClassification", ("text", None, "label"),
-         lambda rows, cols, problem, fixed: sequence_labels(rows, cols[2], problem, fixed),
-         E.encode_sequences, _score_sequences, _sequence_metrics),
-    Task("token-classification", "BertForTokenClassification", ("tokens", None, "ner_tags"),
-         _tag_label_names, E.encode_tags, _score_tags, lambda labels: ("f1", "precision", "recall", "accuracy")),
-    # The head scores each (context, option) sequence with one output: no label names.
-    Task("multiple-choice", "BertForMultipleChoice", ("context", "choices", "label"),
-         lambda rows, cols, problem, fixed: Labels(()), E.encode_choices, _score_choices, lambda labels: ("accuracy",)),
-)}
+TASKS: dict[str, Task] = {
+    t.name: t
+    for t in (
+        Task(
+            "sequence-classification",
+            "BertForSequenceClassification",
+            ("text", None, "label"),
+            lambda rows, cols, problem, fixed: sequence_labels(rows, cols[2], problem, fixed),
+            E.encode_sequences,
+            _score_sequences,
+            _sequence_metrics,
+        ),
+        Task(
+            "token-classification",
+            "BertForTokenClassification",
+            ("tokens", None, "ner_tags"),
+            _tag_label_names,
+            E.encode_tags,
+            _score_tags,
+            lambda labels: ("f1", "precision", "recall", "accuracy"),
+        ),
+        # The head scores each (context, option) sequence with one output: no label names.
+        Task(
+            "multiple-choice",
+            "BertForMultipleChoice",
+            ("context", "choices", "label"),
+            lambda rows, cols, problem, fixed: Labels(()),
+            E.encode_choices,
+            _score_choices,
+            lambda labels: ("accuracy",),
+        ),
+    )
+}
 
 
 def columns(task: Task, cfg) -> tuple[str, str | None, str]:
