@@ -43,9 +43,11 @@ def keys_for(
     mask: Bool[Array, " L"],
     cache_mask: Bool[Array, " M"] | None = None,
     index: Int[Array, ""] | None = None,
+    segment_ids: Int[Array, " L"] | None = None,
 ) -> Keys:
     """Keys for a forward over L new tokens with key validity `mask`; with a cache, the new keys are written at
-    `index` of a cache whose valid slots are `cache_mask`. Decoders (config.is_decoder) attend causally."""
+    `index` of a cache whose valid slots are `cache_mask`. Decoders (config.is_decoder) attend causally. With
+    `segment_ids` (packed sequences, see packing.py; no cache) a query sees only keys of its own segment."""
     L = mask.shape[0]
     if cache_mask is None:
         valid, q_pos, k_pos = mask, jnp.arange(L), jnp.arange(L)
@@ -55,7 +57,10 @@ def keys_for(
     allowed = jnp.broadcast_to(valid[None, :], (L, valid.shape[0]))
     if config.is_decoder:
         allowed = allowed & (k_pos[None, :] <= q_pos[:, None])
-    return Keys(allowed, q_pos, k_pos, index, padding_only=not config.is_decoder and cache_mask is None)
+    if segment_ids is not None:
+        allowed = allowed & (segment_ids[:, None] == segment_ids[None, :])
+    only = not config.is_decoder and cache_mask is None and segment_ids is None
+    return Keys(allowed, q_pos, k_pos, index, padding_only=only)
 
 
 def relative_scores(

@@ -149,6 +149,16 @@ def _fill_mask(args) -> int:
     return 0
 
 
+def _answer(args) -> int:
+    import json
+
+    import jaxbert
+
+    answers = jaxbert.load(args.dir).answer(args.question, args.context, top_k=args.top_k)
+    print(json.dumps(answers, ensure_ascii=False))
+    return 0
+
+
 def _generate(args) -> int:
     import jaxbert
     from jaxbert.tasks import generate_text
@@ -243,6 +253,12 @@ def build_parser() -> argparse.ArgumentParser:
     fill.add_argument("text")
     fill.add_argument("--top-k", type=int, default=5)
     fill.set_defaults(func=_fill_mask)
+    answer = sub.add_parser("answer", help="extractive QA: the answer span to a question in a context (JSON)")
+    answer.add_argument("dir")
+    answer.add_argument("--question", required=True)
+    answer.add_argument("--context", required=True)
+    answer.add_argument("--top-k", type=int, default=1)
+    answer.set_defaults(func=_answer)
     _add_generate(sub)
     cli_train.add_parsers(sub)
     info = sub.add_parser("info", help="config summary and parameter counts of a jaxbert or transformers dir")

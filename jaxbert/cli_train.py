@@ -7,6 +7,13 @@ from __future__ import annotations
 import dataclasses
 import sys
 
+SCALE_HELP = {  # the mesh and multi-process flags (see README "Running on many machines")
+    "mesh": ("data=N,fsdp=N,tensor=N", "device mesh (-1: the rest; default all devices on data)"),
+    "coordinator_address": ("HOST:PORT", "multi-process: process 0's address (with --num-processes, --process-id)"),
+    "num_processes": ("N", "multi-process: how many processes the run has"),
+    "process_id": ("N", "multi-process: this process's number, 0 to N-1"),
+}
+
 
 def _add_config_flags(parser, skip: tuple[str, ...] = ()) -> None:
     from jaxbert.train.config import PROBLEM_TYPES, TASKS, TrainConfig
@@ -17,6 +24,14 @@ def _add_config_flags(parser, skip: tuple[str, ...] = ()) -> None:
             continue
         if field.name == "progress":
             parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+        elif field.name == "pack":
+            parser.add_argument(
+                "--no-pack",
+                dest="pack",
+                action="store_false",
+                help="one example a row, padded, instead of examples packed into shared rows (line-by-line MLM, "
+                "sequence and token classification pack by default)",
+            )
         elif field.name == "resume":
             parser.add_argument(
                 flag,
@@ -32,10 +47,21 @@ def _add_config_flags(parser, skip: tuple[str, ...] = ()) -> None:
             )
         elif field.name == "task":
             parser.add_argument(flag, required=True, choices=TASKS)
+        elif field.name in SCALE_HELP:
+            metavar, text = SCALE_HELP[field.name]
+            kind = int if metavar == "N" else str
+            parser.add_argument(flag, type=kind, default=None, metavar=metavar, help=text)
         elif field.name == "problem_type":
             parser.add_argument(
                 flag, choices=PROBLEM_TYPES, default=None, help="sequence classification (default: from the labels)"
             )
+        elif field.name == "pooling":
+            parser.add_argument(
+                flag, choices=("cls", "mean", "max"), default="mean", help="--task embedding: the embedding's pooling"
+            )
+        elif field.name in ("normalize", "symmetric"):
+            what = {"normalize": "unit-length embeddings", "symmetric": "also positives -> anchors in the loss"}
+            parser.add_argument(flag, action="store_true", help=f"--task embedding: {what[field.name]}")
         elif field.type == "bool":
             parser.add_argument(flag, action="store_true")
         elif field.default is dataclasses.MISSING:
@@ -121,7 +147,15 @@ def add_parsers(sub) -> None:
     evaluate = sub.add_parser("evaluate", help="a fine-tuned model's validation metrics on a labelled file")
     evaluate.add_argument("dir")
     evaluate.add_argument(
-        "--task", required=True, choices=("sequence-classification", "token-classification", "multiple-choice")
+        "--task",
+        required=True,
+        choices=(
+            "sequence-classification",
+            "token-classification",
+            "multiple-choice",
+            "embedding",
+            "question-answering",
+        ),
     )
     evaluate.add_argument("--file", required=True, help=".jsonl, .csv or .tsv with the training file's columns")
     evaluate.add_argument("--output", default="eval_results.json", help="FILE.json the metrics are written to")

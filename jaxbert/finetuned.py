@@ -26,24 +26,29 @@ def _inputs(path: str, text_column: str, pair_column: str | None):
     return [r.text(text_column) for r in rows], [r.text(pair_column) for r in rows] if pair_column else None
 
 
-def _choose(bert, path: str, context: str, options: str) -> list[dict]:
-    """Multiple choice: per example {label: index of the best option, scores: softmax over the options}."""
+def _choose(bert, path: str, context: str, options: str, batch_size: int) -> list[dict]:
+    """Multiple choice: per example {label: index of the best option, scores: softmax over the options}. Examples
+    with the same number of options run `batch_size` at a time, longest first, in (batch, length) buckets."""
     from jaxbert.tokenizer import pad
     from jaxbert.train.task_data import read_rows
 
     rows = read_rows(path, "--input")
-    out = []
-    for row in rows:
-        opts = row.texts(options)
-        enc = bert.tokenizer.encode([row.text(context)] * len(opts), opts, max_length=bert.max_length(None))
-        length = batching.bucket(int(enc.lengths().max()), bert.length_buckets)
-        feed = pad(enc, length, len(opts), bert.config.pad_token_id)
-        logits = np.asarray(
-            bert(*(feed[k][None] for k in ("input_ids", "attention_mask", "token_type_ids"))).logits, np.float64
-        )[0]
-        probs = np.exp(logits - logits.max())
-        probs /= probs.sum()
-        out.append({"label": int(probs.argmax()), "scores": [float(p) for p in probs]})
+    pairs = [(row.text(context), row.texts(options)) for row in rows]
+    out: list[dict | None] = [None] * len(rows)
+    for count in sorted({len(opts) for _, opts in pairs}):
+        group = [i for i, (_, opts) in enumerate(pairs) if len(opts) == count]
+        flat = [(pairs[i][0], o) for i in group for o in pairs[i][1]]
+        enc = bert.tokenizer.encode([c for c, _ in flat], [o for _, o in flat], max_length=bert.max_length(None))
+        longest = np.asarray(enc.lengths()).reshape(len(group), count).max(1)
+        for idx, n, length in batching.plan(longest, batch_size, bert.length_buckets):
+            order = [e * count + k for e in idx for k in range(count)]
+            feed = pad(enc, length, n * count, bert.config.pad_token_id, order)
+            arrays = (feed[k].reshape(n, count, length) for k in ("input_ids", "attention_mask", "token_type_ids"))
+            logits = np.asarray(bert(*arrays).logits, np.float64)[: len(idx)]
+            probs = np.exp(logits - logits.max(-1, keepdims=True))
+            probs /= probs.sum(-1, keepdims=True)
+            for e, p in zip(idx, probs):
+                out[group[e]] = {"label": int(p.argmax()), "scores": [float(x) for x in p]}
     return out
 
 
@@ -71,13 +76,20 @@ def predict(
             {"words": words} for words in bert.tag(_inputs(input_path, text_column, None)[0], batch_size=batch_size)
         ]
     elif bert.head == "BertForMultipleChoice":
-        results = _choose(
-            bert, input_path, text_column if text_column != "text" else "context", pair_column or "choices"
-        )
+        context = text_column if text_column != "text" else "context"
+        results = _choose(bert, input_path, context, pair_column or "choices", batch_size)
+    elif bert.head == "BertForQuestionAnswering":  # the best answer of each (question, context) row
+        from jaxbert.train.task_data import read_rows
+
+        question = text_column if text_column != "text" else "question"
+        results = [
+            bert.answer(row.text(question), row.text(pair_column or "context"))[0]
+            for row in read_rows(input_path, "--input")
+        ]
     else:
         raise ValueError(
-            f"{directory}: predict needs a sequence classification, token classification or "
-            f"multiple choice model; this one is {bert.head}"
+            f"{directory}: predict needs a sequence classification, token classification, multiple choice "
+            f"or question answering model; this one is {bert.head}"
         )
     with atomic_file(output, ".jsonl") as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -126,9 +138,23 @@ def evaluate(
     labels = task.labels(rows, cols, config.problem_type, model_labels(config, head))
     tok = WordPiece.from_dir(directory)
     limit = max_length or min(config.max_position_embeddings, tok.model_max_length)
-    data = task.encode(tok, rows, cols, labels, limit)[1]()
+    if task_name == "embedding":  # the directory's own pooling, normalization and length (sentence_dir.py)
+        from jaxbert.train.task_embedding import directory_eval
+
+        eval_fn, limit = directory_eval(directory, config, max_length or None)
+        limit = min(limit or config.max_position_embeddings, config.max_position_embeddings, tok.model_max_length)
+    opts = {}
+    if task_name == "question-answering":  # the options it was trained with (task_qa.QARun.final_config)
+        from jaxbert.train import task_qa
+
+        opts = dict(config.extra.get("question_answering") or {})
+        trained = opts.pop("max_seq_length", 384)
+        limit = min(max_length or trained, limit)
+        eval_fn = jax.jit(functools.partial(task_qa.eval_step, config=config, head=head))
+    data = task.encode(tok, rows, cols, labels, limit, **opts)[1]()
     params, _ = load_params(directory, config, head)
-    eval_fn = jax.jit(functools.partial(task_eval_step, config=config, head=head))
+    if task_name not in ("embedding", "question-answering"):
+        eval_fn = jax.jit(functools.partial(task_eval_step, config=config, head=head))
     result = evaluate_examples(
         eval_fn, params, data, task, labels, batch_size, batching.length_buckets(limit), 1, config.pad_token_id
     )

@@ -248,13 +248,19 @@ def forward(
     remat: bool = False,
     label_smoothing: float = 0.0,
     sample_weight=None,
+    segment_ids=None,
+    segment_starts=None,
 ) -> BertOutput:
     """Any head on a batch, with transformers' output fields; the loss is computed when labels are given.
     Decoders take `encoder_hidden_states`, `encoder_attention_mask`, `past_key_values` and `use_cache` as
     `model.bert` does (BertLMHeadModel's loss predicts token t+1 from tokens ≤ t, as transformers').
     `sample_weight` [B] (0 for padding rows) keeps padding rows out of a regression / multi-label loss (integer
     labels use -100 for that). A bert2bert
-    (head EncoderDecoderModel) runs `seq2seq.encoder_decoder`: `decoder_input_ids`, or `labels` shifted right."""
+    (head EncoderDecoderModel) runs `seq2seq.encoder_decoder`: `decoder_input_ids`, or `labels` shifted right.
+
+    Packed rows (packing.py): `segment_ids` [B, L] keep each sequence's attention within itself, and with
+    `segment_starts` [B, S] (each sequence's first column) the pooler runs per sequence, so pooled heads give
+    [B, S, ...] (sequence classification logits [B, S, C]); per-token heads are unchanged."""
     head = resolve_head(head, config)
     if head == "EncoderDecoderModel":
         from jaxbert.seq2seq import encoder_decoder
@@ -311,7 +317,12 @@ def forward(
         encoder_attention_mask=encoder_attention_mask,
         past_key_values=past_key_values,
         use_cache=use_cache,
+        segment_ids=segment_ids,
     )
+    if segment_starts is not None:
+        first = jnp.take_along_axis(out.last_hidden_state, segment_starts[..., None], axis=1)
+        pooler = base_params(params, spec.name).get("pooler")
+        out = out.replace(pooler_output=None if pooler is None else jnp.tanh(dense(pooler["dense"], first)))
     if spec.apply is None:
         return out
     fields, loss = spec.apply(params, config, out, targets, r_head, label_smoothing)

@@ -15,18 +15,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
-from jaxbert import batching, decoders, generate_inputs, hub, sentence_dir, tasks
+from jaxbert import batching, decoders, generate_inputs, hub, packing, sentence_dir, sharding, tasks
 from jaxbert.checkpoint import load_params
 from jaxbert.config import BertConfig
 from jaxbert.convert import check_cast
 from jaxbert.heads import base_params, forward, mlm_logits, resolve_head
 from jaxbert.inputs import check_arrays, check_encoder_states, positive_int
-from jaxbert.layout import is_stacked, map_encoder, to_compute, to_stored
+from jaxbert.layout import decoding_layout, to_compute, to_stored
 from jaxbert.model import BertOutput, bert
 from jaxbert.ops import as_bits, from_bits
-from jaxbert.pooling import pool
+from jaxbert.pooling import pool, pool_segments
 from jaxbert.seq2seq import load_config
 from jaxbert.tokenizer import WordPiece, pad
 
@@ -46,44 +46,6 @@ def _to_devices(tree, place):
     for key in list(flat):
         flat[key] = place(flat.pop(key))
     return traverse_util.unflatten_dict(flat, sep="\0")
-
-
-def _decoding_params(weights, dtypes, config: BertConfig):
-    """The parameters decoding runs on (see Bert.layers_apart), from the compute layout's `weights` (bits) and
-    their `dtypes`: the stacked layers split into {"layer": {"0": …}}, floats as such, laid out as XLA:CPU's
-    matmuls of a few rows read them fastest. The layers' float32 kernels become `weight`s [out, in] (see
-    ops.dense). 16-bit kernels stay [in, out], the only layout its bfloat16 matmul (YNNPACK) takes: XLA copies
-    others into it in every call. So a 16-bit tied decoder gets its own [D, V] kernel (bert-base: ~30 ms a
-    call). A tree without stacked layers (pruned heads) is only turned back from bits."""
-
-    def split(tree, take):
-        def layers(encoder):
-            if not is_stacked(encoder):
-                return encoder
-            return {
-                "layer": {
-                    str(i): jax.tree_util.tree_map(lambda a, i=i: take(a, i), encoder["stacked"])
-                    for i in range(config.num_hidden_layers)
-                }
-            }
-
-        return map_encoder(tree, layers)
-
-    def orient(p):
-        if not isinstance(p, dict):
-            return p
-        if "kernel" in p and p["kernel"].dtype == jnp.float32:
-            return {"weight": p["kernel"].T, **{k: v for k, v in p.items() if k != "kernel"}}
-        return {k: orient(v) for k, v in p.items()}
-
-    params = jax.tree_util.tree_map(from_bits, split(weights, lambda a, i: a[i]), split(dtypes, lambda d, i: d))
-    params = map_encoder(params, orient)
-    predictions = params.get("cls", {}).get("predictions")
-    embeddings = params.get("bert", {}).get("embeddings", {}).get("word_embeddings", {}).get("embedding")
-    if predictions is not None and "decoder" not in predictions and jnp.dtype(embeddings.dtype).itemsize == 2:
-        decoder = {"decoder": {"kernel": embeddings.T}}
-        params = {**params, "cls": {**params["cls"], "predictions": {**predictions, **decoder}}}
-    return params
 
 
 class Bert:
@@ -108,17 +70,20 @@ class Bert:
         *,
         dtype: str | None = None,
         consume: bool = False,
+        mesh: Mesh | None = None,
     ):
         """`dtype` casts floating parameters as they are placed; `consume=True` hands over `params`: its layers
-        are emptied while stacking, to save memory."""
+        are emptied while stacking, to save memory. Without a `mesh` the parameters are replicated on every
+        device and batches split over them; a (data, fsdp, tensor) mesh from `sharding.make_mesh` splits the
+        parameters by the rules of sharding.py (e.g. tensor parallel: a model too large for one device)."""
         self.config, self.head, self.directory = config, resolve_head(head, config), directory
         self.compile_count = 0
         self._lock = threading.Lock()  # the lazily built tokenizer and the compile counter are shared state
         self.length_buckets = batching.length_buckets(config.max_position_embeddings)
-        devices = jax.devices()
-        self.mesh = Mesh(np.array(devices), ("data",))
-        self._data = NamedSharding(self.mesh, PartitionSpec("data"))
-        replicated = NamedSharding(self.mesh, PartitionSpec())
+        self.mesh = sharding.check_mesh(mesh, config.num_attention_heads) if mesh is not None else sharding.make_mesh()
+        self._data = sharding.batch_sharding(self.mesh)
+        self._shards = sharding.batch_shards(self.mesh)  # the batch is split this many ways
+        replicated = sharding.replicated(self.mesh)
         _check_dtype(dtype)
         if dtype is not None:
             check_cast(params, _DTYPES[dtype])
@@ -126,17 +91,22 @@ class Bert:
         def place(x):
             if dtype is not None and jnp.issubdtype(x.dtype, jnp.floating):
                 x = x.astype(_DTYPES[dtype])
-            return jax.device_put(x, replicated)
+            return jax.device_put(x, replicated) if mesh is None else x  # with a mesh: placed by path below
 
         compute = _to_devices(to_compute(params, config, consume=consume, place=place), place)
         del params
+        if mesh is not None:
+            compute = jax.device_put(compute, sharding.param_shardings(compute, self.mesh))
         self._dtypes = jax.tree_util.tree_map(lambda a: a.dtype, compute)
-        self.weights = _to_devices(compute, lambda a: jax.device_put(as_bits(a), replicated))
+        self.weights = _to_devices(
+            compute, lambda a: as_bits(a) if mesh is not None else jax.device_put(as_bits(a), replicated)
+        )
         self._tokenizer = None
         self._forward = jax.jit(
             self._counted(self._forward_impl), static_argnames=("output_hidden_states", "output_attentions")
         )
         self._embed = jax.jit(self._counted(self._embed_impl), static_argnames=("pooling", "normalize"))
+        self._embed_packed = jax.jit(self._counted(self._embed_packed_impl), static_argnames=("pooling", "normalize"))
         self._masked_logits = jax.jit(self._counted(self._masked_logits_impl))
         self._apart = None  # (weights, the decoding copy of them): see layers_apart
         generate = jax.jit(self._counted(self._generate_impl), static_argnames=("search", "bound"))
@@ -164,6 +134,8 @@ class Bert:
         head_mask,
         encoder_hidden_states=None,
         encoder_attention_mask=None,
+        segment_ids=None,
+        segment_starts=None,
         *,
         output_hidden_states=False,
         output_attentions=False,
@@ -181,6 +153,8 @@ class Bert:
             output_attentions=output_attentions,
             encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=encoder_attention_mask,
+            segment_ids=segment_ids,
+            segment_starts=segment_starts,
         )
 
     def _embed_impl(self, weights, input_ids, attention_mask, token_type_ids, *, pooling, normalize):
@@ -188,6 +162,11 @@ class Bert:
             base_params(self._unbits(weights), self.head), self.config, input_ids, attention_mask, token_type_ids
         )
         return pool(out, attention_mask, pooling, normalize)
+
+    def _embed_packed_impl(self, weights, ids, mask, types, positions, segments, starts, *, pooling, normalize):
+        params = base_params(self._unbits(weights), self.head)
+        out = bert(params, self.config, ids, mask, types, positions, segment_ids=segments)
+        return pool_segments(out.last_hidden_state, segments, starts, pooling, normalize, params.get("pooler"))
 
     def _masked_logits_impl(self, weights, input_ids, attention_mask, token_type_ids, positions):
         """MLM logits [B, P, V] at `positions` [B, P] only: the vocabulary projection, the largest matmul of a
@@ -202,7 +181,7 @@ class Bert:
     def layers_apart(self, weights):
         """The parameters decoding runs on, made from `weights` (self.weights) by the first call and kept: the
         encoder's layers as separate arrays, floats as such (not bits), laid out for matmuls of a few rows (see
-        _decoding_params). A generating model so holds its weights twice (bert-base: +340 MB float32, +265 MB
+        layout.decoding_layout). A generating model so holds its weights twice (bert-base: +340 MB float32, +265 MB
         bfloat16); other users pay nothing.
 
         A decoding step reads every weight once, and XLA:CPU copies what a matmul reads if it is a layer's slice
@@ -211,7 +190,7 @@ class Bert:
         unstacking in every call instead cost ~200 ms a call."""
         with self._lock:
             if self._apart is None or self._apart[0] is not weights:
-                self._apart = (weights, _decoding_params(weights, self._dtypes, self.config))
+                self._apart = (weights, decoding_layout(weights, self._dtypes, self.config))
             return self._apart[1]
 
     def _generate_impl(self, params, *arrays, search, bound):
@@ -252,7 +231,7 @@ class Bert:
 
     def _put(self, *arrays):
         """To the devices: split on the batch axis when it divides across them, else replicated."""
-        n = len(self.mesh.devices.flat)
+        n = self._shards
         out = []
         for a in arrays:
             if a is None:
@@ -342,11 +321,19 @@ class Bert:
     def batches(self, enc, batch_size: int):
         """Yield (indices, padded batch on the devices) over shape buckets, longest texts first."""
         pad_id = self.config.pad_token_id
-        n = len(self.mesh.devices.flat)
+        n = self._shards
         for idx, rows, length in batching.plan(enc.lengths(), batch_size, self.length_buckets, n):
             batch = pad(enc, length, rows, pad_id, order=idx)
             self.check_inputs(batch["input_ids"], token_type_ids=batch["token_type_ids"])
             yield idx, dict(zip(batch, self._put(*batch.values())))
+
+    def packed_batches(self, enc, batch_size: int):
+        """Yield (texts per row, packed batch on the devices): see packing.py; `batch_size` rows a batch."""
+        n = self._shards
+        for plan in packing.plan(enc.lengths(), batch_size, self.length_buckets, n):
+            batch = packing.pad_packed(enc, plan, self.config.pad_token_id)
+            self.check_inputs(batch["input_ids"], token_type_ids=batch["token_type_ids"])
+            yield plan.texts, dict(zip(batch, self._put(*batch.values())))
 
     def embed(
         self,
@@ -356,30 +343,16 @@ class Bert:
         batch_size: int = 32,
         max_length: int | None = None,
         progress: bool | None = None,
+        packing: bool = True,
     ) -> np.ndarray:
         """Sentence embeddings [N, hidden × pooling modes] (float32) in input order. Unset options come from a
         sentence-transformers directory (its pooling, Normalize, max_seq_length: SentenceTransformer(dir)'s
-        vectors), else [CLS] pooling, not normalized, the model's length (see sentence_dir.py)."""
-        modes, normalize, max_length, lower = sentence_dir.embedding_options(
-            self.sentence_defaults, pooling, normalize, max_length
-        )
-        if "pooler" in modes and not self.has_pooler:
-            raise ValueError(f"pooling='pooler': this {self.head} checkpoint has no pooler")
-        batch_size = positive_int("batch_size", batch_size)
-        texts = [t.lower() for t in texts] if lower and all(isinstance(t, str) for t in texts) else texts
-        enc = self.tokenizer.encode(texts, max_length=self.max_length(max_length))
-        out = np.zeros((len(enc), self.config.hidden_size * len(modes)), np.float32)
-        for idx, batch in tasks.progress(self.batches(enc, batch_size), len(enc), batch_size, progress):
-            emb = self._embed(
-                self.weights,
-                batch["input_ids"],
-                batch["attention_mask"],
-                batch["token_type_ids"],
-                pooling=modes,
-                normalize=normalize,
-            )
-            out[idx] = np.asarray(emb)[: len(idx)]
-        return out
+        vectors), else [CLS] pooling, not normalized, the model's length (see sentence_dir.py).
+
+        With `packing` (the default) short texts share rows (packing.py), `batch_size` rows a call, and padding
+        is not computed; each text's vector is what it gets alone. `packing=False` pads each text to its
+        batch's length bucket, `batch_size` texts a call."""
+        return tasks.embed(self, texts, pooling, normalize, batch_size, max_length, progress, packing)
 
     @functools.cached_property
     def sentence_defaults(self) -> sentence_dir.SentenceDefaults | None:
@@ -400,13 +373,19 @@ class Bert:
     def tag(self, texts, batch_size: int = 32) -> list[list[dict]]:
         return tasks.tag(self, texts, batch_size)
 
+    def answer(self, question: str, context: str, top_k: int = 1, **options) -> list[dict]:
+        """[{answer, score, start, end}] best first: the question-answering pipeline's answers (see qa.answer)."""
+        from jaxbert.qa import answer
 
-def load(path: str | os.PathLike, head: str | None = None, dtype: str | None = None) -> Bert:
+        return answer(self, question, context, top_k, **options)
+
+
+def load(path: str | os.PathLike, head: str | None = None, dtype: str | None = None, mesh: Mesh | None = None) -> Bert:
     """Load a transformers BERT directory (safetensors / .bin / sharded), a jaxbert directory, or a hub id
     (`org/name[@revision]`, from the local Hugging Face cache or downloaded; see hub.py).
 
         `dtype="bfloat16"` (or float16) stores and runs the parameters in that dtype; LayerNorm and softmax
-        statistics stay in float32.
+        statistics stay in float32. `mesh` (see Bert) splits the parameters over a device mesh.
     """
     path = hub.resolve(path)
     config = load_config(path)
@@ -417,4 +396,4 @@ def load(path: str | os.PathLike, head: str | None = None, dtype: str | None = N
 
         return EncoderDecoder(config, load_params(path, config, head)[0], path, dtype=dtype, consume=True)
     # Inline, so the tree's only reference is Bert's argument and `consume` can free each layer once stacked.
-    return Bert(config, load_params(path, config, head)[0], head, path, dtype=dtype, consume=True)
+    return Bert(config, load_params(path, config, head)[0], head, path, dtype=dtype, consume=True, mesh=mesh)

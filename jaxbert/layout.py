@@ -11,11 +11,13 @@ only reference (as `jaxbert.load` does) peaks at the parameters plus one stacked
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
 from jaxbert.config import BertConfig
+from jaxbert.ops import from_bits
 
 QKV = ("query", "key", "value")
 
@@ -96,3 +98,41 @@ def to_compute(params, config: BertConfig, consume: bool = False, place=None):
 def to_stored(params, config: BertConfig):
     """The stored layout of a compute tree."""
     return map_encoder(params, lambda enc: unstack_layers(enc, config) if is_stacked(enc) else enc)
+
+
+def decoding_layout(weights, dtypes, config: BertConfig):
+    """The parameters decoding runs on (see inference.Bert.layers_apart), from the compute layout's `weights` (bits) and
+    their `dtypes`: the stacked layers split into {"layer": {"0": …}}, floats as such, laid out as XLA:CPU's
+    matmuls of a few rows read them fastest. The layers' float32 kernels become `weight`s [out, in] (see
+    ops.dense). 16-bit kernels stay [in, out], the only layout its bfloat16 matmul (YNNPACK) takes: XLA copies
+    others into it in every call. So a 16-bit tied decoder gets its own [D, V] kernel (bert-base: ~30 ms a
+    call). A tree without stacked layers (pruned heads) is only turned back from bits."""
+
+    def split(tree, take):
+        def layers(encoder):
+            if not is_stacked(encoder):
+                return encoder
+            return {
+                "layer": {
+                    str(i): jax.tree_util.tree_map(lambda a, i=i: take(a, i), encoder["stacked"])
+                    for i in range(config.num_hidden_layers)
+                }
+            }
+
+        return map_encoder(tree, layers)
+
+    def orient(p):
+        if not isinstance(p, dict):
+            return p
+        if "kernel" in p and p["kernel"].dtype == jnp.float32:
+            return {"weight": p["kernel"].T, **{k: v for k, v in p.items() if k != "kernel"}}
+        return {k: orient(v) for k, v in p.items()}
+
+    params = jax.tree_util.tree_map(from_bits, split(weights, lambda a, i: a[i]), split(dtypes, lambda d, i: d))
+    params = map_encoder(params, orient)
+    predictions = params.get("cls", {}).get("predictions")
+    embeddings = params.get("bert", {}).get("embeddings", {}).get("word_embeddings", {}).get("embedding")
+    if predictions is not None and "decoder" not in predictions and jnp.dtype(embeddings.dtype).itemsize == 2:
+        decoder = {"decoder": {"kernel": embeddings.T}}
+        params = {**params, "cls": {**params["cls"], "predictions": {**predictions, **decoder}}}
+    return params

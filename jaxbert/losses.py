@@ -33,7 +33,7 @@ def causal_lm_loss(
 
 def sequence_classification_loss(
     config: BertConfig,
-    logits: Float[Array, "B C"],
+    logits: Float[Array, "*B C"],
     labels: Array,
     label_smoothing: float = 0.0,
     sample_weight: Float[Array, " B"] | None = None,
@@ -51,15 +51,16 @@ def sequence_classification_loss(
             else "multi_label_classification"
         )
     if problem == "single_label_classification":
-        return cross_entropy(logits, labels.reshape(-1), label_smoothing=label_smoothing)
+        return cross_entropy(logits, labels.reshape(logits.shape[:-1]), label_smoothing=label_smoothing)
     if problem == "regression":
-        preds = (logits[:, 0] if config.num_labels == 1 else logits).astype(jnp.float32)
+        preds = (logits[..., 0] if config.num_labels == 1 else logits).astype(jnp.float32)
         each = jnp.square(preds - labels.reshape(preds.shape).astype(jnp.float32))
     else:
         each = optax.sigmoid_binary_cross_entropy(logits.astype(jnp.float32), labels.astype(jnp.float32))
     if sample_weight is None:
         return each.mean()
-    w = jnp.broadcast_to(sample_weight.astype(jnp.float32).reshape(-1, *[1] * (each.ndim - 1)), each.shape)
+    w = sample_weight.astype(jnp.float32)  # [B] or, packed, [B, S]: one weight per example
+    w = jnp.broadcast_to(w.reshape(w.shape + (1,) * (each.ndim - w.ndim)), each.shape)
     return jnp.sum(each * w) / jnp.maximum(w.sum(), 1.0)
 
 

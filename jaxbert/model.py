@@ -252,6 +252,7 @@ def _bert_one(
     encoder_states=None,
     encoder_mask=None,
     at: Int[Array, ""] | None = None,
+    segment_ids: Int[Array, " L"] | None = None,
 ):
     """One sequence: embeddings, the layers, the pooler. With a cache, the L new tokens' keys go to slots
     at … at+L-1 (`at` is the cache's index, given apart so that it is the same for all rows of the vmap: see
@@ -259,7 +260,7 @@ def _bert_one(
     r_emb, r_enc = _split(rng, 2)
     x = embeddings(params["embeddings"], config, input_ids, token_type_ids, position_ids, inputs_embeds, rng=r_emb)
     if cache is None:
-        keys = keys_for(config, mask)
+        keys = keys_for(config, mask, segment_ids=segment_ids)
     else:
         at = cache.index if at is None else at
         keys = keys_for(config, mask, cache.mask, at)
@@ -313,6 +314,7 @@ def bert(
     encoder_attention_mask: Int[Array, "B S"] | None = None,
     past_key_values: KVCache | None = None,
     use_cache: bool = False,
+    segment_ids: Int[Array, "B L"] | None = None,
     rng=None,
     remat: bool = False,
 ) -> BertOutput:
@@ -322,9 +324,15 @@ def bert(
     `past_key_values` (a cache.KVCache, e.g. from `cache.init_cache`) or `use_cache`, the new tokens attend over
     the cache and the updated cache is returned as `past_key_values`; `use_cache` without one makes a cache of
     exactly L slots. With a cache, `attention_mask` may cover the new tokens or, as in transformers, past and new
-    tokens (its last L columns are used); positions default to the cache's length onward."""
+    tokens (its last L columns are used); positions default to the cache's length onward.
+
+    `segment_ids` (1, 2, ... per packed sequence, 0 for padding; see packing.py) keep each sequence's attention
+    within itself; pass its positions, restarting at 0, as `position_ids`. `pooler_output` is then the first
+    sequence's: pool per segment with pooling.pool_segments."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("pass exactly one of input_ids and inputs_embeds")
+    if segment_ids is not None and (past_key_values is not None or use_cache):
+        raise ValueError("segment_ids (packed sequences) cannot be combined with a cache")
     _check_decoder_inputs(config, encoder_hidden_states, past_key_values, use_cache)
     params = jax.tree_util.tree_map(jnp.asarray, params)  # host numpy trees (fresh from a checkpoint) too
     B, L = input_ids.shape if inputs_embeds is None else inputs_embeds.shape[:2]
@@ -354,11 +362,23 @@ def bert(
         head_mask=normalize_head_mask(config, head_mask),
     )
     x, pooled, hidden, attentions, cross_attentions, cache = jax.vmap(
-        lambda ids, m, t, pos, emb, r, c, es, em, at: one(
-            ids, m, t, pos, emb, rng=r, cache=c, encoder_states=es, encoder_mask=em, at=at
+        lambda ids, m, t, pos, emb, r, c, es, em, at, seg: one(
+            ids, m, t, pos, emb, rng=r, cache=c, encoder_states=es, encoder_mask=em, at=at, segment_ids=seg
         ),
-        in_axes=(0, 0, 0, 0, 0, None if rngs is None else 0, 0, 0, 0, None),
-    )(input_ids, mask, types, positions, inputs_embeds, rngs, cache, encoder_hidden_states, encoder_mask, at)
+        in_axes=(0, 0, 0, 0, 0, None if rngs is None else 0, 0, 0, 0, None, 0),
+    )(
+        input_ids,
+        mask,
+        types,
+        positions,
+        inputs_embeds,
+        rngs,
+        cache,
+        encoder_hidden_states,
+        encoder_mask,
+        at,
+        segment_ids,
+    )
     if cache is not None:  # a write past the capacity was clamped by XLA: make it loud, not silently wrong
         x = jnp.where((cache.index > cache.capacity)[:, None, None], jnp.nan, x)
     return BertOutput(

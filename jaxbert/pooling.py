@@ -1,11 +1,14 @@
 """Sentence embeddings from a base model's output: the pooling modes `embed` offers, as sentence-transformers
-computes them (several modes concatenate in the order given)."""
+computes them (several modes concatenate in the order given), per row or per segment of packed rows."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
 
 from jaxbert.model import BertOutput
+from jaxbert.ops import dense
 
 POOLINGS = ("cls", "mean", "max", "mean_sqrt_len_tokens", "pooler")
 
@@ -23,11 +26,47 @@ def _one(out: BertOutput, mask, pooling: str):
     return out.pooler_output.astype(jnp.float32)
 
 
+def _normalized(emb, normalize: bool):
+    return emb / jnp.maximum(jnp.linalg.norm(emb, axis=-1, keepdims=True), 1e-12) if normalize else emb
+
+
 def pool(out: BertOutput, mask, pooling: str | tuple[str, ...], normalize: bool):
     """[B, D × modes]: [CLS] state, masked mean / max / sum over √length, or the pooler; optionally unit length.
     Statistics in float32 whatever the compute dtype."""
     modes = (pooling,) if isinstance(pooling, str) else pooling
-    emb = jnp.concatenate([_one(out, mask, mode) for mode in modes], axis=-1)
-    if normalize:
-        emb = emb / jnp.maximum(jnp.linalg.norm(emb, axis=-1, keepdims=True), 1e-12)
-    return emb
+    return _normalized(jnp.concatenate([_one(out, mask, mode) for mode in modes], axis=-1), normalize)
+
+
+def pool_segments(
+    hidden: Float[Array, "R L D"],
+    segment_ids: Int[Array, "R L"],
+    starts: Int[Array, "R S"],
+    pooling: str | tuple[str, ...],
+    normalize: bool,
+    pooler_params=None,
+) -> Float[Array, "R S E"]:
+    """`pool` for packed rows (packing.py): one vector per segment (segment s of row r is segment_ids == s + 1,
+    starting at column starts[r, s]); the pooler, when asked for, applied to each segment's first token.
+    Sums and maxima run per segment over the flattened tokens (segment_sum / segment_max), never over an
+    [R, L, S, D] broadcast."""
+    R, L, D = hidden.shape
+    S = starts.shape[1]
+    x = hidden.astype(jnp.float32).reshape(R * L, D)
+    # Token -> its segment's global number r * S + s; padding goes to an extra bucket R * S, dropped after.
+    ids = jnp.where(segment_ids > 0, jnp.arange(R)[:, None] * S + segment_ids - 1, R * S).reshape(-1)
+    count = jax.ops.segment_sum(jnp.ones((R * L,), jnp.float32), ids, R * S + 1)[:-1, None]
+    first = jnp.take_along_axis(hidden, starts[..., None], axis=1).astype(jnp.float32)  # [R, S, D]
+
+    def one(mode: str):
+        if mode == "cls":
+            return first.reshape(R * S, D)
+        if mode == "pooler":
+            return jnp.tanh(dense(pooler_params["dense"], first)).reshape(R * S, D)
+        if mode == "max":
+            return jax.ops.segment_max(x, ids, R * S + 1)[:-1]
+        total = jax.ops.segment_sum(x, ids, R * S + 1)[:-1]
+        return total / (jnp.maximum(count, 1e-9) if mode == "mean" else jnp.sqrt(jnp.maximum(count, 1e-9)))
+
+    modes = (pooling,) if isinstance(pooling, str) else pooling
+    emb = jnp.concatenate([one(mode) for mode in modes], axis=-1)
+    return _normalized(emb, normalize).reshape(R, S, -1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from tqdm.auto import tqdm
 
+from jaxbert import sentence_dir
 from jaxbert.inputs import positive_int
 
 _MLM_HEADS = ("BertForMaskedLM", "BertForPreTraining")
@@ -71,17 +72,17 @@ def fill_mask(bert, text: str, top_k: int = 5) -> list[list[dict]]:
 
 
 def _logits(bert, enc, batch_size: int) -> list[np.ndarray]:
-    """Per text, its logits (unpadded), from bucketed batches."""
+    """Per text, its logits (per token ones unpadded), from packed rows (packing.py): `batch_size` rows a call."""
     out: list[np.ndarray | None] = [None] * len(enc)
-    for idx, batch in progress(bert.batches(enc, batch_size), len(enc), batch_size, None):
-        logits = np.asarray(
-            bert._forward(
-                bert.weights, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], None, None
-            ).logits,
-            np.float32,
-        )
-        for row, i in enumerate(idx):
-            out[i] = logits[row]
+    pooled = bert.head == "BertForSequenceClassification"
+    for rows, b in progress(bert.packed_batches(enc, batch_size), len(enc), batch_size, None):
+        arrays = [b[k] for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids")]
+        logits = bert._forward(bert.weights, *arrays, None, None, None, b["segment_ids"], b["starts"]).logits
+        logits, starts = np.asarray(logits, np.float32), np.asarray(b["starts"])
+        for r, members in enumerate(rows):
+            for s, i in enumerate(members):
+                at = starts[r, s]
+                out[i] = logits[r, s] if pooled else logits[r, at : at + len(enc.ids[i])]
     return out
 
 
@@ -153,3 +154,36 @@ def generate_text(model, prompt: str, **options) -> list[str]:
             ids = ids[:-1]
         rows = model.generate(ids[None], **options)
     return [model.tokenizer.decode(row, skip_special_tokens=True) for row in rows]
+
+
+def embed(bert, texts, pooling, normalize, batch_size: int, max_length, show, packing: bool) -> np.ndarray:
+    """Bert.embed: sentence embeddings in input order, from packed rows or bucketed batches."""
+    modes, normalize, max_length, lower = sentence_dir.embedding_options(
+        bert.sentence_defaults, pooling, normalize, max_length
+    )
+    if "pooler" in modes and not bert.has_pooler:
+        raise ValueError(f"pooling='pooler': this {bert.head} checkpoint has no pooler")
+    batch_size = positive_int("batch_size", batch_size)
+    texts = [t.lower() for t in texts] if lower and all(isinstance(t, str) for t in texts) else texts
+    enc = bert.tokenizer.encode(texts, max_length=bert.max_length(max_length))
+    out = np.zeros((len(enc), bert.config.hidden_size * len(modes)), np.float32)
+    if packing:
+        for rows, b in progress(bert.packed_batches(enc, batch_size), len(enc), batch_size, show):
+            keys = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "segment_ids", "starts")
+            emb = np.asarray(
+                bert._embed_packed(bert.weights, *(b[k] for k in keys), pooling=modes, normalize=normalize)
+            )
+            for r, members in enumerate(rows):
+                out[members] = emb[r, : len(members)]
+        return out
+    for idx, batch in progress(bert.batches(enc, batch_size), len(enc), batch_size, show):
+        emb = bert._embed(
+            bert.weights,
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["token_type_ids"],
+            pooling=modes,
+            normalize=normalize,
+        )
+        out[idx] = np.asarray(emb)[: len(idx)]
+    return out

@@ -7,15 +7,19 @@ Sections (peers that are not installed are skipped with a note):
   infer    BertModel forward at fixed shapes: bert-base (random weights, loaded from a safetensors directory like
            any checkpoint) at 1x128 (latency), 8x128, 32x128, 8x512, and MiniLM (the offline checkpoint) at 32x128.
            Peers: jaxbert float32 and bfloat16, PyTorch eager (transformers 5, torch.inference_mode), ONNX Runtime
-           CPU (the same model exported by torch.onnx, all graph optimizations). Beside them, the machine's limit:
+           CPU (the same model exported by torch.onnx, all graph optimizations; float32 and dynamic int8), OpenVINO
+           (converted from PyTorch at the shape; float32 and its default precision) and CTranslate2 (float32,
+           int8): see bench_engines.py. Beside them, the machine's limit:
            XLA's float32 / bfloat16 dot rate at the configuration's layer shapes, and each peer's achieved FLOP/s
            (2 x matmul params x tokens + attention) as a fraction of it. Median of 5 calls after one call, whose
            time (compilation included) is first_call_s; peak RSS of the process (VmHWM).
   compile  time to first result of bert-base-width inference at 8x128 for 6, 12, 24 layers: the loaded model
            (layers stacked, one scan) vs the stored per-layer tree traced layer by layer.
   mix      a variable-length mix (runs of sentences of examples/data/geography.txt, 10-500 tokens) embedded
-           with MiniLM, in useful (non-padding) tokens/s: jaxbert shape buckets, jaxbert padding every batch to
-           512, PyTorch eager sorting and padding per batch as sentence-transformers does.
+           with MiniLM, in useful (non-padding) tokens/s: jaxbert packing texts into rows (the default), jaxbert
+           shape buckets, jaxbert padding every batch to 512, PyTorch eager sorting and padding per batch as
+           sentence-transformers does. Then MiniLM as a sentence-transformers model: `jaxbert.load(dir).embed`
+           with the directory's defaults vs `SentenceTransformer(dir).encode`, texts/s, batch 32.
   train    one MLM training step of bert-base at 8x128 (jaxbert float32 / bfloat16 vs PyTorch eager + AdamW)
            and the compiled temporaries of the step with and without --remat.
   convert  `jaxbert convert` of a bert-base-size safetensors checkpoint: seconds and peak RSS, beside
@@ -25,6 +29,10 @@ Sections (peers that are not installed are skipped with a note):
            PyTorch `generate` (eager, inference_mode, its cache). Beside them the machine's limits: memory bandwidth
            over the weight bytes every step reads (decoding at small batches is bandwidth bound), and XLA's floor,
            steps of nothing but the weights' matmuls in generate's layout (what XLA:CPU's kernels allow).
+  finetune sequence-classification training of a bert-base-size model, batch 32, texts of 1-4 sentences of
+           examples/data/geography.txt (8-60 tokens), in useful (non-padding) tokens/s: `jaxbert train --task
+           sequence-classification` (its own loop and metrics.jsonl; the first logging window, with the compiles,
+           left out) float32 and bfloat16 vs PyTorch eager as transformers' Trainer runs it (padding per batch).
 """
 
 from __future__ import annotations
@@ -44,6 +52,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
+import bench_engines as E  # noqa: E402
+import bench_finetune as FT  # noqa: E402
 import bench_generate as G  # noqa: E402
 import bench_peers as P  # noqa: E402
 import bench_train as T  # noqa: E402
@@ -59,6 +69,12 @@ CHILDREN = {
         P.compile_jax,
         P.mix_jax,
         P.mix_torch,
+        P.st_jax,
+        P.st_torch,
+        E.quantize_onnx,
+        E.infer_openvino,
+        E.convert_ct2,
+        E.infer_ct2,
         T.child_convert,
         T.child_transformers_resave,
         T.child_baseline,
@@ -70,6 +86,8 @@ CHILDREN = {
         G.generate_torch,
         G.bandwidth,
         G.matmul_floor,
+        FT.finetune_jax,
+        FT.finetune_torch,
     )
 }
 
@@ -145,6 +163,18 @@ def _infer_peers(model_dir: str, tmp: str, name: str, batch: int, length: int) -
             onnx = os.path.join(tmp, f"{name}-{batch}x{length}.onnx")
             run_child("export_onnx", model_dir, onnx, str(batch), str(length))
             peers["ONNX Runtime float32"] = ("infer_ort", onnx, model_dir, batch, length)
+            int8 = onnx.replace(".onnx", "-int8.onnx")
+            run_child("quantize_onnx", onnx, int8)
+            peers["ONNX Runtime int8 (dynamic)"] = ("infer_ort", int8, model_dir, batch, length)
+        if available("openvino"):
+            peers["OpenVINO float32"] = ("infer_openvino", model_dir, "f32", batch, length)
+            peers["OpenVINO default"] = ("infer_openvino", model_dir, "default", batch, length)
+    if available("ctranslate2"):
+        ct2 = os.path.join(tmp, f"{name}-ct2")
+        if not os.path.exists(ct2):
+            run_child("convert_ct2", model_dir, ct2)
+        for kind in ("float32", "int8"):
+            peers[f"CTranslate2 {kind}"] = ("infer_ct2", ct2, model_dir, kind, batch, length)
     return peers
 
 
@@ -185,16 +215,30 @@ def section_compile(repeats: int, tmp: str) -> dict:
 def section_mix(repeats: int, tmp: str) -> dict:
     corpus, n = os.path.join(ROOT, "examples", "data", "geography.txt"), 256
     peers = {
+        "jaxbert packed": ("mix_jax", minilm_dir(), corpus, n, "packed"),
         "jaxbert buckets": ("mix_jax", minilm_dir(), corpus, n, "buckets"),
         "jaxbert pad to 512": ("mix_jax", minilm_dir(), corpus, n, "pad512"),
     }
     if available("torch", "transformers"):
         peers["PyTorch eager, sorted, pad per batch"] = ("mix_torch", minilm_dir(), corpus, n)
     rows = alternate(peers, repeats)
-    ours = rows["jaxbert buckets"]["useful_tokens_per_s"]
+    ours = rows["jaxbert packed"]["useful_tokens_per_s"]
     for row in rows.values():
-        row["buckets_x"] = ours / row["useful_tokens_per_s"]
-    return {"MiniLM, 256 texts": rows}
+        row["packed_x"] = ours / row["useful_tokens_per_s"]
+    result = {"MiniLM, 256 texts": rows}
+    if available("sentence_transformers"):
+        st = alternate(
+            {
+                "jaxbert embed (the directory's defaults)": ("st_jax", minilm_dir(), corpus, n),
+                "SentenceTransformer.encode": ("st_torch", minilm_dir(), corpus, n),
+            },
+            repeats,
+        )
+        base = st["SentenceTransformer.encode"]["texts_per_s"]
+        for row in st.values():
+            row["x_st"] = row["texts_per_s"] / base
+        result["MiniLM sentence-transformers pipeline (mean, normalized, 256 tokens), 256 texts"] = st
+    return result
 
 
 def section_train(repeats: int, tmp: str) -> dict:
@@ -247,6 +291,21 @@ def section_generate(repeats: int, tmp: str) -> dict:
     return results
 
 
+def section_finetune(repeats: int, tmp: str) -> dict:
+    model_dir, data = FT.make_task(tmp, os.path.join(ROOT, "examples", "data", "geography.txt"))
+    peers = {
+        "jaxbert float32": ("finetune_jax", model_dir, data, "float32"),
+        "jaxbert bfloat16": ("finetune_jax", model_dir, data, "bfloat16"),
+    }
+    if available("torch", "transformers"):
+        peers["PyTorch eager float32"] = ("finetune_torch", model_dir, data)
+    rows = alternate(peers, repeats)
+    base = rows.get("PyTorch eager float32", {}).get("useful_tokens_per_s")
+    for row in rows.values():
+        row["x_torch"] = row["useful_tokens_per_s"] / base if base else None
+    return {f"bert-base sequence classification, batch {FT.BATCH}, 1-4 sentences": rows}
+
+
 SECTIONS = {
     "infer": section_infer,
     "compile": section_compile,
@@ -254,6 +313,7 @@ SECTIONS = {
     "train": section_train,
     "convert": section_convert,
     "generate": section_generate,
+    "finetune": section_finetune,
 }
 
 

@@ -116,3 +116,10 @@ def kill_when_logged(process, metrics, logged, timeout: float = 300) -> None:
         time.sleep(0.05)
     process.wait()
     assert process.returncode == -signal.SIGKILL, process.stderr.read()
+
+
+def train_args(task: str, model, data, out, *flags) -> list[str]:
+    """`jaxbert train` arguments for `task` on `data` (also the validation file), writing `out`, without the
+    progress bar; `flags` follow (a flag given twice: argparse keeps the last)."""
+    head = ("train", "--task", task, "--model", model, "--train-file", data, "--validation-file", data)
+    return [str(a) for a in (*head, "--output-dir", out, "--no-progress", *flags)]

@@ -161,12 +161,16 @@ def test_classify_and_tag_match_transformers(tmp_path_factory):
         assert g["label"] == f"LABEL_{p.argmax()}" and abs(g["score"] - p.max()) < 1e-5
 
     hf, directory = _with_tokenizer(tmp_path_factory, "BertForTokenClassification", num_labels=4)
-    text = "Hugging Face moved to Paris yesterday"
-    tags = jaxbert.load(directory).tag([text])[0]
-    assert [t["word"] for t in tags] == text.split()
-    feed = dict(transformers.AutoTokenizer.from_pretrained(directory)([text], return_tensors="np"))
-    word_ids = transformers.AutoTokenizer.from_pretrained(directory)([text]).word_ids(0)
-    probs = torch.softmax(torch_run(hf, feed).logits[0], -1).numpy()
-    first = [word_ids.index(w) for w in range(len(tags))]
-    assert [t["label"] for t in tags] == [f"LABEL_{probs[i].argmax()}" for i in first]
-    assert all(text[t["start"] : t["end"]] == t["word"] for t in tags)
+    # Several short texts: tag packs them into shared rows (packing.py); each must read as if alone.
+    texts = ["Hugging Face moved to Paris yesterday", "Ada wrote", "The Rhine flows through Basel and Cologne"]
+    got = jaxbert.load(directory).tag(texts)
+    tok = transformers.AutoTokenizer.from_pretrained(directory)
+    for text, tags in zip(texts, got, strict=True):
+        assert [t["word"] for t in tags] == text.split()
+        word_ids = tok([text]).word_ids(0)
+        logits = torch_run(hf, dict(tok([text], return_tensors="np"))).logits[0]
+        probs = torch.softmax(logits, -1).numpy()
+        first = [word_ids.index(w) for w in range(len(tags))]
+        assert [t["label"] for t in tags] == [f"LABEL_{probs[i].argmax()}" for i in first]
+        assert np.allclose([t["score"] for t in tags], [probs[i].max() for i in first], atol=1e-5)
+        assert all(text[t["start"] : t["end"]] == t["word"] for t in tags)

@@ -287,8 +287,8 @@ def test_predict_and_evaluate_refuse_bad_requests(tiny, tmp_path, capsys):
     (tmp_path / "in.txt").write_text("text\n")
     assert main(["predict", tiny, "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "p.jsonl")]) == 1
     assert (
-        "predict needs a sequence classification, token classification or multiple choice model; this one is "
-        "BertModel" in capsys.readouterr().err
+        "predict needs a sequence classification, token classification, multiple choice or question answering "
+        "model; this one is BertModel" in capsys.readouterr().err
     )
     assert main(["predict", tiny, "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "p.txt")]) == 1
     assert "expected a .jsonl file" in capsys.readouterr().err

@@ -8,7 +8,7 @@ import json
 import jax
 import numpy as np
 import pytest
-from conftest import model_dir
+from conftest import model_dir, train_args
 
 import jaxbert
 from jaxbert.cli import main
@@ -59,28 +59,7 @@ def _rows(tmp_path, labels, name="t.jsonl"):
 
 
 def _train(model, data, out, task="sequence-classification"):
-    return main(
-        [
-            "train",
-            "--task",
-            task,
-            "--model",
-            model,
-            "--train-file",
-            data,
-            "--validation-file",
-            data,
-            "--output-dir",
-            str(out),
-            "--max-seq-length",
-            "32",
-            "--global-batch-size",
-            "4",
-            "--max-steps",
-            "1",
-            "--no-progress",
-        ]
-    )
+    return main(train_args(task, model, data, out, "--max-seq-length", 32, "--global-batch-size", 4, "--max-steps", 1))
 
 
 def test_a_pooler_less_checkpoint_gets_a_fresh_pooler(models, tmp_path, capsys):

@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import model_dir
+from conftest import model_dir, train_args
 from flax import serialization
 
 import jaxbert
@@ -38,6 +38,7 @@ def _words(rng, lo=2, hi=9):
 
 
 def _records(kind: str, n: int = 8) -> list[dict]:
+    kind = kind.split("-")[0]  # the variants' data are their base case's
     rng = np.random.default_rng(7)
     out = []
     for i in range(n):
@@ -67,6 +68,20 @@ CASES = {
     "multi": ("sequence-classification", "BertForSequenceClassification", dict(num_labels=4), []),
     "tokens": ("token-classification", "BertForTokenClassification", dict(num_labels=5), []),
     "choice": ("multiple-choice", "BertForMultipleChoice", {}, []),
+    # Unpacked (each step padded to a length bucket), and accumulated: 2 micro-batches of 4 examples give the one
+    # batch of 8's step (micro-batches weighted by their labelled tokens: train/step.py).
+    "single-unpacked": (
+        "sequence-classification",
+        "BertForSequenceClassification",
+        dict(num_labels=3),
+        ["--text-pair-column", "text_pair", "--no-pack"],
+    ),
+    "tokens-accumulated": (
+        "token-classification",
+        "BertForTokenClassification",
+        dict(num_labels=5),
+        ["--grad-accum-steps", 2, "--global-batch-size", 4],
+    ),
 }
 
 
@@ -120,45 +135,14 @@ def test_one_step_equals_pytorch(kind, tmp_path, capsys):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "out"
-    rc = main(
-        [
-            str(a)
-            for a in [
-                "train",
-                "--task",
-                task,
-                "--model",
-                model,
-                "--train-file",
-                data,
-                "--validation-file",
-                data,
-                "--output-dir",
-                out,
-                "--max-seq-length",
-                32,
-                "--global-batch-size",
-                8,
-                "--max-steps",
-                1,
-                "--learning-rate",
-                LR,
-                "--weight-decay",
-                DECAY,
-                "--max-grad-norm",
-                CLIP,
-                "--logging-steps",
-                1,
-                "--no-progress",
-                *flags,
-            ]
-        ]
-    )
+    common = ["--max-seq-length", 32, "--global-batch-size", 8, "--max-steps", 1, "--learning-rate", LR]
+    common += ["--weight-decay", DECAY, "--max-grad-norm", CLIP, "--logging-steps", 1]
+    rc = main(train_args(task, model, data, out, *common, *flags))
     assert rc == 0, capsys.readouterr().err
 
     pt = getattr(transformers, head).from_pretrained(model)
     tok = transformers.AutoTokenizer.from_pretrained(model)
-    loss, norm = _torch_step(pt, *_torch_batch(kind, records, tok))
+    loss, norm = _torch_step(pt, *_torch_batch(kind.split("-")[0], records, tok))
     log = [json.loads(line) for line in open(out / "metrics.jsonl")]
     step0, step1 = log[0], next(r for r in log if r["step"] == 1 and "loss" in r)
     assert abs(step0["eval_loss"] - loss) <= 1e-5 * max(1, abs(loss)), (step0, loss)  # same batch, before training

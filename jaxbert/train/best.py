@@ -17,6 +17,15 @@ from jaxbert.metrics import greater_is_better
 from jaxbert.transfer import write_jaxbert_dir
 
 
+def write_model(run, params, directory: str) -> None:
+    """OUT/final or OUT/best: the run's own writer when it has one (embeddings: a sentence-transformers
+    directory), else a jaxbert directory of its head."""
+    if hasattr(run, "write_model"):
+        run.write_model(params, directory)
+    else:
+        write_jaxbert_dir(params, run.final_config(), run.head, directory, tokenizer_from=run.cfg.model, force=True)
+
+
 class Best:
     def __init__(self, metric: str | None, patience: int | None, records: list[dict]):
         self.metric, self.patience = metric, patience
@@ -46,14 +55,7 @@ class Best:
 
     def save(self, run, params) -> None:
         out = run.cfg.output_dir
-        write_jaxbert_dir(
-            jax.device_get(params),
-            run.final_config(),
-            run.head,
-            os.path.join(out, "best"),
-            tokenizer_from=run.cfg.model,
-            force=True,
-        )
+        write_model(run, jax.device_get(params), os.path.join(out, "best"))
         with atomic_file(os.path.join(out, "best.json")) as tmp:
             with open(tmp, "w", encoding="utf-8") as f:
                 json.dump({"step": self.step, "metric": self.key, "value": self.value}, f)

@@ -15,6 +15,7 @@ import os
 
 import orbax.checkpoint as ocp
 
+from jaxbert import distributed
 from jaxbert.files import atomic_file, checkpoint_file, read_json
 
 DIGESTS = "jaxbert_digests.json"
@@ -43,7 +44,9 @@ def save(mgr: ocp.CheckpointManager, step: int, state, meta: dict) -> None:
         step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True
     )
     mgr.wait_until_finished()
-    write_digests(step_dir(mgr, step))
+    if distributed.is_primary():  # every process saved its shards (orbax syncs them); one seals the step
+        write_digests(step_dir(mgr, step))
+    distributed.barrier(f"jaxbert-digests-{step}")
 
 
 def _digest(path: str) -> dict:
@@ -131,13 +134,15 @@ def clear_after(mgr: ocp.CheckpointManager, step: int, say) -> None:
             n = 1
             while os.path.lexists(aside):
                 aside, n = f"{directory}{ASIDE}.{n}", n + 1
-            os.rename(directory, aside)
-            say(f"resume: moved the damaged checkpoint {later} aside to {aside}")
+            if distributed.is_primary():  # one process moves it; the others wait below
+                os.rename(directory, aside)
+                say(f"resume: moved the damaged checkpoint {later} aside to {aside}")
             continue
         raise ValueError(
             f"--resume: {directory} is an intact checkpoint after step {step} that this run would "
             f"overwrite; resume from it, or move it away first"
         )
+    distributed.barrier(f"jaxbert-clear-after-{step}")
     mgr.reload()
 
 

@@ -19,7 +19,7 @@ class TrainConfig:
     output_dir: str
     validation_file: str | None = None
     validation_split_percentage: int = 5
-    max_seq_length: int = 128
+    max_seq_length: int | None = None  # 128; 384 for question answering (run_qa.py's)
     line_by_line: bool = False
     mlm_probability: float = 0.15
     whole_word_mask: bool = False
@@ -41,6 +41,10 @@ class TrainConfig:
     dtype: str = "float32"
     remat: bool = False
     fsdp: bool = False
+    mesh: str | None = None  # data=N,fsdp=N,tensor=N (see jaxbert.sharding); default all devices on data
+    coordinator_address: str | None = None  # multi-process (jax.distributed): HOST:PORT of process 0
+    num_processes: int | None = None
+    process_id: int | None = None
     seed: int = 42
     logging_steps: int = 10
     eval_steps: int | None = None
@@ -56,10 +60,23 @@ class TrainConfig:
     problem_type: str | None = None
     metric_for_best_model: str | None = None
     early_stopping_patience: int | None = None
+    pack: bool = True  # line-by-line MLM, sequence / token classification: examples share rows (--no-pack)
+    pooling: str = "mean"
+    normalize: bool = False
+    symmetric: bool = False
+    doc_stride: int | None = None  # 128, or half of a shorter --max-seq-length (the QA pipeline's rule)
+    n_best_size: int = 20
+    max_answer_length: int = 30
+    version_2_with_negative: bool = False
+    null_score_diff_threshold: float = 0.0
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
             object.__setattr__(self, field.name, _check_type(field.name, str(field.type), getattr(self, field.name)))
+        if self.max_seq_length is None:
+            object.__setattr__(self, "max_seq_length", 384 if self.task == "question-answering" else 128)
+        if self.doc_stride is None and self.task == "question-answering":
+            object.__setattr__(self, "doc_stride", min(128, self.max_seq_length // 2))
         for name, (ok, why) in RANGES.items():
             value = getattr(self, name)
             if value is not None and not ok(value):
@@ -72,6 +89,21 @@ class TrainConfig:
         if self.warmup_steps and self.warmup_ratio:
             raise ValueError("pass --warmup-steps or --warmup-ratio, not both")
         self._check_task_fields()
+        self._check_scale_fields()
+
+    def _check_scale_fields(self):
+        """Mesh syntax and the multi-process trio, before any device is touched (sizes are checked later)."""
+        from jaxbert.sharding import parse_mesh
+
+        if self.mesh is not None:
+            parse_mesh(self.mesh)
+            if self.fsdp:
+                raise ValueError("pass --mesh or --fsdp, not both (--fsdp is --mesh data=1,fsdp=-1)")
+        trio = (self.coordinator_address, self.num_processes, self.process_id)
+        if any(v is not None for v in trio) and any(v is None for v in trio):
+            raise ValueError("--coordinator-address, --num-processes and --process-id go together: pass all three")
+        if self.process_id is not None and self.process_id >= self.num_processes:
+            raise ValueError(f"--process-id {self.process_id}: must be below --num-processes {self.num_processes}")
 
     def _check_task_fields(self):
         """Options of one kind of task given to another are mistakes, not silently ignored settings."""
@@ -83,9 +115,22 @@ class TrainConfig:
                 raise ValueError(f"{_flag(name)} applies to {where} only, not --task {self.task}")
         if self.problem_type is not None and self.task != "sequence-classification":
             raise ValueError(f"--problem-type applies to --task sequence-classification only, not {self.task}")
+        for name in EMBEDDING_FIELDS:
+            if self.task != "embedding" and getattr(self, name) != defaults[name]:
+                raise ValueError(f"{_flag(name)} applies to --task embedding only, not {self.task}")
+        for name in QA_FIELDS:
+            if self.task != "question-answering" and getattr(self, name) != defaults[name]:
+                raise ValueError(f"{_flag(name)} applies to --task question-answering only, not {self.task}")
+        if self.task == "question-answering" and self.doc_stride >= self.max_seq_length:
+            raise ValueError(f"--doc-stride {self.doc_stride}: must be below --max-seq-length {self.max_seq_length}")
 
     def resume_keys(self) -> tuple[str, ...]:
-        return self.RESUME_KEYS + (TASK_FIELDS[:5] if self.task != "mlm" else ())
+        return (
+            self.RESUME_KEYS
+            + (TASK_FIELDS[:5] if self.task != "mlm" else ())
+            + (EMBEDDING_FIELDS if self.task == "embedding" else ())
+            + (("doc_stride", "version_2_with_negative") if self.task == "question-answering" else ())
+        )
 
     # Fields that decide which data and masking each step sees: a resumed run must agree on them.
     RESUME_KEYS = (
@@ -101,12 +146,16 @@ class TrainConfig:
         "warmup_steps",
         "warmup_ratio",
         "dtype",
+        "pack",
     )
 
 
-TASKS = ("mlm", "sequence-classification", "token-classification", "multiple-choice")
+TASKS = ("mlm", "sequence-classification", "token-classification", "multiple-choice", "embedding", "question-answering")
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 MLM_FIELDS = ("line_by_line", "mlm_probability", "whole_word_mask", "max_predictions_per_seq")
+EMBEDDING_FIELDS = ("pooling", "normalize", "symmetric")  # the embedding task's: its model's pipeline and loss
+# Question answering's windows (run_qa.py's flags) and post-processing (utils_qa.py's).
+QA_FIELDS = ("doc_stride", "n_best_size", "max_answer_length", "version_2_with_negative", "null_score_diff_threshold")
 # Options of task fine-tuning (not flags of train-mlm, whose interface predates them).
 TASK_FIELDS = (
     "text_column",
@@ -116,6 +165,8 @@ TASK_FIELDS = (
     "task",
     "metric_for_best_model",
     "early_stopping_patience",
+    *EMBEDDING_FIELDS,
+    *QA_FIELDS,
 )
 
 
@@ -184,4 +235,11 @@ RANGES = {
     "task": (lambda v: v in TASKS, f"must be one of {', '.join(TASKS)}"),
     "problem_type": (lambda v: v in PROBLEM_TYPES, f"must be one of {', '.join(PROBLEM_TYPES)}"),
     "early_stopping_patience": (lambda v: v >= 1, "must be at least 1"),
+    "num_processes": (lambda v: v >= 1, "must be at least 1"),
+    "process_id": (lambda v: v >= 0, "must be >= 0"),
+    "coordinator_address": (lambda v: v.rpartition(":")[2].isdigit(), "must be HOST:PORT"),
+    "pooling": (lambda v: v in ("cls", "mean", "max"), "must be cls, mean or max"),
+    "doc_stride": (lambda v: v >= 0, "must be >= 0"),
+    "n_best_size": (lambda v: v >= 1, "must be at least 1"),
+    "max_answer_length": (lambda v: v >= 1, "must be at least 1"),
 }

@@ -12,15 +12,21 @@ import os
 import numpy as np
 
 from jaxbert.files import atomic_file, existing_file
+from jaxbert.packing import first_fit_decreasing
 from jaxbert.tokenizer import WordPiece
 
 
-def _tokenize(tok: WordPiece, texts: list[str], seq_len: int, line_by_line: bool, pad_id: int) -> np.ndarray:
-    if line_by_line:  # one example per line, truncated and padded to seq_len
+def _tokenize(
+    tok: WordPiece, texts: list[str], seq_len: int, line_by_line: bool, pad_id: int, pack: bool = False
+) -> np.ndarray:
+    if line_by_line:  # one example per line, truncated; padded to seq_len, or packed (several lines per row)
         enc = tok.encode(texts, max_length=seq_len, truncation=True)
-        out = np.full((len(texts), seq_len), pad_id, np.int32)
-        for i, ids in enumerate(enc.ids):
-            out[i, : len(ids)] = ids
+        lengths = np.asarray([len(ids) for ids in enc.ids])
+        rows = first_fit_decreasing(lengths, seq_len) if pack else [[i] for i in range(len(texts))]
+        out = np.full((len(rows), seq_len), pad_id, np.int32)
+        for r, members in enumerate(rows):
+            flat = [t for i in members for t in enc.ids[i]]
+            out[r, : len(flat)] = flat
         return out
     # As transformers' run_mlm: [CLS] text [SEP] for every line, all concatenated, cut into seq_len blocks.
     enc = tok.encode(texts, truncation=False, max_length=10**9)
@@ -38,19 +44,32 @@ def tokenized(
     cache_dir: str,
     name: str,
     tokenizer_key: str,
+    pack: bool = False,
 ) -> np.ndarray:
-    """Token blocks [N, seq_len], from the cache when the same texts were tokenized the same way before."""
-    h = hashlib.sha256(json.dumps([tokenizer_key, seq_len, line_by_line]).encode())
+    """Token blocks [N, seq_len], from the cache when the same texts were tokenized the same way before. With
+    `line_by_line` and `pack`, the lines share rows (first-fit decreasing; each starts with its [CLS], which
+    `segments` reads back)."""
+    h = hashlib.sha256(json.dumps([tokenizer_key, seq_len, line_by_line] + ([True] if pack else [])).encode())
     for text in texts:
         h.update(text.encode("utf-8") + b"\n")
     path = os.path.join(cache_dir, f"{name}-{h.hexdigest()[:20]}.npy")
     if os.path.isfile(path):
         return np.load(path, mmap_mode="r")
-    blocks = _tokenize(tok, texts, seq_len, line_by_line, pad_id)
+    blocks = _tokenize(tok, texts, seq_len, line_by_line, pad_id, pack and line_by_line)
     os.makedirs(cache_dir, exist_ok=True)
     with atomic_file(path, suffix=".npy") as tmp:  # a crash mid-write leaves neither a truncated entry nor debris
         np.save(tmp, blocks)
     return np.load(path, mmap_mode="r")
+
+
+def segments(ids: np.ndarray, cls_id: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """(segment_ids, position_ids) of packed rows [..., L]: each [CLS] starts a segment (1, 2, ...; 0 on
+    padding), positions restart at it."""
+    starts = ids == cls_id
+    seg = np.cumsum(starts, axis=-1) * (ids != pad_id)
+    col = np.broadcast_to(np.arange(ids.shape[-1]), ids.shape)
+    first = np.maximum.accumulate(np.where(starts, col, 0), axis=-1)
+    return seg.astype(np.int32), (col - first).astype(np.int32)
 
 
 def tokenizer_key(directory: str) -> str:
@@ -86,9 +105,11 @@ class Batches:
     def position(self, step: int) -> dict:
         return {"epoch": step // self.steps_per_epoch, "offset": (step % self.steps_per_epoch) * self.per_step}
 
-    def __call__(self, step: int) -> np.ndarray:
-        """The token ids of optimizer step `step`: [accum, batch_size, L]."""
+    def __call__(self, step: int, rows: slice | None = None) -> np.ndarray:
+        """The token ids of optimizer step `step`: [accum, batch_size, L]; with `rows`, only those rows of each
+        micro-batch (a process's share: only they are read from the memory-mapped blocks)."""
         pos = self.position(step)
         order = np.random.default_rng([self.seed, pos["epoch"]]).permutation(len(self.blocks))
-        rows = order[pos["offset"] : pos["offset"] + self.per_step]
-        return np.asarray(self.blocks[rows]).reshape(self.accum, self.batch_size, -1)
+        index = order[pos["offset"] : pos["offset"] + self.per_step].reshape(self.accum, self.batch_size)
+        index = index[:, rows] if rows is not None else index
+        return np.asarray(self.blocks[index.reshape(-1)]).reshape(*index.shape, -1)

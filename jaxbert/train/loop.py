@@ -11,6 +11,7 @@ saved; the first Ctrl-C stops cleanly after the current step.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -20,15 +21,14 @@ import jax
 import jax.numpy as jnp
 from tqdm.auto import tqdm
 
-from jaxbert import hub, sharding
+from jaxbert import distributed, hub, sharding
 from jaxbert.files import check_disjoint
 from jaxbert.train import checkpoints, lock, outputs, plan, task_plan
-from jaxbert.train.best import Best
+from jaxbert.train.best import Best, write_model
 from jaxbert.train.config import TrainConfig
 from jaxbert.train.interrupt import deferred_sigint
 from jaxbert.train.state import OptimConfig, init_state, optimizer, schedule
 from jaxbert.train.step import train_step
-from jaxbert.transfer import write_jaxbert_dir
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -58,13 +58,28 @@ def _compile(run, tx, sched, state_sh, mesh):
             dtype=dtype,
             remat=cfg.remat,
             label_smoothing=cfg.label_smoothing,
+            loss_fn=getattr(run, "loss_fn", None),
         )
 
     step_fn = jax.jit(step, in_shardings=(state_sh, batch_sh, rep), out_shardings=(state_sh, rep), donate_argnums=0)
-    eval_jit = jax.jit(
-        run.eval_fn(dtype), in_shardings=(state_sh.params, sharding.batch_sharding(mesh)), out_shardings=rep
-    )
-    return step_fn, eval_jit
+    eval_sh = sharding.batch_sharding(mesh)
+    eval_jit = jax.jit(run.eval_fn(dtype), in_shardings=(state_sh.params, eval_sh), out_shardings=rep)
+    # Validation batches are built whole on every process (they are small); each device takes its rows.
+    return step_fn, lambda params, batch: eval_jit(params, sharding.from_host(batch, eval_sh))
+
+
+def _feed(run, step: int, batch_sh):
+    """Step `step`'s batch as global arrays [accum, batch, ...] split over the mesh, and this process's count of
+    real tokens. A masked-LM run reads and masks only this process's rows (`reads_share`); other tasks build the
+    batch whole on each process and keep their devices' rows."""
+    if not getattr(run, "reads_share", False):
+        batch = run.batch(step)
+        return sharding.from_host(batch, batch_sh), int(batch["attention_mask"].sum())
+    A, B = run.train.accum, run.train.batch_size
+    rows = sharding.process_rows(batch_sh, (A, B), axis=1)
+    local = run.batch(step, None if rows == slice(0, B) else rows)  # None: one process, the whole batch
+    arrays = sharding.global_batch(local, batch_sh, lambda k: (A, B, *local[k].shape[2:]))
+    return arrays, int(local["attention_mask"].sum()) * B // (rows.stop - rows.start)
 
 
 def _meta(run, step: int) -> dict:
@@ -92,9 +107,11 @@ def _check_output_dir(cfg: TrainConfig) -> None:
 
 def train(cfg: TrainConfig) -> dict:
     """Fine-tune cfg.model (a directory or a hub id) on cfg.task; returns the final validation metrics."""
+    distributed.initialize(cfg.coordinator_address, cfg.num_processes, cfg.process_id)
     cfg = dataclasses.replace(cfg, model=hub.resolve(cfg.model))
     _check_output_dir(cfg)
-    with lock.hold(cfg.output_dir, cfg.break_lock):
+    # One run, one lock: process 0 takes it for all the run's processes.
+    with lock.hold(cfg.output_dir, cfg.break_lock) if distributed.is_primary() else contextlib.nullcontext():
         return _train(cfg)
 
 
@@ -106,7 +123,17 @@ def train_mlm(cfg: TrainConfig) -> dict:
 
 
 def _train(cfg: TrainConfig) -> dict:
-    run = (plan.prepare if cfg.task == "mlm" else task_plan.prepare)(cfg)
+    distributed.barrier("jaxbert-lock")  # the others start once process 0 owns OUT (if it cannot, none go on)
+    if cfg.task == "embedding":
+        from jaxbert.train.task_embedding import prepare as embedding_prepare
+
+        run = embedding_prepare(cfg)
+    elif cfg.task == "question-answering":
+        from jaxbert.train.task_qa import prepare as qa_prepare
+
+        run = qa_prepare(cfg)
+    else:
+        run = (plan.prepare if cfg.task == "mlm" else task_plan.prepare)(cfg)
     own = checkpoints.manager(os.path.join(cfg.output_dir, "checkpoints"), cfg.save_total_limit)
     point = checkpoints.resume_point(cfg, own, lambda step: _meta(run, step), run.say)
     metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl")
@@ -120,7 +147,7 @@ def _train(cfg: TrainConfig) -> dict:
         last_good = (start, source.directory.as_posix())
         pos = run.train.position(start)
         run.say(f"resume: restored step {start} (epoch {pos['epoch']}, sequence {pos['offset']} of the epoch)")
-    metrics = outputs.Metrics(metrics_path, records)
+    metrics = outputs.Metrics(metrics_path, records) if distributed.is_primary() else _Unwritten(records)
     best = Best(run.metric, cfg.early_stopping_patience, records)
     if start == 0:
         before = run.evaluate(state.params, eval_fn)
@@ -137,9 +164,10 @@ def _build(run):
     params = run.initial_params()
     opt = OptimConfig.from_train(cfg, run.warmup_steps, run.total_steps)
     tx, sched = optimizer(opt), schedule(opt)
-    mesh = sharding.make_mesh()
+    shape = sharding.mesh_shape(cfg.mesh, jax.device_count(), run.config.num_attention_heads, cfg.fsdp)
+    mesh = sharding.make_mesh(shape)
     state = init_state(params, tx)
-    state_sh = sharding.state_shardings(state, mesh, cfg.fsdp)
+    state_sh = sharding.state_shardings(state, mesh)
     return (jax.device_put(state, state_sh), *_compile(run, tx, sched, state_sh, mesh))
 
 
@@ -174,13 +202,15 @@ def _loop(run, state, start: int, step_fn, eval_fn, own, metrics, last_good, sto
     Ctrl-C (`stop`), raising Interrupted, and after an evaluation when early stopping says so."""
     cfg, total = run.cfg, run.total_steps
     key = jax.random.key(cfg.seed)
-    bar = tqdm(total=total, initial=start, unit="step", disable=not cfg.progress, dynamic_ncols=True)
+    visible = cfg.progress and distributed.is_primary()
+    bar = tqdm(total=total, initial=start, unit="step", disable=not visible, dynamic_ncols=True)
+    batch_sh = sharding.batch_sharding(_mesh(state), batch_axis=1)  # as _compile's
     tick, tokens, result, done, shown = time.perf_counter(), 0, {}, start, {}
     for step in range(start, total):
         if stop.requested:
             break
-        batch = run.batch(step)
-        tokens += int(batch["attention_mask"].sum())
+        batch, count = _feed(run, step, batch_sh)
+        tokens += count
         state, m = step_fn(state, batch, jax.random.fold_in(key, step))
         loss = float(m["loss"])
         done = step + 1
@@ -225,7 +255,9 @@ def evaluate(run, state, done: int, eval_fn, metrics, best) -> dict:
     metrics.add({"step": done, **result})
     run.say(f"step {done}: {run.describe(result)}")
     if best.update(done, result):
-        best.save(run, state.params)
+        params = sharding.to_host(state.params, _mesh(state))  # every process gathers; process 0 writes
+        if distributed.is_primary():
+            best.save(run, params)
         run.say(f"best {best.key} so far ({best.value:.4f}): wrote {os.path.join(run.cfg.output_dir, 'best')}")
     return result
 
@@ -236,12 +268,28 @@ def _finish(run, state, metrics, own, last_good, result) -> dict:
             f"non-finite parameters after step {int(state.step)}; OUT/final not written, last "
             f"good checkpoint: {_where(last_good, own)}"
         )
-    params = jax.device_get(state.params)
+    params = sharding.to_host(state.params, _mesh(state))  # every process gathers; process 0 writes
     final_dir = os.path.join(run.cfg.output_dir, "final")
-    write_jaxbert_dir(params, run.final_config(), run.head, final_dir, tokenizer_from=run.cfg.model, force=True)
+    if not distributed.is_primary():
+        return result
+    write_model(run, params, final_dir)
     plotted = outputs.plot(metrics.records, os.path.join(run.cfg.output_dir, "loss.png"), run.metric)
     run.say(
         f"wrote {final_dir} (jaxbert {run.head}), metrics.jsonl, "
         + ("loss.png" if plotted else "no loss.png (needs matplotlib: pip install 'jaxbert[plot]')")
     )
     return result
+
+
+def _mesh(state):
+    return jax.tree_util.tree_leaves(state.params)[0].sharding.mesh
+
+
+class _Unwritten:
+    """Metrics of processes other than 0: kept in memory (early stopping reads them), never written."""
+
+    def __init__(self, records: list[dict]):
+        self.records = list(records)
+
+    def add(self, record: dict) -> None:
+        self.records.append(record)

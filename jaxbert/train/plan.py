@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
+from jaxbert import sharding
 from jaxbert.config import BertConfig
 from jaxbert.texts import read_text_file
 from jaxbert.train import data as D
@@ -40,7 +41,9 @@ class Run:
     warmup_steps: int
     log: list[str] = dataclasses.field(default_factory=list)
     metric: str | None = None  # --metric-for-best-model (None: no OUT/best)
+    packed_cls: int | None = None  # packed line-by-line rows: the [CLS] id each line starts with (data.segments)
     head = "BertForMaskedLM"
+    reads_share = True  # batch(step, rows): each process reads and masks only its rows (see loop._feed)
 
     def say(self, message: str) -> None:
         self.log.append(message)
@@ -60,15 +63,29 @@ class Run:
             continuation=self.continuation,
         )
         lead = ids.shape[:-1]
-        return {
+        batch = {
             "input_ids": inputs.reshape(ids.shape),
             "attention_mask": (flat != self.config.pad_token_id).astype(np.int32).reshape(ids.shape),
             "positions": positions.reshape(*lead, -1),
             "labels": labels.reshape(*lead, -1),
         }
+        if self.packed_cls is not None:
+            segment_ids, position_ids = D.segments(ids, self.packed_cls, self.config.pad_token_id)
+            batch.update(segment_ids=segment_ids, position_ids=position_ids)
+        return batch
 
-    def batch(self, step: int) -> dict:
-        return self.masked(self.train(step), [self.cfg.seed, step])
+    def batch(self, step: int, rows: slice | None = None) -> dict:
+        """Step `step`'s batch [accum, batch, ...], or only `rows` of its batch axis (a process's share). Each row
+        is masked by its own Generator seeded by (seed, step, row), so a row is the same whoever masks it."""
+        ids = self.train(step) if rows is None else self.train(step, rows)
+        A, R = ids.shape[:2]
+        first = rows.start if rows else 0
+        one = [
+            self.masked(ids[a, i : i + 1], [self.cfg.seed, step, a * self.train.batch_size + first + i])
+            for a in range(A)
+            for i in range(R)
+        ]
+        return {k: np.concatenate([o[k] for o in one]).reshape(A, R, *one[0][k].shape[1:]) for k in one[0]}
 
     def initial_params(self):
         params, fresh = mlm_params(self.cfg.model, self.config, self.cfg.seed)
@@ -116,7 +133,8 @@ def model_and_batch(cfg: TrainConfig) -> tuple[BertConfig, int]:
             f"--max-seq-length {cfg.max_seq_length} exceeds the model's max_position_embeddings "
             f"{config.max_position_embeddings}"
         )
-    n = jax.device_count()
+    shape = sharding.mesh_shape(cfg.mesh, jax.device_count(), config.num_attention_heads, cfg.fsdp)
+    n = shape["data"] * shape["fsdp"]  # the batch is split over these (tensor-parallel devices share rows)
     batch = cfg.global_batch_size or cfg.per_device_batch_size * n
     if batch % n:
         raise ValueError(f"batch size {batch} does not divide across {n} devices")
@@ -145,8 +163,9 @@ def prepare(cfg: TrainConfig) -> Run:
     key = D.tokenizer_key(cfg.model)
     cache = os.path.join(cfg.output_dir, "cache")
     args = (cfg.max_seq_length, cfg.line_by_line, config.pad_token_id, cache)
-    train_blocks = D.tokenized(tok, train_texts, *args, "train", key)
-    val_blocks = D.tokenized(tok, val_texts, *args, "validation", key)
+    packed = cfg.line_by_line and cfg.pack
+    train_blocks = D.tokenized(tok, train_texts, *args, "train", key, packed)
+    val_blocks = D.tokenized(tok, val_texts, *args, "validation", key, packed)
     if len(val_blocks) == 0:
         raise ValueError("the validation set is shorter than one --max-seq-length block")
     batches = D.Batches(train_blocks, batch, cfg.grad_accum_steps, cfg.seed)
@@ -169,6 +188,7 @@ def prepare(cfg: TrainConfig) -> Run:
         cfg.max_predictions_per_seq or default_max_predictions(cfg.max_seq_length, cfg.mlm_probability),
         total,
         warmup,
+        packed_cls=tok.token_to_id("[CLS]") if packed else None,
     )
     if cfg.metric_for_best_model or cfg.early_stopping_patience:
         from jaxbert.train.task_table import metric_name
@@ -178,8 +198,17 @@ def prepare(cfg: TrainConfig) -> Run:
         f"data: {len(train_texts)} training texts -> {len(train_blocks)} sequences of {cfg.max_seq_length} "
         f"tokens, {len(val_blocks)} validation sequences; {train_text.empty_lines} empty lines skipped"
     )
+    if cfg.line_by_line:
+        real = int((np.asarray(train_blocks) != config.pad_token_id).sum())
+        share = 1 - real / max(train_blocks.size, 1)
+        alone = 1 - real / max(len(train_texts) * cfg.max_seq_length, 1)
+        run.say(
+            f"data: {share:.0%} of the training positions are padding"
+            + (f" (lines packed into rows; {alone:.0%} one line a row: --no-pack)" if packed else "")
+        )
     run.say(
         f"plan: {total} steps of {batch} sequences x {cfg.grad_accum_steps} accumulation on {n} device(s)"
-        f"{' (FSDP)' if cfg.fsdp else ''}, warm-up {warmup}, {cfg.dtype}{', remat' if cfg.remat else ''}"
+        f"{' (FSDP)' if cfg.fsdp else ''}{f' (mesh {cfg.mesh})' if cfg.mesh else ''}"
+        f", warm-up {warmup}, {cfg.dtype}{', remat' if cfg.remat else ''}"
     )
     return run

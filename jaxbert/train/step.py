@@ -18,7 +18,16 @@ from jaxbert.train.state import TrainState
 def masked_lm(params, config: BertConfig, batch: dict, *, rng=None, dtype=jnp.float32, remat: bool = False):
     """Logits [B, K, V] at the gathered positions. Master params stay float32; compute runs in `dtype`."""
     params = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
-    out = bert(params["bert"], config, batch["input_ids"], batch["attention_mask"], rng=rng, remat=remat)
+    out = bert(
+        params["bert"],
+        config,
+        batch["input_ids"],
+        batch["attention_mask"],
+        position_ids=batch.get("position_ids"),  # packed line-by-line rows (train/data.py)
+        segment_ids=batch.get("segment_ids"),
+        rng=rng,
+        remat=remat,
+    )
     hidden = jnp.take_along_axis(out.last_hidden_state, batch["positions"][..., None], axis=1)
     return mlm_logits(params["cls"], config, params["bert"]["embeddings"]["word_embeddings"]["embedding"], hidden)
 
@@ -46,14 +55,21 @@ def task_forward(
         batch["input_ids"],
         batch["attention_mask"],
         batch.get("token_type_ids"),
+        batch.get("position_ids"),  # packed rows (train/task_pack.py): positions restart per example
         rng=rng,
+        segment_ids=batch.get("segment_ids"),
+        segment_starts=batch.get("segment_starts"),
         remat=remat,
         label_smoothing=label_smoothing,
         **{k: batch[k] for k in TARGET_KEYS if k in batch},
     )
 
 
-def _loss(params, config, head, batch, rng, dtype, remat, label_smoothing):
+def _loss(params, config, head, batch, rng, dtype, remat, label_smoothing, loss_fn=None):
+    if loss_fn is not None:  # a loss no head computes (sentence embeddings: task_embedding.train_loss)
+        logits, loss, labels = loss_fn(params, batch, rng, dtype, remat)
+        valid = labels != -100
+        return loss, (jnp.sum((logits.argmax(-1) == labels) & valid), valid.sum(), _items(batch))
     if "positions" in batch:
         logits = masked_lm(params, config, batch, rng=rng, dtype=dtype, remat=remat)
         loss = cross_entropy(logits, batch["labels"], label_smoothing=label_smoothing)
@@ -62,11 +78,22 @@ def _loss(params, config, head, batch, rng, dtype, remat, label_smoothing):
             params, config, head, batch, rng=rng, dtype=dtype, remat=remat, label_smoothing=label_smoothing
         )
         logits, loss = out.logits, out.loss
-    labels = batch["labels"]
-    if not jnp.issubdtype(labels.dtype, jnp.integer):  # scores / label sets: no accuracy to count
-        return loss, (jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+    labels = batch.get("labels")
+    if labels is None or not jnp.issubdtype(labels.dtype, jnp.integer):  # scores / label sets: no accuracy
+        return loss, (jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), _items(batch))
     valid = labels != -100
-    return loss, (jnp.sum((logits.argmax(-1) == labels) & valid), valid.sum())
+    return loss, (jnp.sum((logits.argmax(-1) == labels) & valid), valid.sum(), _items(batch))
+
+
+def _items(batch: dict) -> jax.Array:
+    """What the micro-batch's loss is a mean over (float32): real rows (`sample_weight`), else labelled tokens,
+    positions or rows (not -100), else rows."""
+    if "sample_weight" in batch:
+        return batch["sample_weight"].sum().astype(jnp.float32)
+    for key in ("labels", "start_positions"):
+        if key in batch and jnp.issubdtype(batch[key].dtype, jnp.integer):
+            return (batch[key] != -100).sum().astype(jnp.float32)
+    return jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
 
 
 def train_step(
@@ -81,27 +108,35 @@ def train_step(
     dtype=jnp.float32,
     remat: bool = False,
     label_smoothing: float = 0.0,
+    loss_fn=None,
 ):
-    """(state, batch [A micro-batches, B, ...], rng) -> (state, metrics); one optimizer update."""
+    """(state, batch [A micro-batches, B, ...], rng) -> (state, metrics); one optimizer update. `loss_fn`
+    (params, micro-batch, rng, dtype, remat) -> (logits, loss, labels) replaces the head's loss."""
     grad_fn = jax.value_and_grad(_loss, has_aux=True)
     micro = jax.tree_util.tree_leaves(batch)[0].shape[0]
 
+    # Micro-batches are weighted by what their mean losses are over (labelled tokens, real rows), so that
+    # accumulating A micro-batches gives the gradient of the whole batch's loss, however its tokens are spread.
+    # (transformers 5's Trainer sums the micro-batches' means for BERT: its models ignore num_items_in_batch.)
     def accumulate(carry, xs):
-        grads, loss, correct, count = carry
+        grads, loss, correct, count, items = carry
         mb, i = xs
-        (mb_loss, (c, n)), g = grad_fn(
-            state.params, config, head, mb, jax.random.fold_in(rng, i), dtype, remat, label_smoothing
+        (mb_loss, (c, n, w)), g = grad_fn(
+            state.params, config, head, mb, jax.random.fold_in(rng, i), dtype, remat, label_smoothing, loss_fn
         )
-        return (jax.tree_util.tree_map(jnp.add, grads, g), loss + mb_loss, correct + c, count + n), None
+        g, mb_loss = jax.tree_util.tree_map(lambda x: x * w, (g, jnp.where(w > 0, mb_loss, 0.0)))
+        return (jax.tree_util.tree_map(jnp.add, grads, g), loss + mb_loss, correct + c, count + n, items + w), None
 
     zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
-    init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
-    (grads, loss, correct, count), _ = jax.lax.scan(accumulate, init, (batch, jnp.arange(micro)))
-    grads = jax.tree_util.tree_map(lambda g: g / micro, grads)  # mean over micro-batches, as transformers
+    f32, i32 = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
+    (grads, loss, correct, count, items), _ = jax.lax.scan(
+        accumulate, (zeros, f32, i32, i32, f32), (batch, jnp.arange(micro))
+    )
+    grads, loss = jax.tree_util.tree_map(lambda x: x / jnp.maximum(items, 1e-9), (grads, loss))
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     new = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
     metrics = {
-        "loss": loss / micro,
+        "loss": loss,
         "accuracy": correct / jnp.maximum(count, 1),
         "grad_norm": optax.tree.norm(grads),
         "learning_rate": schedule(state.step),

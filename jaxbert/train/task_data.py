@@ -15,7 +15,7 @@ import io
 import json
 import os
 
-FORMATS = {".jsonl": "json", ".csv": ",", ".tsv": "\t"}
+FORMATS = {".jsonl": "json", ".csv": ",", ".tsv": "\t", ".json": "squad"}  # .json: SQuAD JSON (task_qa.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,9 +92,13 @@ def read_rows(path: str, flag: str = "--train-file") -> list[Row]:
     """Every row of a .jsonl / .csv / .tsv file, in order; blank lines skipped. An empty file is an error."""
     ext = os.path.splitext(path)[1].lower()
     if ext not in FORMATS:
-        raise ValueError(f"{flag} {path}: expected a .jsonl, .csv or .tsv file")
+        raise ValueError(f"{flag} {path}: expected a .jsonl, .csv or .tsv file (or SQuAD .json)")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file")
+    if FORMATS[ext] == "squad":
+        from jaxbert.train.task_qa import read_squad
+
+        return read_squad(path)
     rows = _read_json(path) if FORMATS[ext] == "json" else _read_csv(path, FORMATS[ext])
     if not rows:
         raise ValueError(f"{path}: no examples (empty file)")

@@ -31,6 +31,7 @@ class Encodedset:
     targets: np.ndarray  # [N] int32 / float32 or [N, C] float32 (multi-label); [0] for token classification
     choices: int = 1
     truncated: int = 0  # words without a labelled token (token classification)
+    extra: dict = dataclasses.field(default_factory=dict)  # a task's own arrays (question answering: task_qa.py)
 
     def __len__(self) -> int:
         return (len(self.starts) - 1) // self.choices
@@ -92,6 +93,7 @@ def cached(cache_dir: str, name: str, key: list, build) -> Encodedset:
                 **{k: f[k] for k in ("ids", "types", "starts", "tags", "targets")},
                 choices=int(f["choices"]),
                 truncated=int(f["truncated"]),
+                extra={k.removeprefix("extra_"): f[k] for k in f.files if k.startswith("extra_")},
             )
     data = build()
     os.makedirs(cache_dir, exist_ok=True)
@@ -101,6 +103,7 @@ def cached(cache_dir: str, name: str, key: list, build) -> Encodedset:
             **{k: getattr(data, k) for k in ("ids", "types", "starts", "tags", "targets")},
             choices=data.choices,
             truncated=data.truncated,
+            **{f"extra_{k}": v for k, v in data.extra.items()},
         )
     return data
 

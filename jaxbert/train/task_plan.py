@@ -20,6 +20,7 @@ from jaxbert import batching
 from jaxbert.config import BertConfig
 from jaxbert.train import data as D
 from jaxbert.train import task_encode as E
+from jaxbert.train import task_pack as P
 from jaxbert.train.config import TrainConfig
 from jaxbert.train.plan import model_and_batch
 from jaxbert.train.step import task_eval_step
@@ -124,6 +125,10 @@ def labelled_config(config: BertConfig, task: Task, labels: Labels) -> BertConfi
     )
 
 
+def _unit(task: Task) -> str:
+    return "texts" if task.name == "embedding" else "options"
+
+
 def _names(names) -> str:
     return f"{', '.join(names[:8])}{', ...' * (len(names) > 8)}"
 
@@ -139,6 +144,9 @@ def task_labels(task: Task, rows, cols, problem_type, fixed) -> tuple[Labels, st
     if have != want:
         return labels, f"classifier.weight: the checkpoint has {have} labels ({_names(fixed)}), the data {want}"
     return labels, f"the checkpoint's labels ({_names(fixed)}) are not the data's ({_names(labels.names)})"
+
+
+PACKED_TASKS = ("sequence-classification", "token-classification")  # --pack: examples share rows
 
 
 def prepare(cfg: TrainConfig) -> TaskRun:
@@ -161,18 +169,29 @@ def prepare(cfg: TrainConfig) -> TaskRun:
         val_rows, train_rows = train_rows[:cut], train_rows[cut:]
     cols = columns(task, cfg)
     labels, renew = task_labels(task, train_rows, cols, cfg.problem_type, model_labels(config, task.head))
+    if cfg.label_smoothing and labels.problem_type in ("regression", "multi_label_classification"):
+        # transformers' label smoother would apply a softmax over scores / independent labels: meaningless here.
+        raise ValueError(
+            f"--label-smoothing {cfg.label_smoothing}: applies to classes, not to {labels.problem_type} labels"
+        )
     metric = metric_name(cfg.metric_for_best_model, task.metrics(labels))
     tok = WordPiece.from_dir(cfg.model)
     key = [D.tokenizer_key(cfg.model), task.name, cfg.max_seq_length, labels.names, labels.problem_type]
 
-    pending = [task.encode(tok, rows, cols, labels, cfg.max_seq_length) for rows in (train_rows, val_rows)]
+    opts = task.options(cfg)
+    pending = [task.encode(tok, rows, cols, labels, cfg.max_seq_length, **opts) for rows in (train_rows, val_rows)]
     train, val = (
         E.cached(os.path.join(cfg.output_dir, "cache"), name, [*key, *parts], build)
         for name, (parts, build) in zip(("train", "validation"), pending)
     )
-    batches = E.TaskBatches(
-        train, batch, cfg.grad_accum_steps, cfg.seed, batching.length_buckets(cfg.max_seq_length), config.pad_token_id
-    )
+    buckets = batching.length_buckets(cfg.max_seq_length)
+    packed = cfg.pack and task.name in PACKED_TASKS
+    if packed:
+        segments = P.segments_per_row(train, cfg.max_seq_length)
+        args = (cfg.max_seq_length, segments, n)
+        batches = P.PackedTaskBatches(train, batch, cfg.grad_accum_steps, cfg.seed, buckets, config.pad_token_id, *args)
+    else:
+        batches = E.TaskBatches(train, batch, cfg.grad_accum_steps, cfg.seed, buckets, config.pad_token_id)
     total = cfg.max_steps or math.ceil(cfg.num_train_epochs * batches.steps_per_epoch)
     warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * total)
     run = TaskRun(cfg, labelled_config(config, task, labels), task, labels, batches, val, total, warmup, metric, renew)
@@ -180,16 +199,23 @@ def prepare(cfg: TrainConfig) -> TaskRun:
     run.say(
         f"data: {len(train)} training and {len(val)} validation examples ({task.name}"
         f"{', ' + labels.problem_type if labels.problem_type else ''}; "
-        f"{named if labels.names else f'{train.choices} options each'})"
+        f"{named if labels.names else f'{train.choices} {_unit(task)} each'})"
     )
     if train.truncated or val.truncated:
         run.say(
             f"data: {train.truncated} training and {val.truncated} validation words beyond --max-seq-length "
             f"{cfg.max_seq_length} are truncated (no label, not scored)"
         )
+    if packed:
+        bucketed, packed_share = P.padded_positions(train, batches)
+        run.say(
+            f"data: packed into rows of {cfg.max_seq_length} tokens: {packed_share:.0%} of the positions computed "
+            f"are padding ({bucketed:.0%} padding each step to a length bucket; --no-pack for that)"
+        )
     run.say(
         f"plan: {total} steps of {batch} examples x {cfg.grad_accum_steps} accumulation on {n} device(s)"
-        f"{' (FSDP)' if cfg.fsdp else ''}, warm-up {warmup}, {cfg.dtype}{', remat' if cfg.remat else ''}; "
+        f"{' (FSDP)' if cfg.fsdp else ''}{f' (mesh {cfg.mesh})' if cfg.mesh else ''}"
+        f", warm-up {warmup}, {cfg.dtype}{', remat' if cfg.remat else ''}; "
         f"best model by eval_{metric}"
     )
     return run

@@ -26,6 +26,7 @@ class Task:
     encode: Callable  # (tokenizer, rows, columns, Labels, max_len) -> (cache key parts, build -> Encodedset)
     score: Callable  # (per-example logits, Encodedset, Labels) -> {metric: value}
     metrics: Callable[[Labels], tuple[str, ...]]  # what score reports (first: the default best-model metric)
+    options: Callable = lambda cfg: {}  # the task's own TrainConfig options, passed to encode as keywords
 
 
 def _score_sequences(logits, data: E.Encodedset, labels: Labels) -> dict:
@@ -58,6 +59,28 @@ def _sequence_metrics(labels: Labels) -> tuple[str, ...]:
         "regression": ("pearson", "spearman", "mse"),
         "multi_label_classification": ("micro_f1", "exact_match"),
     }.get(labels.problem_type, ("accuracy", "f1", "mcc"))
+
+
+def _embedding(name: str) -> Callable:
+    """task_embedding's function `name`, imported on call (that module builds on task_plan, which reads this)."""
+
+    def call(*args):
+        from jaxbert.train import task_embedding
+
+        return getattr(task_embedding, name)(*args)
+
+    return call
+
+
+def _qa(name: str) -> Callable:
+    """task_qa's function `name`, imported on call (that module builds on task_plan, which reads this)."""
+
+    def call(*args, **kwargs):
+        from jaxbert.train import task_qa
+
+        return getattr(task_qa, name)(*args, **kwargs)
+
+    return call
 
 
 def _tag_label_names(rows, columns, problem_type, fixed) -> Labels:
@@ -94,6 +117,27 @@ TASKS: dict[str, Task] = {
             E.encode_choices,
             _score_choices,
             lambda labels: ("accuracy",),
+        ),
+        # (anchor, positive[, negative]) texts; the base model and a pooling are trained (task_embedding.py).
+        Task(
+            "embedding",
+            "BertModel",
+            ("anchor", "positive", "negative"),
+            lambda rows, cols, problem, fixed: Labels(()),
+            _embedding("encode_pairs"),
+            _embedding("score"),
+            lambda labels: ("mrr@10", "accuracy@1"),
+        ),
+        # SQuAD rows: (question, context, answers); each window of a long context is one sequence (task_qa.py).
+        Task(
+            "question-answering",
+            "BertForQuestionAnswering",
+            ("question", "context", "answers"),
+            lambda rows, cols, problem, fixed: Labels(()),
+            _qa("encode"),
+            _qa("score"),
+            lambda labels: ("f1", "exact_match"),
+            _qa("options"),
         ),
     )
 }

@@ -1,0 +1,101 @@
+"""Sequence packing: several short sequences share one row of a batch, so padding is not computed.
+
+Each sequence keeps its own tokens, token types and positions (restarting at 0) and attends only within itself:
+`segment_ids` number the sequences of a row 1, 2, ... (0 is padding) and attention allows a key only from the
+query's segment (attention.keys_for). Its outputs are then the outputs it has alone; relative position scores
+agree too, since they depend only on distances within a segment.
+
+Rows are filled first-fit decreasing. A sequence goes into rows of the smallest length bucket at least twice its
+own length (a row's attention spans the whole row, so a short sequence in a long row would pay for the row's
+length), and one too long for that gets a row of its own; rows of one length are batched together. How many
+segments a row can hold follows from its length alone (its sequences are longer than a quarter of it, but for
+the smallest bucket), so the programs stay bounded by (row length, batch rows) buckets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jaxbert import batching
+from jaxbert.tokenizer import Encoded
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedBatch:
+    """One batch of packed rows: `texts[r]` the indices of the sequences in row r, in segment order."""
+
+    texts: list[list[int]]
+    rows: int  # batch rows (a batch bucket); rows beyond len(texts) are all padding
+    length: int  # row length (a length bucket)
+    segments: int  # the most segments a row of this length can hold (see max_segments)
+
+
+def row_length(n: int, buckets: tuple[int, ...]) -> int:
+    """The row length a sequence of n tokens is packed into: the smallest bucket >= 2n, else the one >= n."""
+    return next((b for b in buckets if b >= 2 * n), batching.bucket(n, buckets))
+
+
+def max_segments(length: int, buckets: tuple[int, ...]) -> int:
+    """The most sequences a row of `length` can hold: it holds only sequences of n tokens with row_length(n) ==
+    length (n > length / 4, but down to 1 for the smallest bucket)."""
+    shortest = next(n for n in range(1, length + 1) if row_length(n, buckets) == length)
+    return length // shortest
+
+
+def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
+    """Indices of `lengths` grouped into rows of at most `capacity` tokens, longest first into the first row
+    with room."""
+    rows, room = [], []
+    for i in np.argsort(-np.asarray(lengths), kind="stable"):
+        n = int(lengths[i])
+        r = next((r for r, free in enumerate(room) if free >= n), None)
+        if r is None:
+            rows.append([]), room.append(capacity)
+            r = len(rows) - 1
+        rows[r].append(int(i))
+        room[r] -= n
+    return rows
+
+
+def plan(lengths, batch_size: int, buckets: tuple[int, ...], multiple: int = 1):
+    """Yield PackedBatch: every sequence once, rows of one length per batch, at most batch_size rows each."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size {batch_size}: must be at least 1")
+    lengths = np.asarray(lengths)
+    by_row = {}
+    for i, n in enumerate(lengths):
+        by_row.setdefault(row_length(int(n), buckets), []).append(i)
+    for length in sorted(by_row, reverse=True):
+        members = np.asarray(by_row[length])
+        rows = [[int(members[j]) for j in row] for row in first_fit_decreasing(lengths[members], length)]
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start : start + batch_size]
+            rows_bucket = batching.bucket(len(chunk), batching.batch_buckets(batch_size, multiple))
+            yield PackedBatch(chunk, rows_bucket, length, max_segments(length, buckets))
+
+
+def pad_packed(enc: Encoded, batch: PackedBatch, pad_id: int) -> dict[str, np.ndarray]:
+    """The batch's arrays: input_ids, token_type_ids, attention_mask, position_ids, segment_ids [rows, length],
+    and starts [rows, segments] (each segment's first column; 0 for absent segments)."""
+    shape = (batch.rows, batch.length)
+    ids = np.full(shape, pad_id, np.int32)
+    types, mask, positions, segments = (np.zeros(shape, np.int32) for _ in range(4))
+    starts = np.zeros((batch.rows, batch.segments), np.int32)
+    for r, texts in enumerate(batch.texts):
+        at = 0
+        for s, i in enumerate(texts):
+            n = len(enc.ids[i])
+            cols = slice(at, at + n)
+            ids[r, cols], types[r, cols], mask[r, cols] = enc.ids[i], enc.type_ids[i], 1
+            positions[r, cols], segments[r, cols], starts[r, s] = np.arange(n), s + 1, at
+            at += n
+    return {
+        "input_ids": ids,
+        "token_type_ids": types,
+        "attention_mask": mask,
+        "position_ids": positions,
+        "segment_ids": segments,
+        "starts": starts,
+    }

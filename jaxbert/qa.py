@@ -1,0 +1,236 @@
+"""Extractive question answering around the model: (question, context) pairs cut into overlapping windows with
+token labels (transformers' run_qa.py prepare_train_features / prepare_validation_features), span logits turned
+back into answers in the context (utils_qa.postprocess_qa_predictions for SQuAD metrics; the question-answering
+pipeline's span probabilities for `Bert.answer`).
+
+Windows come from the `tokenizers` library's own truncation with stride (what transformers' fast tokenizer calls
+with `truncation="only_second", return_overflowing_tokens=True, stride=doc_stride`): the question is never cut,
+each window repeats the last `doc_stride` context tokens of the previous one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import weakref
+
+import numpy as np
+
+NO_SPAN = (-1, -1)  # offsets of tokens that are not in the context (question, [CLS], [SEP], padding)
+
+_lock = threading.Lock()
+_tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _window_tokenizer(tok, max_length: int, stride: int):
+    """A copy of the WordPiece's tokenizer that truncates the second sequence with overflow (built once per
+    setting: tokenizers' truncation is shared mutable state, see tokenizer.WordPiece)."""
+    from tokenizers import Tokenizer
+
+    with _lock:
+        cache = _tokenizers.setdefault(tok, {})
+        if (max_length, stride) not in cache:
+            copy = Tokenizer.from_str(tok._tok.to_str())
+            copy.enable_truncation(max_length, stride=stride, strategy="only_second")
+            cache[max_length, stride] = copy
+        return cache[max_length, stride]
+
+
+@dataclasses.dataclass
+class Windows:
+    """Feature f is window number k of example example[f] (k counting that example's windows)."""
+
+    ids: list[list[int]]
+    type_ids: list[list[int]]
+    offsets: list[list[tuple[int, int]]]  # character span in the context, NO_SPAN outside it
+    example: list[int]
+    encodings: list  # tokenizers.Encoding of each window (words, for the pipeline's word-aligned answers)
+
+
+def windows(tok, questions: list[str], contexts: list[str], max_length: int, stride: int) -> Windows:
+    """Every example's windows, in example order. Questions lose their leading whitespace (run_qa.py: some
+    SQuAD questions start with many spaces, which would eat the context's room)."""
+    wtok = _window_tokenizer(tok, max_length, stride)
+    pairs = [(q.lstrip(), c) for q, c in zip(questions, contexts)]
+    try:
+        encs = wtok.encode_batch(pairs)
+    except Exception:  # noqa: BLE001 - the tokenizers library raises plain Exception; find the culprit
+        for i, pair in enumerate(pairs):
+            try:
+                wtok.encode(*pair)
+            except Exception as e:  # noqa: BLE001
+                n = len(tok._tok.encode(pair[0]).ids)
+                raise ValueError(
+                    f"example {i}: its question ({n} tokens with [CLS] and [SEP]) leaves too little room for the "
+                    f"context in --max-seq-length {max_length} with --doc-stride {stride} "
+                    f"({str(e).strip().splitlines()[0]})"
+                ) from None
+        raise
+    out = Windows([], [], [], [], [])
+    for i, enc in enumerate(encs):
+        for w in [enc, *enc.overflowing]:
+            seq = w.sequence_ids
+            out.ids.append(w.ids)
+            out.type_ids.append(w.type_ids)
+            out.offsets.append([tuple(o) if s == 1 else NO_SPAN for o, s in zip(w.offsets, seq)])
+            out.example.append(i)
+            out.encodings.append(w)
+    return out
+
+
+def label(offsets: list[tuple[int, int]], cls_index: int, start_char: int | None, end_char: int) -> tuple[int, int]:
+    """(start, end) token positions of the answer's characters [start_char, end_char) in one window, or
+    (cls_index, cls_index) when the window does not hold the whole answer (or there is none: start_char None).
+
+    run_qa.py's rule, with one correction: run_qa.py lets the start search run past the context into [SEP] and
+    padding when the answer starts in the window's last context token (its own comment calls it an edge case);
+    here the start stays within the context."""
+    inside = [t for t, o in enumerate(offsets) if o != NO_SPAN]
+    if start_char is None or not inside:
+        return cls_index, cls_index
+    first, last = inside[0], inside[-1]
+    if not (offsets[first][0] <= start_char and offsets[last][1] >= end_char):
+        return cls_index, cls_index
+    start = first
+    while start < last and offsets[start + 1][0] <= start_char:
+        start += 1
+    end = last
+    while offsets[end][1] >= end_char:
+        end -= 1
+    return start, end + 1
+
+
+def best_answers(
+    start_logits: list[np.ndarray],
+    end_logits: list[np.ndarray],
+    offsets: list[list[tuple[int, int]]],
+    context: str,
+    *,
+    n_best_size: int = 20,
+    max_answer_length: int = 30,
+    version_2_with_negative: bool = False,
+    null_score_diff_threshold: float = 0.0,
+) -> tuple[str, list[dict], float | None]:
+    """One example's prediction from its windows' logits, as utils_qa.postprocess_qa_predictions: the n best
+    start and end tokens of each window, pairs inside the context, in order and at most `max_answer_length`
+    tokens, scored by start + end logit; for SQuAD v2 the lowest [CLS] score over the windows is the null
+    answer, chosen when it beats the best span by more than `null_score_diff_threshold`.
+
+    Returns (answer text, n-best list of {text, start_logit, end_logit, probability}, null score difference
+    (v2) or None)."""
+    null = None
+    prelim = []
+    for start, end, offs in zip(start_logits, end_logits, offsets):
+        score = float(start[0] + end[0])
+        if null is None or null["score"] > score:
+            null = {"offsets": (0, 0), "score": score, "start_logit": float(start[0]), "end_logit": float(end[0])}
+        starts = np.argsort(start)[-1 : -n_best_size - 1 : -1]
+        ends = np.argsort(end)[-1 : -n_best_size - 1 : -1]
+        for s in starts:
+            for e in ends:
+                if s >= len(offs) or e >= len(offs) or offs[s] == NO_SPAN or offs[e] == NO_SPAN:
+                    continue
+                if e < s or e - s + 1 > max_answer_length:
+                    continue
+                prelim.append(
+                    {
+                        "offsets": (offs[s][0], offs[e][1]),
+                        "score": float(start[s] + end[e]),
+                        "start_logit": float(start[s]),
+                        "end_logit": float(end[e]),
+                    }
+                )
+    if version_2_with_negative and null is not None:
+        prelim.append(null)
+    preds = sorted(prelim, key=lambda p: p["score"], reverse=True)[:n_best_size]
+    if version_2_with_negative and null is not None and not any(p["offsets"] == (0, 0) for p in preds):
+        preds.append(null)
+    preds = [{"text": context[p["offsets"][0] : p["offsets"][1]], **p} for p in preds]
+    if not preds or (len(preds) == 1 and preds[0]["text"] == ""):
+        preds.insert(0, {"text": "empty", "start_logit": 0.0, "end_logit": 0.0, "score": 0.0})
+    scores = np.array([p.pop("score") for p in preds])
+    probs = np.exp(scores - scores.max())
+    probs /= probs.sum()
+    for p, prob in zip(preds, probs):
+        p.pop("offsets", None)
+        p["probability"] = float(prob)
+    if not version_2_with_negative:
+        return preds[0]["text"], preds, None
+    best = next((p for p in preds if p["text"] != ""), preds[-1])
+    diff = null["score"] - best["start_logit"] - best["end_logit"]
+    return ("" if diff > null_score_diff_threshold else best["text"]), preds, float(diff)
+
+
+def pipeline_spans(
+    start: np.ndarray, end: np.ndarray, offsets: list[tuple[int, int]], top_k: int, max_answer_len: int
+) -> list[tuple[int, int, float]]:
+    """One window's top_k (start token, end token, probability) as transformers' question-answering pipeline
+    scores them: softmax over [CLS] and the context tokens (others at -10000), then [CLS] zeroed, and the
+    probability of a span the product of its start's and end's."""
+    keep = np.array([o != NO_SPAN for o in offsets])
+    keep[0] = True  # the pipeline leaves [CLS] in the softmax (the null answer), then zeroes it
+    probs = []
+    for x in (start, end):
+        x = np.where(keep, np.asarray(x, np.float64), -10000.0)
+        p = np.exp(x - x.max())
+        probs.append(p / p.sum())
+    ps, pe = probs
+    ps[0] = pe[0] = 0.0
+    outer = np.tril(np.triu(np.outer(ps, pe)), max_answer_len - 1)
+    flat = outer.ravel()
+    order = np.argsort(-flat, kind="stable")[:top_k]
+    out = []
+    for i in order:
+        s, e = divmod(int(i), len(ps))
+        if keep[s] and keep[e]:
+            out.append((s, e, float(outer[s, e])))
+    return out
+
+
+def word_span(enc, s: int, e: int) -> tuple[int, int]:
+    """Character span of the whole words holding tokens s..e (the pipeline's align_to_words), else the tokens'."""
+    try:
+        return enc.word_to_chars(enc.token_to_word(s), 1)[0], enc.word_to_chars(enc.token_to_word(e), 1)[1]
+    except Exception:  # noqa: BLE001 - [CLS] has no word: keep to the offsets, as the pipeline does
+        return enc.offsets[s][0], enc.offsets[e][1]
+
+
+def answer(
+    bert,
+    question: str,
+    context: str,
+    top_k: int = 1,
+    *,
+    max_answer_len: int = 15,
+    max_seq_len: int | None = None,
+    doc_stride: int | None = None,
+    batch_size: int = 32,
+) -> list[dict]:
+    """The top_k answers [{answer, score, start, end}] (character offsets into `context`), best first, over all
+    windows of a long context: transformers' question-answering pipeline's results and defaults (windows of
+    min(384, the model's limit) tokens, stride min(half of it, 128), answers aligned to whole words)."""
+    from jaxbert.inputs import positive_int
+    from jaxbert.tokenizer import Encoded
+
+    if bert.head != "BertForQuestionAnswering":
+        raise ValueError(f"answer needs a BertForQuestionAnswering checkpoint; this one is {bert.head}")
+    for name, text in (("question", question), ("context", context)):
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"{name} must be a non-empty string")
+    top_k = positive_int("top_k", top_k)
+    max_answer_len = positive_int("max_answer_len", max_answer_len)
+    length = bert.max_length(None if max_seq_len is None else positive_int("max_seq_len", max_seq_len))
+    length = length if max_seq_len is not None else min(length, 384)
+    stride = min(length // 2, 128) if doc_stride is None else int(doc_stride)
+    w = windows(bert.tokenizer, [question], [context], length, stride)
+    enc = Encoded(w.ids, w.type_ids, w.offsets, [[]] * len(w.ids), [[]] * len(w.ids))
+    found = []
+    for idx, batch in bert.batches(enc, batch_size):
+        out = bert(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        starts, ends = np.asarray(out.start_logits), np.asarray(out.end_logits)
+        for row, f in enumerate(idx):
+            n = len(w.ids[f])
+            for s, e, score in pipeline_spans(starts[row, :n], ends[row, :n], w.offsets[f], top_k, max_answer_len):
+                a, b = word_span(w.encodings[f], s, e)
+                found.append({"answer": context[a:b], "score": score, "start": int(a), "end": int(b)})
+    return sorted(found, key=lambda x: x["score"], reverse=True)[:top_k]

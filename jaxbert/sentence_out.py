@@ -1,0 +1,92 @@
+"""Writing sentence-transformers model directories: what `jaxbert train --task embedding` leaves as OUT/final
+and OUT/best, so that `SentenceTransformer(dir)` and `jaxbert.load(dir).embed` run the same pipeline.
+
+The directory holds the base model twice over, once per reader: `flax_model.msgpack` (jaxbert's) and
+`model.safetensors` with transformers' names (sentence-transformers loads the Transformer module through
+transformers, which has no Flax any more), plus the tokenizer, and the pipeline files sentence-transformers
+writes: `modules.json` (Transformer → Pooling → Normalize when normalized), `1_Pooling/config.json`, the empty
+`2_Normalize/` and `sentence_bert_config.json` with `max_seq_length`. The Pooling config uses the legacy boolean
+keys, which every sentence-transformers version reads (and `sentence_dir.py` too).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+
+from jaxbert.config import BertConfig
+
+MODES = ("cls", "mean", "max")
+_KEYS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens", "max": "pooling_mode_max_tokens"}
+
+
+def _json(path: str, value) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=2)
+        f.write("\n")
+
+
+def write_sentence_files(directory: str, hidden: int, pooling: str, normalize: bool, max_seq_length: int) -> None:
+    """The pipeline files of a sentence-transformers directory (the model and tokenizer are written apart)."""
+    if pooling not in MODES:
+        raise ValueError(f"pooling {pooling!r}: expected one of {', '.join(MODES)}")
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        os.makedirs(os.path.join(directory, "2_Normalize"), exist_ok=True)
+    _json(os.path.join(directory, "modules.json"), modules)
+    pool = {"word_embedding_dimension": hidden, **{key: mode == pooling for mode, key in _KEYS.items()}}
+    pool.update(pooling_mode_mean_sqrt_len_tokens=False, pooling_mode_weightedmean_tokens=False)
+    pool.update(pooling_mode_lasttoken=False, include_prompt=True)
+    _json(os.path.join(directory, "1_Pooling", "config.json"), pool)
+    _json(
+        os.path.join(directory, "sentence_bert_config.json"), {"max_seq_length": max_seq_length, "do_lower_case": False}
+    )
+
+
+def _drop_sentence_files(directory: str) -> None:
+    """The source model's own pipeline files (copied with its tokenizer) would describe another pipeline."""
+    from jaxbert.sentence_dir import companion_files
+
+    for name in companion_files(directory):
+        os.remove(os.path.join(directory, name))
+        sub = os.path.dirname(name)
+        if sub and not os.listdir(os.path.join(directory, sub)):
+            os.rmdir(os.path.join(directory, sub))
+    if os.path.isdir(os.path.join(directory, "2_Normalize")):
+        shutil.rmtree(os.path.join(directory, "2_Normalize"))
+
+
+def write_sentence_model(
+    params, config: BertConfig, dst: str, *, pooling: str, normalize: bool, max_seq_length: int, tokenizer_from: str
+) -> None:
+    """A complete sentence-transformers directory of the base-model `params`, written atomically (a failure
+    leaves no `dst`; an existing one is replaced)."""
+    from safetensors.numpy import save_file
+
+    from jaxbert.checkpoint import FLAX_MSGPACK, SAFETENSORS, copy_companion_files, write_msgpack
+    from jaxbert.convert import flax_to_torch
+    from jaxbert.files import atomic_directory
+    from jaxbert.transfer import _stored_dtype, _write_config
+
+    config = config.replace(architectures=("BertModel",))
+    state = flax_to_torch(params, config, "BertModel", include_tied=False)
+    with atomic_directory(dst, True, sources=(tokenizer_from,)) as tmp:
+        _write_config(config, "BertModel", _stored_dtype(params), tmp)
+        with open(os.path.join(tmp, FLAX_MSGPACK), "wb") as f:
+            write_msgpack(params, f)
+        save_file(
+            {k: np.ascontiguousarray(v, np.float32) for k, v in state.items()},
+            os.path.join(tmp, SAFETENSORS),
+            metadata={"format": "pt"},
+        )
+        copy_companion_files(tokenizer_from, tmp)
+        _drop_sentence_files(tmp)
+        write_sentence_files(tmp, config.hidden_size, pooling, normalize, max_seq_length)

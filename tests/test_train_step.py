@@ -1,0 +1,79 @@
+"""The pure train step's gradient accumulation: A micro-batches give the update of the whole batch in one piece,
+however the labelled tokens (or real rows) are spread over the micro-batches; and label smoothing is refused for
+labels it cannot apply to."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import model_dir
+
+import jaxbert
+from jaxbert.cli import main
+from jaxbert.train.state import OptimConfig, init_state, optimizer, schedule
+from jaxbert.train.step import train_step
+
+CONFIG = jaxbert.BertConfig(
+    vocab_size=50,
+    hidden_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=24,
+    max_position_embeddings=32,
+    id2label={0: "a", 1: "b", 2: "c"},
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
+B, L = 4, 10
+
+
+def _batch(head: str) -> dict:
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, 50, (B, L)).astype(np.int32)
+    lengths = np.array([10, 3, 9, 2])  # the first micro-batch (rows 0-1) holds most of the tokens
+    mask = (np.arange(L) < lengths[:, None]).astype(np.int32)
+    batch = {"input_ids": ids, "attention_mask": mask}
+    if head == "BertForTokenClassification":
+        batch["labels"] = np.where(mask == 1, rng.integers(0, 3, (B, L)), -100).astype(np.int32)
+    else:  # regression, the third row padding (weight 0), as the task batcher fills a bucket
+        batch["labels"] = rng.normal(size=(B,)).astype(np.float32)
+        batch["sample_weight"] = np.array([1, 1, 0, 1], np.float32)
+    return batch
+
+
+@pytest.mark.parametrize("head", ["BertForTokenClassification", "BertForSequenceClassification"])
+def test_accumulated_step_equals_the_whole_batch(head):
+    config = CONFIG if head == "BertForTokenClassification" else CONFIG.replace(id2label={0: "score"}, label2id=None)
+    opt = OptimConfig(learning_rate=1e-2, total_steps=10)
+    tx = optimizer(opt)
+    state = init_state(jaxbert.init_params(config, jax.random.key(0), head), tx)
+    batch = _batch(head)
+    step = jax.jit(
+        lambda s, b: train_step(s, b, jax.random.key(1), config=config, tx=tx, schedule=schedule(opt), head=head)
+    )
+    with jax.default_matmul_precision("highest"):
+        whole, m_whole = step(state, jax.tree_util.tree_map(lambda a: a[None], batch))
+        split, m_split = step(state, jax.tree_util.tree_map(lambda a: a.reshape(2, B // 2, *a.shape[1:]), batch))
+    np.testing.assert_allclose(float(m_split["loss"]), float(m_whole["loss"]), rtol=1e-6)
+    np.testing.assert_allclose(float(m_split["grad_norm"]), float(m_whole["grad_norm"]), rtol=1e-5)
+    diff = jax.tree_util.tree_map(lambda a, b: float(jnp.abs(a - b).max()), whole.params, split.params)
+    assert max(jax.tree_util.tree_leaves(diff)) <= 1e-6
+    # The micro-batches' means averaged unweighted (each half alone) differ from the whole batch's loss: the checks
+    # above can fail.
+    halves = [step(state, jax.tree_util.tree_map(lambda a, h=h: a[None, 2 * h : 2 * h + 2], batch))[1] for h in (0, 1)]
+    assert abs(np.mean([float(m["loss"]) for m in halves]) - float(m_whole["loss"])) > 1e-3
+
+
+def test_label_smoothing_is_refused_for_regression(tmp_path, capsys):
+    model = model_dir(tmp_path / "m", "BertForSequenceClassification", max_position_embeddings=64)
+    data = tmp_path / "scores.jsonl"
+    data.write_text("".join(json.dumps({"text": f"text {i}", "label": i / 10}) + "\n" for i in range(20)))
+    args = ["train", "--task", "sequence-classification", "--model", str(model), "--train-file", str(data)]
+    args += ["--output-dir", str(tmp_path / "out"), "--max-steps", "1", "--max-seq-length", "64"]
+    capsys.readouterr()
+    code = main([*args, "--label-smoothing", "0.1"])
+    err = capsys.readouterr().err
+    assert code == 1 and "--label-smoothing 0.1: applies to classes, not to regression labels" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out" / "checkpoints").exists()
