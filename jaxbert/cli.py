@@ -271,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
     from jaxbert.files import one_line
 
     args = build_parser().parse_args(argv)
+    if args.command in ("train", "train-mlm") and args.dtype == "bfloat16":
+        from jaxbert import cpu
+
+        cpu.bf16_matmuls()  # before JAX starts: the run's matmuls on the CPU's bfloat16 units (see cpu.py)
     try:
         return args.func(args) or 0
     except (ValueError, OSError, ImportError, TypeError) as e:  # expected errors: one line, no traceback

@@ -1,6 +1,6 @@
 """Multi-process runs on JAX's own SPMD runtime: `jax.distributed.initialize` (explicit flags or the scheduler's
 environment), CPU collectives over gloo, and the few questions the training loop asks (am I process 0? wait for
-everyone). With one process all of this is a no-op.
+everyone; did any process get Ctrl-C? the parameters, on process 0 only). With one process all of this is a no-op.
 """
 
 from __future__ import annotations
@@ -8,6 +8,10 @@ from __future__ import annotations
 import os
 
 import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from tqdm.auto import tqdm
 
 # Environment variables by which JAX's own cluster detection recognizes a multi-process launch.
 _SCHEDULERS = (("SLURM_NTASKS", "Slurm"), ("OMPI_COMM_WORLD_SIZE", "Open MPI"), ("TPU_WORKER_HOSTNAMES", "TPU pod"))
@@ -53,3 +57,59 @@ def barrier(name: str) -> None:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
+
+
+def say(message: str) -> None:
+    """A log line, printed by process 0 only: the others run the same steps (their errors still print)."""
+    if is_primary():
+        tqdm.write(message)
+
+
+def any_process(flag: bool) -> bool:
+    """Whether `flag` is true on any process. A collective: every process asks at the same point of the run."""
+    if jax.process_count() == 1:
+        return flag
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.process_allgather(np.asarray(flag)).any())
+
+
+def to_primary(tree):
+    """numpy copies of a (sharded, possibly multi-process) tree on process 0, which writes it; None elsewhere.
+    Every process must call it (some leaves take a collective)."""
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    copies = [_leaf_to_primary(x) for x in leaves]
+    return jax.tree_util.tree_unflatten(treedef, copies) if is_primary() else None
+
+
+def _leaf_to_primary(x):
+    if not isinstance(x, jax.Array):
+        return np.asarray(x) if is_primary() else None
+    if not _held_by_primary(x):
+        # JAX gathers only onto every device of the mesh, so all processes join; one leaf at a time (at most one
+        # extra leaf on the devices), and only process 0 copies it to the host.
+        x = jax.jit(_identity, out_shardings=NamedSharding(x.sharding.mesh, P()))(x)
+    if not is_primary():
+        return None
+    whole = np.empty(x.shape, x.dtype)
+    # Process 0's devices hold every part now: put them together, each part once (replicas hold the same).
+    for shard in {_block(s.index): s for s in x.addressable_shards}.values():
+        whole[shard.index] = np.asarray(shard.data)
+    return whole
+
+
+def _held_by_primary(x) -> bool:
+    """Whether process 0's devices hold every part of x (replicated, or split only among them): known from the
+    sharding alone, so every process gives the same answer and joins the same collectives."""
+    blocks = x.sharding.devices_indices_map(x.shape)
+    return {_block(i) for d, i in blocks.items() if d.process_index == 0} == {_block(i) for i in blocks.values()}
+
+
+def _block(index) -> tuple:
+    return tuple((s.start, s.stop) for s in index)
+
+
+def _identity(tree):
+    return tree

@@ -189,12 +189,3 @@ def from_host(batch: dict, sharding: NamedSharding) -> dict:
         return jax.make_array_from_callback(v.shape, sharding, lambda i: v[i])
 
     return {k: one(v) for k, v in batch.items()}
-
-
-def to_host(tree, mesh: Mesh):
-    """numpy copies of a (possibly sharded, multi-process) tree: gathered to every process first. Every
-    process must call it (it is a collective)."""
-    if jax.process_count() == 1:
-        return jax.device_get(tree)
-    gathered = jax.jit(lambda t: t, out_shardings=replicated(mesh))(tree)
-    return jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_data(0)), gathered)

@@ -42,9 +42,12 @@ def make_task(directory: str, corpus: str, n: int = 2048, seed: int = 0) -> tupl
 
 
 def finetune_jax(model_dir: str, data: str, dtype: str) -> dict:
+    from jaxbert import cpu
     from jaxbert.train.config import TrainConfig
     from jaxbert.train.loop import train
 
+    if dtype == "bfloat16":
+        cpu.bf16_matmuls()  # as `jaxbert train --dtype bfloat16` does
     out = data + f".out-{dtype}"
     shutil.rmtree(out, ignore_errors=True)
     cfg = TrainConfig(
@@ -69,7 +72,10 @@ def finetune_jax(model_dir: str, data: str, dtype: str) -> dict:
     return {"useful_tokens_per_s": rates[len(rates) // 2], "run_s": total}
 
 
-def finetune_torch(model_dir: str, data: str) -> dict:
+def finetune_torch(model_dir: str, data: str, dtype: str = "float32") -> dict:
+    """bfloat16: torch.autocast, as the Trainer's --bf16 runs it on a CPU."""
+    import contextlib
+
     import torch
     import transformers
 
@@ -90,7 +96,9 @@ def finetune_torch(model_dir: str, data: str) -> dict:
 
     def step(b):
         opt.zero_grad(set_to_none=True)
-        model(**b).loss.backward()
+        with torch.autocast("cpu", torch.bfloat16) if dtype == "bfloat16" else contextlib.nullcontext():
+            loss = model(**b).loss
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()

@@ -52,6 +52,8 @@ def _jax_train(dtype: str, remat: bool, measure_only: bool = False) -> dict:
     from jaxbert.train.state import OptimConfig, init_state, optimizer, schedule
     from jaxbert.train.step import train_step
 
+    if dtype == "bfloat16":
+        jaxbert.cpu.bf16_matmuls()  # as `jaxbert train --dtype bfloat16` does
     config = jaxbert.BertConfig()
     opt = OptimConfig(learning_rate=1e-4, weight_decay=0.01, total_steps=100)
     tx = optimizer(opt)
@@ -97,7 +99,11 @@ def child_train_jax_remat_memory() -> dict:
     return _jax_train("float32", True, measure_only=True)
 
 
-def child_train_torch() -> dict:
+def child_train_torch(dtype: str = "float32") -> dict:
+    """PyTorch eager; bfloat16 as its users run mixed precision on a CPU: torch.autocast (bfloat16 matmuls on
+    the CPU's matrix units through oneDNN, float32 master weights)."""
+    import contextlib
+
     import torch
     import transformers
 
@@ -108,7 +114,8 @@ def child_train_torch() -> dict:
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = model(input_ids=ids, labels=labels).loss
+        with torch.autocast("cpu", torch.bfloat16) if dtype == "bfloat16" else contextlib.nullcontext():
+            loss = model(input_ids=ids, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

@@ -241,16 +241,27 @@ def section_mix(repeats: int, tmp: str) -> dict:
     return result
 
 
+def _ratios(rows: dict, key: str) -> None:
+    """x_torch: against PyTorch float32 (its default); x_torch_same_dtype: jaxbert bfloat16 against PyTorch's
+    bfloat16 autocast."""
+    f32 = rows.get("PyTorch eager float32", {}).get(key)
+    bf16 = rows.get("PyTorch eager bfloat16 (autocast)", {}).get(key)
+    for label, row in rows.items():
+        if key in row and f32:
+            row["x_torch"] = row[key] / f32
+        if key in row and label.startswith("jaxbert"):
+            same = bf16 if "bfloat16" in label else f32
+            row["x_torch_same_dtype"] = row[key] / same if same else None
+
+
 def section_train(repeats: int, tmp: str) -> dict:
     peers = {"jaxbert float32": ("child_train_jax_f32",), "jaxbert bfloat16": ("child_train_jax_bf16",)}
     if available("torch", "transformers"):
         peers["PyTorch eager float32"] = ("child_train_torch",)
+        peers["PyTorch eager bfloat16 (autocast)"] = ("child_train_torch", "bfloat16")
     rows = alternate(peers, repeats)
     rows.update(alternate({"jaxbert float32 remat (memory only)": ("child_train_jax_remat_memory",)}, 1))
-    base = rows.get("PyTorch eager float32", {}).get("sequences_per_s")
-    for row in rows.values():
-        if base and "sequences_per_s" in row:
-            row["x_torch"] = row["sequences_per_s"] / base
+    _ratios(rows, "sequences_per_s")
     rows["jaxbert float32 remat (memory only)"]["temp_vs_no_remat"] = (
         rows["jaxbert float32 remat (memory only)"]["compiled_temp_mb"] / rows["jaxbert float32"]["compiled_temp_mb"]
     )
@@ -299,10 +310,9 @@ def section_finetune(repeats: int, tmp: str) -> dict:
     }
     if available("torch", "transformers"):
         peers["PyTorch eager float32"] = ("finetune_torch", model_dir, data)
+        peers["PyTorch eager bfloat16 (autocast)"] = ("finetune_torch", model_dir, data, "bfloat16")
     rows = alternate(peers, repeats)
-    base = rows.get("PyTorch eager float32", {}).get("useful_tokens_per_s")
-    for row in rows.values():
-        row["x_torch"] = row["useful_tokens_per_s"] / base if base else None
+    _ratios(rows, "useful_tokens_per_s")
     return {f"bert-base sequence classification, batch {FT.BATCH}, 1-4 sentences": rows}
 
 

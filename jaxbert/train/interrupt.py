@@ -1,5 +1,7 @@
 """Ctrl-C during training: the first one asks the loop to stop after the step it is in (so no checkpoint or
-metrics line is cut short); a second one interrupts at once. The handler exists only while the loop runs."""
+metrics line is cut short); a second one interrupts at once. The handler exists only while the loop runs. With
+several processes the request is this process's own: the loop shares it with the others at every step boundary
+(distributed.any_process), so all of them stop after the same step, whichever got the Ctrl-C."""
 
 from __future__ import annotations
 

@@ -199,15 +199,18 @@ def _save(run, state, done, own, last_good):
 
 def _loop(run, state, start: int, step_fn, eval_fn, own, metrics, last_good, stop, best):
     """Steps start..total; -> (state, last validation result, last good checkpoint). Stops between steps on
-    Ctrl-C (`stop`), raising Interrupted, and after an evaluation when early stopping says so."""
+    Ctrl-C (`stop`) of any process, raising Interrupted, and after an evaluation when early stopping says so."""
     cfg, total = run.cfg, run.total_steps
     key = jax.random.key(cfg.seed)
     visible = cfg.progress and distributed.is_primary()
     bar = tqdm(total=total, initial=start, unit="step", disable=not visible, dynamic_ncols=True)
     batch_sh = sharding.batch_sharding(_mesh(state), batch_axis=1)  # as _compile's
     tick, tokens, result, done, shown = time.perf_counter(), 0, {}, start, {}
+    stopping = False
     for step in range(start, total):
-        if stop.requested:
+        # All processes ask at every step boundary (one tiny collective; with one process, the flag): a Ctrl-C
+        # reaching any one of them stops all after the same step, none left waiting in the next step's collectives.
+        if stopping := distributed.any_process(stop.requested):
             break
         batch, count = _feed(run, step, batch_sh)
         tokens += count
@@ -244,7 +247,7 @@ def _loop(run, state, start: int, step_fn, eval_fn, own, metrics, last_good, sto
             )
             break
     bar.close()
-    if stop.requested:
+    if stopping or distributed.any_process(stop.requested):  # or a Ctrl-C during the last step
         raise Interrupted(f"interrupted at step {done}; last checkpoint: {_where(last_good, own)}")
     return state, result, last_good
 
@@ -255,7 +258,7 @@ def evaluate(run, state, done: int, eval_fn, metrics, best) -> dict:
     metrics.add({"step": done, **result})
     run.say(f"step {done}: {run.describe(result)}")
     if best.update(done, result):
-        params = sharding.to_host(state.params, _mesh(state))  # every process gathers; process 0 writes
+        params = distributed.to_primary(state.params)  # None but on process 0, which writes
         if distributed.is_primary():
             best.save(run, params)
         run.say(f"best {best.key} so far ({best.value:.4f}): wrote {os.path.join(run.cfg.output_dir, 'best')}")
@@ -268,7 +271,7 @@ def _finish(run, state, metrics, own, last_good, result) -> dict:
             f"non-finite parameters after step {int(state.step)}; OUT/final not written, last "
             f"good checkpoint: {_where(last_good, own)}"
         )
-    params = sharding.to_host(state.params, _mesh(state))  # every process gathers; process 0 writes
+    params = distributed.to_primary(state.params)  # None but on process 0, which writes
     final_dir = os.path.join(run.cfg.output_dir, "final")
     if not distributed.is_primary():
         return result

@@ -13,9 +13,8 @@ import os
 
 import jax
 import numpy as np
-from tqdm.auto import tqdm
 
-from jaxbert import sharding
+from jaxbert import cpu, distributed, sharding
 from jaxbert.config import BertConfig
 from jaxbert.texts import read_text_file
 from jaxbert.train import data as D
@@ -47,7 +46,7 @@ class Run:
 
     def say(self, message: str) -> None:
         self.log.append(message)
-        tqdm.write(message)
+        distributed.say(message)
 
     def masked(self, ids: np.ndarray, seed) -> dict:
         """Mask a [..., L] block of ids; the Generator is seeded by `seed` (a list), never global."""
@@ -209,6 +208,6 @@ def prepare(cfg: TrainConfig) -> Run:
     run.say(
         f"plan: {total} steps of {batch} sequences x {cfg.grad_accum_steps} accumulation on {n} device(s)"
         f"{' (FSDP)' if cfg.fsdp else ''}{f' (mesh {cfg.mesh})' if cfg.mesh else ''}"
-        f", warm-up {warmup}, {cfg.dtype}{', remat' if cfg.remat else ''}"
+        f", warm-up {warmup}, {cpu.label(cfg.dtype)}{', remat' if cfg.remat else ''}"
     )
     return run

@@ -14,9 +14,8 @@ import os
 
 import jax
 import numpy as np
-from tqdm.auto import tqdm
 
-from jaxbert import batching
+from jaxbert import batching, cpu, distributed
 from jaxbert.config import BertConfig
 from jaxbert.train import data as D
 from jaxbert.train import task_encode as E
@@ -50,7 +49,7 @@ class TaskRun:
 
     def say(self, message: str) -> None:
         self.log.append(message)
-        tqdm.write(message)
+        distributed.say(message)
 
     def batch(self, step: int) -> dict:
         return self.train(step)
@@ -215,7 +214,7 @@ def prepare(cfg: TrainConfig) -> TaskRun:
     run.say(
         f"plan: {total} steps of {batch} examples x {cfg.grad_accum_steps} accumulation on {n} device(s)"
         f"{' (FSDP)' if cfg.fsdp else ''}{f' (mesh {cfg.mesh})' if cfg.mesh else ''}"
-        f", warm-up {warmup}, {cfg.dtype}{', remat' if cfg.remat else ''}; "
+        f", warm-up {warmup}, {cpu.label(cfg.dtype)}{', remat' if cfg.remat else ''}; "
         f"best model by eval_{metric}"
     )
     return run

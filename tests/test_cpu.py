@@ -1,0 +1,88 @@
+"""jaxbert.cpu: oneDNN bfloat16 matmuls, on only when asked and only before JAX starts; `jaxbert train --dtype
+bfloat16` runs with them (the log says so) and its loss stays close to float32's."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from conftest import model_dir
+
+from jaxbert import cpu
+
+CORPUS = os.path.join(os.path.dirname(__file__), "..", "examples", "data", "geography.txt")
+units = pytest.mark.skipif(not cpu.has_bf16_units(), reason="this CPU has no bfloat16 units")
+
+# A float32 matmul's error against float64 in a fresh process; with `bf16_matmuls()` first when argv[1] is "on".
+PROBE = """
+import sys, numpy as np
+from jaxbert import cpu
+on = cpu.bf16_matmuls() if sys.argv[1] == "on" else False
+import jax.numpy as jnp
+rng = np.random.default_rng(0)
+a, b = rng.standard_normal((256, 512), np.float32), rng.standard_normal((512, 384), np.float32)
+got = np.asarray(jnp.dot(jnp.asarray(a), jnp.asarray(b)))
+ref = a.astype(np.float64) @ b.astype(np.float64)
+print(on, cpu.active(), float(np.abs(got - ref).max() / np.abs(ref).max()))
+"""
+
+
+def _probe(mode: str, **env) -> tuple[bool, bool, float]:
+    clean = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", cpu.MATH_MODE[0])}
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, mode], capture_output=True, text=True, env={**clean, **env}, check=True
+    ).stdout.split()
+    return out[0] == "True", out[1] == "True", float(out[2])
+
+
+def test_refused_once_jax_has_started():
+    jax.devices()  # this process's backend is up: the flags would be ignored, so nothing is changed
+    before = dict(os.environ)
+    assert cpu.bf16_matmuls() is cpu.active()
+    assert dict(os.environ) == before
+
+
+@units
+def test_on_rounds_float32_matmul_inputs_to_bfloat16():
+    on, active, err = _probe("on")
+    assert on and active
+    off, inactive, exact = _probe("off")
+    assert not off and not inactive
+    # bfloat16 inputs (8 bits of mantissa) against float32's 24: the mode really changes the arithmetic.
+    assert exact < 1e-5 < 1e-3 < err < 3e-2, (exact, err)
+
+
+def test_opt_out_by_environment():
+    on, active, err = _probe("on", JAXBERT_ONEDNN="0")
+    assert not on and not active and err < 1e-5
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return model_dir(tmp_path_factory.mktemp("tiny"), max_position_embeddings=64, num_hidden_layers=2)
+
+
+def _train(model, out, dtype):
+    args = [
+        "train-mlm", "--model", model, "--train-file", CORPUS, "--output-dir", str(out), "--max-seq-length", "32",
+        "--global-batch-size", "8", "--max-steps", "2", "--logging-steps", "1", "--no-progress", "--seed", "3",
+        "--dtype", dtype,
+    ]  # fmt: skip
+    clean = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", cpu.MATH_MODE[0])}
+    code = "import sys; from jaxbert.cli import main; sys.exit(main(sys.argv[1:]))"
+    run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=clean)
+    assert run.returncode == 0, run.stderr
+    losses = [r["loss"] for r in map(json.loads, open(out / "metrics.jsonl")) if "loss" in r and r["step"] > 0]
+    return run.stdout, np.array(losses)
+
+
+@units
+def test_bfloat16_training_runs_on_onednn_close_to_float32(tiny, tmp_path):
+    said, low = _train(tiny, tmp_path / "bf16", "bfloat16")
+    assert "bfloat16 (oneDNN matmuls)" in said
+    _, full = _train(tiny, tmp_path / "f32", "float32")
+    assert len(low) == len(full) == 2
+    np.testing.assert_allclose(low, full, rtol=2e-2)  # the same run to bfloat16's precision
