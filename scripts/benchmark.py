@@ -32,7 +32,11 @@ Sections (peers that are not installed are skipped with a note):
   finetune sequence-classification training of a bert-base-size model, batch 32, texts of 1-4 sentences of
            examples/data/geography.txt (8-60 tokens), in useful (non-padding) tokens/s: `jaxbert train --task
            sequence-classification` (its own loop and metrics.jsonl; the first logging window, with the compiles,
-           left out) float32 and bfloat16 vs PyTorch eager as transformers' Trainer runs it (padding per batch).
+           left out) float32 and bfloat16 vs PyTorch eager as transformers' Trainer runs it (padding per batch),
+           float32 and bfloat16 autocast.
+  scale    bert-base MLM training over meshes of virtual CPU devices: per-device parameter, optimizer and step
+           memory for data parallel / FSDP / tensor parallel / FSDP x TP on 1, 2, 4 devices, and train-mlm's
+           tokens/s on 1, 2, 4 devices and on 2 processes x 2 devices (bench_scale.py).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ import bench_engines as E  # noqa: E402
 import bench_finetune as FT  # noqa: E402
 import bench_generate as G  # noqa: E402
 import bench_peers as P  # noqa: E402
+import bench_scale as S  # noqa: E402
 import bench_train as T  # noqa: E402
 
 CHILDREN = {
@@ -88,6 +93,8 @@ CHILDREN = {
         G.matmul_floor,
         FT.finetune_jax,
         FT.finetune_torch,
+        S.scale_memory,
+        S.scale_train,
     )
 }
 
@@ -316,6 +323,32 @@ def section_finetune(repeats: int, tmp: str) -> dict:
     return {f"bert-base sequence classification, batch {FT.BATCH}, 1-4 sentences": rows}
 
 
+def section_scale(repeats: int, tmp: str) -> dict:
+    memory = {}
+    for devices in (1, 2, 4):
+        for name, mesh in S.MESHES.items():
+            if devices == 1 and name != "data parallel" or devices == 2 and name == "FSDP x TP":
+                continue  # one device: every layout is the same; FSDP x TP needs 4
+            memory[f"{devices} device(s), {name}"] = run_child("scale_memory", str(devices), mesh)
+    model, corpus = S.mlm_dir(tmp), os.path.join(ROOT, "examples", "data", "geography.txt")
+    peers = {
+        "1 device": ("scale_train", model, corpus, 1, 1, "data=-1"),
+        "2 devices, data parallel": ("scale_train", model, corpus, 2, 1, "data=-1"),
+        "4 devices, data parallel": ("scale_train", model, corpus, 4, 1, "data=-1"),
+        "4 devices, FSDP": ("scale_train", model, corpus, 4, 1, S.MESHES["FSDP"]),
+        "4 devices, tensor parallel": ("scale_train", model, corpus, 4, 1, S.MESHES["tensor parallel"]),
+        "2 processes x 2 devices, data parallel": ("scale_train", model, corpus, 4, 2, "data=-1"),
+    }
+    rows = alternate(peers, repeats)
+    base = rows["1 device"]["tokens_per_s"]
+    for row in rows.values():
+        row["time_vs_1_device"] = base / row["tokens_per_s"]
+    return {
+        "bert-base MLM 8x128: memory per device (parameters, AdamW state, step temporaries)": memory,
+        "bert-base MLM 8x128: train-mlm tokens/s (virtual devices share 2 cores: overhead, not speed-up)": rows,
+    }
+
+
 SECTIONS = {
     "infer": section_infer,
     "compile": section_compile,
@@ -324,6 +357,7 @@ SECTIONS = {
     "convert": section_convert,
     "generate": section_generate,
     "finetune": section_finetune,
+    "scale": section_scale,
 }
 
 
@@ -331,7 +365,9 @@ def print_table(name: str, table: dict) -> None:
     for config, rows in table.items():
         print(f"-- {name}: {config}")
         for label, row in rows.items():
-            cells = "  ".join(f"{k} {v:.3g}" for k, v in row.items() if v is not None)
+            cells = "  ".join(
+                f"{k} {v:.3g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in row.items() if v is not None
+            )
             print(f"   {label:<38}{cells}")
 
 

@@ -435,6 +435,7 @@ def test_sigint_stops_after_the_step_and_resumes(tiny, xla_cache, tmp_path):
 
 
 def test_second_sigint_interrupts_at_once_and_the_handler_is_restored():
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)  # a background run inherits it ignored
     before = signal.getsignal(signal.SIGINT)
     with deferred_sigint() as stop:
         os.kill(os.getpid(), signal.SIGINT)
@@ -444,6 +445,7 @@ def test_second_sigint_interrupts_at_once_and_the_handler_is_restored():
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(1)
     assert signal.getsignal(signal.SIGINT) is before
+    signal.signal(signal.SIGINT, inherited)
 
 
 # 7. The data cache.
