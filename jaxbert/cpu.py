@@ -10,8 +10,8 @@ The switch is process-wide (every float32 matmul of the process then rounds its 
 settings are read once, when JAX starts its CPU backend. So it is never turned on behind a float32 run: `jaxbert
 train --dtype bfloat16` turns it on; library users call `bf16_matmuls()` before their first JAX computation.
 Training only: in inference the weights are constants, and oneDNN would repack them on every call (XLA keeps no
-packed copy), which costs more than it saves (bert-base 8 x 128 bfloat16: 26.6 sequences/s through oneDNN,
-35.9 through XLA's own kernels).
+packed copy), which cost more than it saved in one measurement here (bert-base 8 x 128 bfloat16: about 27
+sequences/s with every matmul through oneDNN, 36 through XLA's own kernels).
 JAXBERT_ONEDNN=0 in the environment keeps XLA's own kernels.
 """
 
