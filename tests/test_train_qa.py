@@ -9,13 +9,11 @@ import os
 import numpy as np
 import pytest
 from conftest import cli_fails, model_dir, train_args
-from flax import serialization
 from test_qa import MAX_LEN, STRIDE, _reference_train_features
-from test_train_tasks import CLIP, DECAY, LR, SMALL, ZERO_GRADIENT, _torch_step
+from test_train_tasks import CLIP, DECAY, LR, SMALL, ZERO_GRADIENT, _torch_step, after_one_step
 
 import jaxbert
 from jaxbert.cli import main
-from jaxbert.convert import flax_to_torch
 from jaxbert.train.task_data import read_rows
 
 torch = pytest.importorskip("torch")
@@ -76,21 +74,11 @@ def test_one_step_equals_pytorch(tmp_path, capsys):
     batch = {k: torch.tensor(enc[k]) for k in ("input_ids", "attention_mask", "token_type_ids")}
     batch.update(start_positions=torch.tensor(starts), end_positions=torch.tensor(ends))
     loss, norm = _torch_step(pt, batch, None)  # labels=None: the span loss comes from the positions
-    log = [json.loads(line) for line in open(out / "metrics.jsonl")]
-    step0, step1 = log[0], next(r for r in log if r["step"] == 1 and "loss" in r)
-    assert abs(step0["eval_loss"] - loss) <= 1e-5 * max(1, abs(loss)), (step0, loss)  # same batch, before training
-    assert abs(step1["loss"] - loss) <= 1e-5 * max(1, abs(loss)), (step1, loss)
-    assert abs(step1["grad_norm"] - norm) <= 1e-4 * norm and norm > CLIP
-    config = jaxbert.BertConfig.from_pretrained(out / "final")
-    params = serialization.msgpack_restore((out / "final" / "flax_model.msgpack").read_bytes())
-    ours = flax_to_torch(params, config, head, include_tied=False)
-    theirs = {k: v.detach().numpy() for k, v in pt.state_dict().items() if k in ours}
-    assert sorted(theirs) == sorted(ours)
-    diff = {k: float(np.abs(ours[k] - theirs[k]).max()) for k in ours}
+    diff, theirs, config, log = after_one_step(out, pt, head, loss, norm)
     # Exactly zero gradients, computed as rounding noise: key biases (see test_train_tasks), and whatever shifts
     # every position's start (end) logit alike, which the span softmax ignores: the QA bias, the last LayerNorm bias.
     last = f"bert.encoder.layer.{SMALL['num_hidden_layers'] - 1}.output.LayerNorm.bias"
-    noise = [k for k in ours if k.endswith(ZERO_GRADIENT[0]) or k in ("qa_outputs.bias", last)]
+    noise = [k for k in diff if k.endswith(ZERO_GRADIENT[0]) or k in ("qa_outputs.bias", last)]
     strict = {k: d for k, d in diff.items() if k not in noise}
     assert max(strict.values()) <= 1e-6, sorted(strict.items(), key=lambda kv: -kv[1])[:3]
     assert max(diff[k] for k in noise) <= 2 * LR

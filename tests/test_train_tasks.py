@@ -127,6 +127,24 @@ def _torch_step(model, batch, labels):
     return float(loss.detach()), float(norm)
 
 
+def after_one_step(out, pt, head: str, loss: float, norm: float):
+    """The run's logged loss and gradient norm against PyTorch's for the same batch; -> (max|diff| per parameter
+    between OUT/final and the stepped PyTorch model, by transformers' names; that model's weights; OUT/final's
+    config; the run's metrics records)."""
+    log = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    step0, step1 = log[0], next(r for r in log if r["step"] == 1 and "loss" in r)
+    assert abs(step0["eval_loss"] - loss) <= 1e-5 * max(1, abs(loss)), (step0, loss)  # same batch, before training
+    assert abs(step1["loss"] - loss) <= 1e-5 * max(1, abs(loss)), (step1, loss)
+    assert abs(step1["grad_norm"] - norm) <= 1e-4 * norm and norm > CLIP  # clipping was active
+    config = jaxbert.BertConfig.from_pretrained(out / "final")
+    params = serialization.msgpack_restore((out / "final" / "flax_model.msgpack").read_bytes())
+    ours = flax_to_torch(params, config, head, include_tied=False)
+    theirs = {k: v.detach().numpy() for k, v in pt.state_dict().items() if k in ours}
+    assert sorted(theirs) == sorted(ours)
+    diff = {k: float(np.abs(ours[k] - theirs[k]).max()) for k in ours}
+    return diff, theirs, config, log
+
+
 @pytest.mark.parametrize("kind", list(CASES))
 def test_one_step_equals_pytorch(kind, tmp_path, capsys):
     task, head, overrides, flags = CASES[kind]
@@ -143,18 +161,8 @@ def test_one_step_equals_pytorch(kind, tmp_path, capsys):
     pt = getattr(transformers, head).from_pretrained(model)
     tok = transformers.AutoTokenizer.from_pretrained(model)
     loss, norm = _torch_step(pt, *_torch_batch(kind.split("-")[0], records, tok))
-    log = [json.loads(line) for line in open(out / "metrics.jsonl")]
-    step0, step1 = log[0], next(r for r in log if r["step"] == 1 and "loss" in r)
-    assert abs(step0["eval_loss"] - loss) <= 1e-5 * max(1, abs(loss)), (step0, loss)  # same batch, before training
-    assert abs(step1["loss"] - loss) <= 1e-5 * max(1, abs(loss)), (step1, loss)
-    assert abs(step1["grad_norm"] - norm) <= 1e-4 * norm and norm > CLIP  # clipping was active
-    config = jaxbert.BertConfig.from_pretrained(out / "final")
-    params = serialization.msgpack_restore((out / "final" / "flax_model.msgpack").read_bytes())
-    ours = flax_to_torch(params, config, head, include_tied=False)
-    theirs = {k: v.detach().numpy() for k, v in pt.state_dict().items() if k in ours}
-    assert sorted(theirs) == sorted(ours)
-    diff = {k: float(np.abs(ours[k] - theirs[k]).max()) for k in ours}
-    noise = [k for k in ours if k.endswith(ZERO_GRADIENT) and (head == "BertForMultipleChoice" or "key" in k)]
+    diff, theirs, _, _ = after_one_step(out, pt, head, loss, norm)
+    noise = [k for k in diff if k.endswith(ZERO_GRADIENT) and (head == "BertForMultipleChoice" or "key" in k)]
     strict = {k: d for k, d in diff.items() if k not in noise}
     assert max(strict.values()) <= 1e-6, sorted(strict.items(), key=lambda kv: -kv[1])[:3]
     assert max(diff[k] for k in noise) <= 2 * LR

@@ -61,6 +61,11 @@ def _sequence_metrics(labels: Labels) -> tuple[str, ...]:
     }.get(labels.problem_type, ("accuracy", "f1", "mcc"))
 
 
+def _no_labels(rows, cols, problem, fixed) -> Labels:
+    """Tasks whose targets are in the rows themselves (choices, pairs, spans): no label vocabulary."""
+    return Labels(())
+
+
 def _embedding(name: str) -> Callable:
     """task_embedding's function `name`, imported on call (that module builds on task_plan, which reads this)."""
 
@@ -113,7 +118,7 @@ TASKS: dict[str, Task] = {
             "multiple-choice",
             "BertForMultipleChoice",
             ("context", "choices", "label"),
-            lambda rows, cols, problem, fixed: Labels(()),
+            _no_labels,
             E.encode_choices,
             _score_choices,
             lambda labels: ("accuracy",),
@@ -123,7 +128,7 @@ TASKS: dict[str, Task] = {
             "embedding",
             "BertModel",
             ("anchor", "positive", "negative"),
-            lambda rows, cols, problem, fixed: Labels(()),
+            _no_labels,
             _embedding("encode_pairs"),
             _embedding("score"),
             lambda labels: ("mrr@10", "accuracy@1"),
@@ -133,7 +138,7 @@ TASKS: dict[str, Task] = {
             "question-answering",
             "BertForQuestionAnswering",
             ("question", "context", "answers"),
-            lambda rows, cols, problem, fixed: Labels(()),
+            _no_labels,
             _qa("encode"),
             _qa("score"),
             lambda labels: ("f1", "exact_match"),
