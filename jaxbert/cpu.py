@@ -60,10 +60,10 @@ def bf16_matmuls() -> bool:
     whether the mode is on."""
     if active():
         return True
-    platforms = os.environ.get("JAX_PLATFORMS", "cpu") or "cpu"
+    first_platform = (os.environ.get("JAX_PLATFORMS") or "cpu").split(",")[0]
     if (
         os.environ.get("JAXBERT_ONEDNN", "1") == "0"
-        or "cpu" not in platforms.split(",")[0]
+        or first_platform != "cpu"
         or not has_bf16_units()
         or _backend_started()
     ):
@@ -71,13 +71,6 @@ def bf16_matmuls() -> bool:
     os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *FLAGS]).strip()
     os.environ[MATH_MODE[0]] = MATH_MODE[1]
     return True
-
-
-def describe() -> str:
-    """For the logs: how this process's bfloat16 matmuls run."""
-    if active():
-        return "bfloat16 matmuls: oneDNN, bfloat16 inputs, float32 sums (CPU matrix units)"
-    return "bfloat16 matmuls: XLA's float32 kernels on bfloat16-rounded inputs"
 
 
 def label(dtype: str) -> str:
