@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 
 import numpy as np
 
@@ -279,10 +280,28 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args) or 0
     except (ValueError, OSError, ImportError, TypeError) as e:  # expected errors: one line, no traceback
         print(f"jaxbert {args.command}: error: {one_line(e)}", file=sys.stderr)
-        return 1
+        return _leave(1)
     except KeyboardInterrupt:  # writers clean up on the way out (files.atomic_*), so nothing is half-written
         print(f"jaxbert {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return _leave(130)
+    except BaseException:
+        if _failed_alone():
+            traceback.print_exc()
+            _leave(1)
+        raise
+
+
+def _failed_alone() -> bool:
+    """Whether this process of a multi-process run failed on its own (the others were told to stop)."""
+    distributed = sys.modules.get("jaxbert.distributed")  # not imported: not a multi-process run
+    return distributed is not None and distributed.failing()
+
+
+def _leave(code: int) -> int:
+    """The exit code; a process that failed alone leaves now, its error printed (see distributed.py)."""
+    if _failed_alone():
+        sys.modules["jaxbert.distributed"].leave_failed(code)
+    return code
 
 
 if __name__ == "__main__":

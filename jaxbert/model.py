@@ -18,6 +18,7 @@ from jaxbert.cache import KVCache, init_cache
 from jaxbert.config import BertConfig
 from jaxbert.layout import can_stack, is_stacked, stack_layers
 from jaxbert.ops import activation, as_bits, compute_dtype, dense, dropout, from_bits, layer_norm, take_rows
+from jaxbert.sharding import whole_vectors
 
 
 @flax.struct.dataclass
@@ -59,11 +60,14 @@ def embeddings(
     rng=None,
 ) -> Float[Array, "L D"]:
     # The residual stream is float32 whatever the weights' dtype: only matmul inputs are cast down (ops.dense).
-    x = take_rows(p["word_embeddings"]["embedding"], input_ids) if inputs_embeds is None else inputs_embeds
-    x = x.astype(jnp.float32) + take_rows(p["token_type_embeddings"]["embedding"], token_type_ids).astype(jnp.float32)
+    def rows(name: str, ids) -> Float[Array, "L D"]:
+        return take_rows(whole_vectors(p[name]["embedding"]), ids)
+
+    x = rows("word_embeddings", input_ids) if inputs_embeds is None else inputs_embeds
+    x = x.astype(jnp.float32) + rows("token_type_embeddings", token_type_ids).astype(jnp.float32)
     # Relative-position models still store absolute position embeddings but never add them (as transformers).
     if config.position_embedding_type == "absolute":
-        x = x + take_rows(p["position_embeddings"]["embedding"], position_ids).astype(jnp.float32)
+        x = x + rows("position_embeddings", position_ids).astype(jnp.float32)
     x = layer_norm(p["LayerNorm"], x, config.layer_norm_eps)
     return dropout(x, config.hidden_dropout_prob, rng)
 

@@ -35,6 +35,35 @@ RULES = {
 }
 
 
+def context_batch_axes() -> tuple[str, ...] | None:
+    """The mesh axes that split the batch under the mesh being traced for (`jax.set_mesh`), or None: no mesh, or
+    one that does not split the batch. `model.bert` maps its vmap's rows to them (spmd_axis_name)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return None
+    axes = tuple(a for a in BATCH if a in mesh.axis_names and mesh.shape[a] > 1)
+    return axes or None
+
+
+def whole_vectors(table: jax.Array) -> jax.Array:
+    """An embedding table [V, D] about to be indexed, its vectors gathered whole (FSDP splits D; tensor
+    parallelism may keep V split): the rows taken come out split by the batch, and their gradient goes back as one
+    reduce-scatter, where a D-split lookup makes XLA replicate the batch's gradient in the backward pass."""
+    if context_batch_axes() is None:
+        return table
+    return jax.lax.with_sharding_constraint(table, P(P.UNCONSTRAINED, None))
+
+
+def under(mesh: Mesh, fn):
+    """`fn` traced (and run) with `mesh` as the context mesh, so that keep_rows_whole applies inside it."""
+
+    def call(*args):
+        with jax.set_mesh(mesh):
+            return fn(*args)
+
+    return call
+
+
 def parse_mesh(text: str) -> dict[str, int]:
     """`data=2,fsdp=-1` -> {"data": 2, "fsdp": -1}: syntax only (the device count is checked by mesh_shape)."""
     out: dict[str, int] = {}

@@ -50,6 +50,7 @@ for text in sys.argv[1:]:
     state = jax.device_put(state, sh)
     bsh = sharding.batch_sharding(mesh)
     run = jax.jit(loss_and_grads, in_shardings=(sh.params, bsh), out_shardings=(sharding.replicated(mesh), sh.params))
+    run = sharding.under(mesh, run)  # as the training loop runs its step
     loss, grads = run(state.params, batch)
     flat_grads = traverse_util.flatten_dict(jax.device_get(grads), sep="/")
     flat = traverse_util.flatten_dict(state.params, sep="/")
@@ -73,7 +74,7 @@ hidden = lambda b: np.asarray(b(ids).last_hidden_state)
 out["inference"] = {"diff": float(np.abs(hidden(tp) - hidden(plain)).max()), "qkv": qkv(tp), "plain_qkv": qkv(plain)}
 print(json.dumps(out))
 """
-MESHES = {"dp": "data=4", "fsdp": "fsdp=4", "tp": "tensor=4", "fsdp_tp": "fsdp=2,tensor=2"}
+MESHES = {"dp": "data=4", "fsdp": "fsdp=4", "tp": "tensor=4", "fsdp_tp": "fsdp=2,tensor=2", "dp_fsdp": "data=2,fsdp=2"}
 F, T = "fsdp", "tensor"
 ENC = "bert/encoder/layer/0/"
 # What the rules say, written out by hand: embed -> fsdp; vocab, heads, mlp, hidden -> tensor; norms replicated.
@@ -111,7 +112,8 @@ EXPECTED = {
         "cls/predictions/bias": [T],
     },
 }
-FACTOR = {"dp": 1, "fsdp": 4, "tp": 4, "fsdp_tp": 4}
+EXPECTED["dp_fsdp"] = EXPECTED["fsdp"]  # the data axis splits only the batch
+FACTOR = {"dp": 1, "fsdp": 4, "tp": 4, "fsdp_tp": 4, "dp_fsdp": 2}
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from conftest import model_dir
 
 from jaxbert.cli import main
 from jaxbert.train import task_encode as E
+from jaxbert.train import task_pack as P
 from jaxbert.train.task_data import read_rows
 from jaxbert.train.task_labels import Labels, sequence_labels, sequence_target
 from jaxbert.train.task_table import TASKS
@@ -118,6 +119,25 @@ def test_batches_are_deterministic_bucketed_and_padding_rows_do_not_count(tmp_pa
         abs(float(padded) - float(alone)) < 1e-7
         and abs(float(alone) - float(sequence_classification_loss(config, logits, last["labels"]))) > 1e-3
     )
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_process_shares_of_a_batch_make_up_the_whole(tmp_path, tok, packed):
+    # Each process of a multi-process run builds only its rows of each micro-batch (loop._feed): side by side,
+    # the shares are the whole batch, padded alike (the length and row count are the whole step's).
+    records = [{"text": " ".join(["word"] * n), "label": n % 3} for n in (1, 9, 3, 20, 4, 2, 6, 7, 30, 5, 8, 1)]
+    rows = read_rows(str(_jsonl(tmp_path / "r.jsonl", records)))
+    data = E.encode_sequences(tok, rows, ("text", None, "label"), sequence_labels(rows, "label", None, None), 64)[1]()
+    args = (data, 4, 2, 5, (16, 32, 64), 0)
+    batches = P.PackedTaskBatches(*args, length=32, segments=4, multiple=2) if packed else E.TaskBatches(*args)
+    for step in range(batches.steps_per_epoch):
+        whole, (A, B) = batches(step), batches.shape(step)
+        assert whole["input_ids"].shape[:2] == (A, B) and B % 2 == 0
+        halves = [batches(step, slice(0, B // 2)), batches(step, slice(B // 2, B))]
+        for k in whole:
+            np.testing.assert_array_equal(np.concatenate([h[k] for h in halves], axis=1), whole[k], err_msg=k)
+    if packed:  # rows hold several examples, and some steps' rows are fewer than the examples
+        assert any(batches.shape(s)[1] < 4 for s in range(batches.steps_per_epoch))
 
 
 # -- bad inputs: one line naming file, line and column; exit 1; nothing written ------------------------------------

@@ -35,7 +35,7 @@ import jax
 import jaxbert.train.data as D, jaxbert.train.loop as L
 if os.environ.get("SLOW_STEP"):
     call = D.Batches.__call__
-    D.Batches.__call__ = lambda self, step: (time.sleep(float(os.environ["SLOW_STEP"])), call(self, step))[1]
+    D.Batches.__call__ = lambda *a: (time.sleep(float(os.environ["SLOW_STEP"])), call(*a))[1]
 if os.environ.get("POISON_STEP"):
     compile_ = L._compile
     def _compile(*args, **kwargs):

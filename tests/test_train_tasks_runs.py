@@ -21,7 +21,7 @@ import os, sys, time
 import jaxbert.train.task_encode as E
 if os.environ.get("SLOW_STEP"):
     call = E.TaskBatches.__call__
-    E.TaskBatches.__call__ = lambda self, step: (time.sleep(float(os.environ["SLOW_STEP"])), call(self, step))[1]
+    E.TaskBatches.__call__ = lambda self, *a: (time.sleep(float(os.environ["SLOW_STEP"])), call(self, *a))[1]
 from jaxbert.cli import main
 sys.exit(main(sys.argv[1:]))
 """

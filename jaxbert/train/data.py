@@ -105,6 +105,10 @@ class Batches:
     def position(self, step: int) -> dict:
         return {"epoch": step // self.steps_per_epoch, "offset": (step % self.steps_per_epoch) * self.per_step}
 
+    def shape(self, step: int) -> tuple[int, int]:
+        """[accum, rows] of step `step`'s batch (every process knows it before reading its share)."""
+        return self.accum, self.batch_size
+
     def __call__(self, step: int, rows: slice | None = None) -> np.ndarray:
         """The token ids of optimizer step `step`: [accum, batch_size, L]; with `rows`, only those rows of each
         micro-batch (a process's share: only they are read from the memory-mapped blocks)."""

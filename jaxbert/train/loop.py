@@ -62,6 +62,7 @@ def _compile(run, tx, sched, state_sh, mesh):
         )
 
     step_fn = jax.jit(step, in_shardings=(state_sh, batch_sh, rep), out_shardings=(state_sh, rep), donate_argnums=0)
+    step_fn = sharding.under(mesh, step_fn)
     eval_sh = sharding.batch_sharding(mesh)
     eval_jit = jax.jit(run.eval_fn(dtype), in_shardings=(state_sh.params, eval_sh), out_shardings=rep)
     # Validation batches are built whole on every process (they are small); each device takes its rows.
@@ -69,13 +70,9 @@ def _compile(run, tx, sched, state_sh, mesh):
 
 
 def _feed(run, step: int, batch_sh):
-    """Step `step`'s batch as global arrays [accum, batch, ...] split over the mesh, and this process's count of
-    real tokens. A masked-LM run reads and masks only this process's rows (`reads_share`); other tasks build the
-    batch whole on each process and keep their devices' rows."""
-    if not getattr(run, "reads_share", False):
-        batch = run.batch(step)
-        return sharding.from_host(batch, batch_sh), int(batch["attention_mask"].sum())
-    A, B = run.train.accum, run.train.batch_size
+    """Step `step`'s batch as global arrays [accum, batch, ...] split over the mesh, and its count of real tokens
+    (with several processes, estimated from this process's). Each process reads (and masks) only its rows."""
+    A, B = run.train.shape(step)
     rows = sharding.process_rows(batch_sh, (A, B), axis=1)
     local = run.batch(step, None if rows == slice(0, B) else rows)  # None: one process, the whole batch
     arrays = sharding.global_batch(local, batch_sh, lambda k: (A, B, *local[k].shape[2:]))
@@ -108,11 +105,13 @@ def _check_output_dir(cfg: TrainConfig) -> None:
 def train(cfg: TrainConfig) -> dict:
     """Fine-tune cfg.model (a directory or a hub id) on cfg.task; returns the final validation metrics."""
     distributed.initialize(cfg.coordinator_address, cfg.num_processes, cfg.process_id)
-    cfg = dataclasses.replace(cfg, model=hub.resolve(cfg.model))
-    _check_output_dir(cfg)
-    # One run, one lock: process 0 takes it for all the run's processes.
-    with lock.hold(cfg.output_dir, cfg.break_lock) if distributed.is_primary() else contextlib.nullcontext():
-        return _train(cfg)
+    # An error on one process stops the others too; a Ctrl-C between steps already stops all after the same one.
+    with distributed.fail_together(coordinated=(Interrupted,)):
+        cfg = dataclasses.replace(cfg, model=hub.resolve(cfg.model))
+        _check_output_dir(cfg)
+        # One run, one lock: process 0 takes it for all the run's processes.
+        with lock.hold(cfg.output_dir, cfg.break_lock) if distributed.is_primary() else contextlib.nullcontext():
+            return _train(cfg)
 
 
 def train_mlm(cfg: TrainConfig) -> dict:

@@ -42,7 +42,6 @@ class Run:
     metric: str | None = None  # --metric-for-best-model (None: no OUT/best)
     packed_cls: int | None = None  # packed line-by-line rows: the [CLS] id each line starts with (data.segments)
     head = "BertForMaskedLM"
-    reads_share = True  # batch(step, rows): each process reads and masks only its rows (see loop._feed)
 
     def say(self, message: str) -> None:
         self.log.append(message)
@@ -76,7 +75,7 @@ class Run:
     def batch(self, step: int, rows: slice | None = None) -> dict:
         """Step `step`'s batch [accum, batch, ...], or only `rows` of its batch axis (a process's share). Each row
         is masked by its own Generator seeded by (seed, step, row), so a row is the same whoever masks it."""
-        ids = self.train(step) if rows is None else self.train(step, rows)
+        ids = self.train(step, rows)
         A, R = ids.shape[:2]
         first = rows.start if rows else 0
         one = [

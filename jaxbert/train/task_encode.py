@@ -177,14 +177,20 @@ class TaskBatches(D.Batches):
     buckets: tuple[int, ...] = (128,)
     pad_id: int = 0
 
-    def __call__(self, step: int) -> dict:
-        """The batch of optimizer step `step`: every leaf [accum, batch_size, ...]."""
+    def examples(self, step: int) -> np.ndarray:
+        """The examples of optimizer step `step`, micro-batch after micro-batch."""
         pos = self.position(step)
         order = np.random.default_rng([self.seed, pos["epoch"]]).permutation(len(self.blocks))
-        rows = order[pos["offset"] : pos["offset"] + self.per_step]
-        length = batching.bucket(int(self.blocks.lengths()[rows].max()), self.buckets)
-        batch = self.blocks.batch(rows, self.per_step, length, self.pad_id)
-        return {k: v.reshape(self.accum, self.batch_size, *v.shape[1:]) for k, v in batch.items()}
+        return order[pos["offset"] : pos["offset"] + self.per_step]
+
+    def __call__(self, step: int, rows: slice | None = None) -> dict:
+        """The batch of optimizer step `step`: every leaf [accum, batch_size, ...]; with `rows`, only those rows of
+        each micro-batch (a process's share), padded to the length bucket of the whole step."""
+        examples = self.examples(step)
+        length = batching.bucket(int(self.blocks.lengths()[examples].max()), self.buckets)
+        chosen = examples.reshape(self.accum, self.batch_size)[:, slice(None) if rows is None else rows]
+        batch = self.blocks.batch(chosen.reshape(-1), chosen.size, length, self.pad_id)
+        return {k: v.reshape(*chosen.shape, *v.shape[1:]) for k, v in batch.items()}
 
 
 def eval_batches(data: Encodedset, batch_size: int, buckets, multiple: int, pad_id: int):

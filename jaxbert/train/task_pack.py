@@ -43,22 +43,27 @@ class PackedTaskBatches(TaskBatches):
     segments: int = 1  # segments per row (segments_per_row)
     multiple: int = 1  # rows per micro-batch divide across this many devices
 
-    def examples(self, step: int) -> np.ndarray:
-        pos = self.position(step)
-        order = np.random.default_rng([self.seed, pos["epoch"]]).permutation(len(self.blocks))
-        return order[pos["offset"] : pos["offset"] + self.per_step]
-
-    def __call__(self, step: int) -> dict:
-        """The batch of optimizer step `step`: every leaf [accum, rows, ...], rows a batch bucket."""
-        data, examples = self.blocks, self.examples(step)
+    def _packed(self, step: int) -> tuple[list[list[int]], int]:
+        """Step `step`'s rows (the examples in each; empty rows last) and how many rows a micro-batch has (a
+        batch bucket). Only lengths are read: every process plans the whole step, cheaply, then builds its rows."""
+        examples = self.examples(step)
         rows = [
             [int(examples[i]) for i in row]
-            for row in packing.first_fit_decreasing(data.lengths()[examples], self.length)
+            for row in packing.first_fit_decreasing(self.blocks.lengths()[examples], self.length)
         ]
-        per_micro = -(-len(rows) // self.accum)
-        n = batching.bucket(per_micro, batching.batch_buckets(self.batch_size, self.multiple))
-        batch = self._arrays(rows, self.accum * n)
-        return {k: v.reshape(self.accum, n, *v.shape[1:]) for k, v in batch.items()}
+        n = batching.bucket(-(-len(rows) // self.accum), batching.batch_buckets(self.batch_size, self.multiple))
+        return rows + [[]] * (self.accum * n - len(rows)), n
+
+    def shape(self, step: int) -> tuple[int, int]:
+        return self.accum, self._packed(step)[1]
+
+    def __call__(self, step: int, rows: slice | None = None) -> dict:
+        """The batch of optimizer step `step`: every leaf [accum, rows, ...], rows a batch bucket; with `rows`,
+        only those rows of each micro-batch (a process's share)."""
+        packed, n = self._packed(step)
+        mine = range(n)[slice(None) if rows is None else rows]
+        batch = self._arrays([packed[a * n + i] for a in range(self.accum) for i in mine], self.accum * len(mine))
+        return {k: v.reshape(self.accum, len(mine), *v.shape[1:]) for k, v in batch.items()}
 
     def _arrays(self, rows: list[list[int]], n_rows: int) -> dict:
         data, L, S = self.blocks, self.length, self.segments

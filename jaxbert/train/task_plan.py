@@ -51,8 +51,8 @@ class TaskRun:
         self.log.append(message)
         distributed.say(message)
 
-    def batch(self, step: int) -> dict:
-        return self.train(step)
+    def batch(self, step: int, rows: slice | None = None) -> dict:
+        return self.train(step, rows)
 
     def initial_params(self):
         params, notes = task_params(self.cfg.model, self.config, self.head, self.cfg.seed, self.renew)
