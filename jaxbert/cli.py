@@ -293,14 +293,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _failed_alone() -> bool:
     """Whether this process of a multi-process run failed on its own (the others were told to stop)."""
-    distributed = sys.modules.get("jaxbert.distributed")  # not imported: not a multi-process run
-    return distributed is not None and distributed.failing()
+    failures = sys.modules.get("jaxbert.failures")  # not imported: not a multi-process run
+    return failures is not None and failures.failing()
 
 
 def _leave(code: int) -> int:
-    """The exit code; a process that failed alone leaves now, its error printed (see distributed.py)."""
+    """The exit code; a process that failed alone leaves now, its error printed (see failures.py)."""
     if _failed_alone():
-        sys.modules["jaxbert.distributed"].leave_failed(code)
+        sys.modules["jaxbert.failures"].leave_failed(code)
     return code
 
 

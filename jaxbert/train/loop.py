@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from tqdm.auto import tqdm
 
-from jaxbert import distributed, hub, sharding
+from jaxbert import distributed, failures, hub, sharding
 from jaxbert.files import check_disjoint
 from jaxbert.train import checkpoints, lock, outputs, plan, task_plan
 from jaxbert.train.best import Best, write_model
@@ -106,7 +106,7 @@ def train(cfg: TrainConfig) -> dict:
     """Fine-tune cfg.model (a directory or a hub id) on cfg.task; returns the final validation metrics."""
     distributed.initialize(cfg.coordinator_address, cfg.num_processes, cfg.process_id)
     # An error on one process stops the others too; a Ctrl-C between steps already stops all after the same one.
-    with distributed.fail_together(coordinated=(Interrupted,)):
+    with failures.fail_together(coordinated=(Interrupted,)):
         cfg = dataclasses.replace(cfg, model=hub.resolve(cfg.model))
         _check_output_dir(cfg)
         # One run, one lock: process 0 takes it for all the run's processes.
