@@ -269,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jaxbert.files import one_line
+    from jaxbert.files import EXPECTED_ERRORS, one_line
 
     args = build_parser().parse_args(argv)
     if args.command in ("train", "train-mlm") and args.dtype == "bfloat16":
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu.bf16_matmuls()  # before JAX starts: the run's matmuls on the CPU's bfloat16 units (see cpu.py)
     try:
         return args.func(args) or 0
-    except (ValueError, OSError, ImportError, TypeError) as e:  # expected errors: one line, no traceback
+    except EXPECTED_ERRORS as e:  # one line, no traceback
         print(f"jaxbert {args.command}: error: {one_line(e)}", file=sys.stderr)
         return _leave(1)
     except KeyboardInterrupt:  # writers clean up on the way out (files.atomic_*), so nothing is half-written

@@ -101,12 +101,12 @@ def fail_together(coordinated: tuple[type[BaseException], ...] = ()):
 def _post_failure(e: BaseException) -> None:
     """Post this process's failure, then wait (briefly) until every other process stops or fails itself."""
     global _failing
-    from jaxbert.files import one_line
+    from jaxbert.files import EXPECTED_ERRORS, one_line
 
     me, client = jax.process_index(), _client()
     interrupted = isinstance(e, KeyboardInterrupt)
     error = "interrupted" if interrupted else one_line(e)
-    if not isinstance(e, (ValueError, OSError, ImportError, TypeError, KeyboardInterrupt)):
+    if not isinstance(e, (*EXPECTED_ERRORS, KeyboardInterrupt)):
         error = f"{type(e).__name__}: {error}"  # an unexpected error: its type says more than its message
     _post(client, _FAILED, json.dumps({"process": me, "error": error, "code": 130 if interrupted else 1}))
     try:

@@ -16,6 +16,8 @@ import re
 import shutil
 import tempfile
 
+# Errors a command expects (bad input, a missing file or extra): reported in one line, without a traceback.
+EXPECTED_ERRORS = (ValueError, OSError, ImportError, TypeError)
 MAX_MESSAGE = 600  # characters of an error line; longer ones are cut (a file can name a million keys)
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # ANSI escapes start with \x1b: shown, not obeyed
 

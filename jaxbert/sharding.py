@@ -35,27 +35,23 @@ RULES = {
 }
 
 
-def context_batch_axes() -> tuple[str, ...] | None:
-    """The mesh axes that split the batch under the mesh being traced for (`jax.set_mesh`), or None: no mesh, or
-    one that does not split the batch. `model.bert` maps its vmap's rows to them (spmd_axis_name)."""
+def _batch_is_split() -> bool:
+    """Whether the mesh being traced for (`under`) splits the batch (no mesh: no)."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        return None
-    axes = tuple(a for a in BATCH if a in mesh.axis_names and mesh.shape[a] > 1)
-    return axes or None
+    return not mesh.empty and any(mesh.shape[a] > 1 for a in BATCH if a in mesh.axis_names)
 
 
 def whole_vectors(table: jax.Array) -> jax.Array:
     """An embedding table [V, D] about to be indexed, its vectors gathered whole (FSDP splits D; tensor
     parallelism may keep V split): the rows taken come out split by the batch, and their gradient goes back as one
     reduce-scatter, where a D-split lookup makes XLA replicate the batch's gradient in the backward pass."""
-    if context_batch_axes() is None:
+    if not _batch_is_split():
         return table
     return jax.lax.with_sharding_constraint(table, P(P.UNCONSTRAINED, None))
 
 
 def under(mesh: Mesh, fn):
-    """`fn` traced (and run) with `mesh` as the context mesh, so that keep_rows_whole applies inside it."""
+    """`fn` traced (and run) with `mesh` as the context mesh, so that whole_vectors applies inside it."""
 
     def call(*args):
         with jax.set_mesh(mesh):

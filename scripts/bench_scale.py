@@ -75,8 +75,8 @@ def scale_memory(devices: str, mesh: str) -> dict:
         out_shardings=(state_sh, rep),
         donate_argnums=0,
     )
-    with jax.set_mesh(m):  # as the training loop traces its step (sharding.under)
-        compiled = step.lower(state, sharding.from_host(batch, batch_sh), jax.random.key(1)).compile()
+    # Traced under the mesh, as the training loop traces its step.
+    compiled = sharding.under(m, step.lower)(state, sharding.from_host(batch, batch_sh), jax.random.key(1)).compile()
     return {
         "mesh": ",".join(f"{k}={v}" for k, v in m.shape.items()),
         "params_mb_per_device": on_first(state.params),
