@@ -53,7 +53,11 @@ def _key(path: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def leaf_axes(path: tuple[str, ...], ndim: int) -> tuple[str, ...]:
-    """The logical axes of the leaf at `path` (dict keys from the root) with `ndim` dimensions."""
+    """The logical axes of the leaf at `path` (dict keys from the root) with `ndim` dimensions. An int8 `weight`
+    [out, in] and its `weight_scale` [out] (quantize.py) have those of the kernel they stand for."""
+    if path[-1] in ("weight", "weight_scale"):
+        kernel = leaf_axes((*path[:-1], "kernel"), ndim + (path[-1] == "weight_scale"))
+        return (*kernel[:-2], kernel[-1]) + ((kernel[-2],) if path[-1] == "weight" else ())
     key = _key(path)
     for suffix, axes in TABLE:
         if key[-len(suffix) :] == suffix:

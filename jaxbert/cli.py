@@ -11,6 +11,8 @@ import traceback
 
 import numpy as np
 
+from jaxbert.inference import DTYPES
+
 
 def _info(args) -> None:
     import jax
@@ -124,7 +126,7 @@ def _embed(args) -> int:
         raise ValueError(f"--output {args.output}: expected a .npy file")
     check_output_file(args.output)  # before any work
     texts = read_text_file(args.input, allow_empty=True).texts
-    bert = jaxbert.load(args.dir)
+    bert = jaxbert.load(args.dir, dtype=args.dtype)
     emb = bert.embed(
         texts, pooling=args.pooling, normalize=args.normalize, batch_size=args.batch_size, max_length=args.max_length
     )
@@ -141,7 +143,7 @@ def _embed(args) -> int:
 def _fill_mask(args) -> int:
     import jaxbert
 
-    results = jaxbert.load(args.dir).fill_mask(args.text, top_k=args.top_k)
+    results = jaxbert.load(args.dir, dtype=args.dtype).fill_mask(args.text, top_k=args.top_k)
     for i, candidates in enumerate(results):
         if len(results) > 1:
             print(f"[MASK] #{i + 1}")
@@ -155,7 +157,7 @@ def _answer(args) -> int:
 
     import jaxbert
 
-    answers = jaxbert.load(args.dir).answer(args.question, args.context, top_k=args.top_k)
+    answers = jaxbert.load(args.dir, dtype=args.dtype).answer(args.question, args.context, top_k=args.top_k)
     print(json.dumps(answers, ensure_ascii=False))
     return 0
 
@@ -186,13 +188,17 @@ def _add_generate(sub) -> None:
     gen.add_argument("--top-k", type=int, default=None, help="sampling: keep the K likeliest tokens (0: all)")
     gen.add_argument("--top-p", type=float, default=None, help="sampling: nucleus probability mass")
     gen.add_argument("--seed", type=int, default=0, help="sampling: the same seed draws the same text")
-    gen.add_argument(
-        "--dtype",
-        choices=("float32", "bfloat16", "float16"),
-        default=None,
-        help="run in this dtype (default: the checkpoint's)",
-    )
+    _add_dtype(gen)
     gen.set_defaults(func=_generate)
+
+
+def _add_dtype(parser) -> None:
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="run in this dtype (default: the checkpoint's; int8: the layers' matmuls quantized, the rest float32)",
+    )
 
 
 def _leaves(tree):
@@ -248,17 +254,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     embed.add_argument("--batch-size", type=int, default=32)
     embed.add_argument("--max-length", type=int, default=None, help="truncate texts to N tokens")
+    _add_dtype(embed)
     embed.set_defaults(func=_embed)
     fill = sub.add_parser("fill-mask", help="top-k predictions for each [MASK] of a text")
     fill.add_argument("dir")
     fill.add_argument("text")
     fill.add_argument("--top-k", type=int, default=5)
+    _add_dtype(fill)
     fill.set_defaults(func=_fill_mask)
     answer = sub.add_parser("answer", help="extractive QA: the answer span to a question in a context (JSON)")
     answer.add_argument("dir")
     answer.add_argument("--question", required=True)
     answer.add_argument("--context", required=True)
     answer.add_argument("--top-k", type=int, default=1)
+    _add_dtype(answer)
     answer.set_defaults(func=_answer)
     _add_generate(sub)
     cli_train.add_parsers(sub)

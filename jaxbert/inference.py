@@ -17,7 +17,7 @@ import numpy as np
 from flax import traverse_util
 from jax.sharding import Mesh
 
-from jaxbert import batching, decoders, generate_inputs, hub, packing, sentence_dir, sharding, tasks
+from jaxbert import batching, decoders, generate_inputs, hub, packing, quantize, sentence_dir, sharding, tasks
 from jaxbert.checkpoint import load_params
 from jaxbert.config import BertConfig
 from jaxbert.convert import check_cast
@@ -31,11 +31,17 @@ from jaxbert.seq2seq import load_config
 from jaxbert.tokenizer import WordPiece, pad
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+DTYPES = (*_DTYPES, "int8")  # int8: quantize.py (the layers' matmuls in int8, all else float32)
 
 
 def _check_dtype(dtype: str | None):
-    if dtype is not None and dtype not in _DTYPES:
-        raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(_DTYPES)}")
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+
+
+def float_dtype(dtype: str | None):
+    """The dtype floating parameters are cast to for `dtype` (None: kept as stored; int8 keeps float32)."""
+    return jnp.float32 if dtype == "int8" else _DTYPES.get(dtype)
 
 
 def _to_devices(tree, place):
@@ -85,16 +91,19 @@ class Bert:
         self._shards = sharding.batch_shards(self.mesh)  # the batch is split this many ways
         replicated = sharding.replicated(self.mesh)
         _check_dtype(dtype)
-        if dtype is not None:
-            check_cast(params, _DTYPES[dtype])
+        cast = float_dtype(dtype)
+        if cast is not None:
+            check_cast(params, cast)
 
         def place(x):
-            if dtype is not None and jnp.issubdtype(x.dtype, jnp.floating):
-                x = x.astype(_DTYPES[dtype])
+            if cast is not None and jnp.issubdtype(x.dtype, jnp.floating):
+                x = x.astype(cast)
             return jax.device_put(x, replicated) if mesh is None else x  # with a mesh: placed by path below
 
         compute = _to_devices(to_compute(params, config, consume=consume, place=place), place)
         del params
+        if dtype == "int8":
+            compute = quantize.quantize(compute)
         if mesh is not None:
             compute = jax.device_put(compute, sharding.param_shardings(compute, self.mesh))
         self._dtypes = jax.tree_util.tree_map(lambda a: a.dtype, compute)
@@ -204,8 +213,9 @@ class Bert:
 
     @property
     def params(self):
-        """The stored layout (transformers' FlaxBert tree; a new tree on each access)."""
-        return to_stored(self.compute_params, self.config)
+        """The stored layout (transformers' FlaxBert tree; a new tree on each access). An int8 model's are the
+        float32 values its int8 weights stand for (quantize.dequantize)."""
+        return to_stored(quantize.dequantize(self.compute_params), self.config)
 
     @property
     def params_dtype(self):
@@ -385,7 +395,9 @@ def load(path: str | os.PathLike, head: str | None = None, dtype: str | None = N
     (`org/name[@revision]`, from the local Hugging Face cache or downloaded; see hub.py).
 
         `dtype="bfloat16"` (or float16) stores and runs the parameters in that dtype; LayerNorm and softmax
-        statistics stay in float32. `mesh` (see Bert) splits the parameters over a device mesh.
+        statistics stay in float32. `dtype="int8"` quantizes the encoder layers' matmul weights (per output
+        channel) and their inputs (per token, as they arrive) and keeps the rest float32 (see quantize.py).
+        `mesh` (see Bert) splits the parameters over a device mesh.
     """
     path = hub.resolve(path)
     config = load_config(path)

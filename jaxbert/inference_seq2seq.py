@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxbert import decoders, generate_inputs
-from jaxbert.inference import _DTYPES, Bert
+from jaxbert.inference import Bert, float_dtype
 from jaxbert.inputs import check_arrays
 from jaxbert.layout import to_stored
 from jaxbert.seq2seq import EncoderDecoderConfig, Seq2SeqOutput, encoder_decoder
@@ -36,7 +36,7 @@ class EncoderDecoder:
         self.decoder = Bert(
             config.decoder, params["decoder"], "BertLMHeadModel", directory, dtype=dtype, consume=consume
         )
-        cast = (lambda a: jnp.asarray(a, _DTYPES[dtype])) if dtype else jnp.asarray  # noqa: E731  as the sides
+        cast = functools.partial(jnp.asarray, dtype=float_dtype(dtype))  # as the sides
         self.proj = None if proj is None else jax.tree_util.tree_map(cast, proj)
         self._lock = threading.Lock()
         self._own_compiles = 0

@@ -108,12 +108,13 @@ def infer_ort(onnx_path: str, model_dir: str, batch: str, length: str) -> dict:
 
 def matmul(dtype: str, m: str, d: str, f: str) -> dict:
     """XLA's dot rate at one BERT layer's matmul shapes for m tokens (QKV, attention output, FFN in and out),
-    float32 accumulation: the machine's limit for this configuration, in GFLOP/s."""
+    float32 accumulation (int32 for int8): the machine's limit for this configuration, in GFLOP/s."""
     import jax
     import jax.numpy as jnp
 
     m, d, f = int(m), int(d), int(f)
-    dot = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
+    sums = jnp.int32 if dtype == "int8" else jnp.float32
+    dot = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=sums))
     flops = seconds = 0.0
     for k, n in ((d, 3 * d), (d, d), (d, f), (f, d)):
         a, b = jnp.ones((m, k), dtype), jnp.ones((k, n), dtype)

@@ -1,16 +1,16 @@
 """jaxbert's benchmark, side by side with its peers in one run. Every measurement runs in a fresh process; peers
 alternate (A B A B ...) so machine drift hits them alike; the table gives medians and ratios; JSON is written too.
 
-    python scripts/benchmark.py [--section infer] [--repeats 3] [--json benchmark.json]
+    python scripts/benchmark.py [--section infer] [--shape 'bert-base 8x128'] [--repeats 3] [--json benchmark.json]
 
 Sections (peers that are not installed are skipped with a note):
   infer    BertModel forward at fixed shapes: bert-base (random weights, loaded from a safetensors directory like
            any checkpoint) at 1x128 (latency), 8x128, 32x128, 8x512, and MiniLM (the offline checkpoint) at 32x128.
-           Peers: jaxbert float32 and bfloat16, PyTorch eager (transformers 5, torch.inference_mode), ONNX Runtime
+           Peers: jaxbert float32, bfloat16 and int8, PyTorch eager (transformers 5, torch.inference_mode), ONNX Runtime
            CPU (the same model exported by torch.onnx, all graph optimizations; float32 and dynamic int8), OpenVINO
            (converted from PyTorch at the shape; float32 and its default precision) and CTranslate2 (float32,
            int8): see bench_engines.py. Beside them, the machine's limit:
-           XLA's float32 / bfloat16 dot rate at the configuration's layer shapes, and each peer's achieved FLOP/s
+           XLA's float32 / bfloat16 / int8 dot rate at the configuration's layer shapes, and each peer's achieved FLOP/s
            (2 x matmul params x tokens + attention) as a fraction of it. Median of 5 calls after one call, whose
            time (compilation included) is first_call_s; peak RSS of the process (VmHWM).
   compile  time to first result of bert-base-width inference at 8x128 for 6, 12, 24 layers: the loaded model
@@ -163,6 +163,7 @@ def _infer_peers(model_dir: str, tmp: str, name: str, batch: int, length: int) -
     peers = {
         "jaxbert float32": ("infer_jax", model_dir, "float32", batch, length),
         "jaxbert bfloat16": ("infer_jax", model_dir, "bfloat16", batch, length),
+        "jaxbert int8": ("infer_jax", model_dir, "int8", batch, length),
     }
     if available("torch", "transformers"):
         peers["PyTorch eager float32"] = ("infer_torch", model_dir, batch, length)
@@ -185,14 +186,18 @@ def _infer_peers(model_dir: str, tmp: str, name: str, batch: int, length: int) -
     return peers
 
 
-def section_infer(repeats: int, tmp: str) -> dict:
+def _precision(label: str) -> str:
+    return next((dt for dt in ("bfloat16", "int8") if dt in label), "float32")
+
+
+def section_infer(repeats: int, tmp: str, shapes=INFER) -> dict:
     results = {}
-    for name, batch, length in INFER:
+    for name, batch, length in shapes:
         model_dir = bert_base_dir(tmp) if name == "bert-base" else minilm_dir()
         c = json.load(open(os.path.join(model_dir, "config.json")))
         limits = {
             f"XLA dot {dt}": ("matmul", dt, batch * length, c["hidden_size"], c["intermediate_size"])
-            for dt in ("float32", "bfloat16")
+            for dt in ("float32", "bfloat16", "int8")
         }
         rows = alternate({**_infer_peers(model_dir, tmp, name, batch, length), **limits}, repeats)
         work = flops(model_dir, batch, length)
@@ -202,7 +207,7 @@ def section_infer(repeats: int, tmp: str) -> dict:
             if "tokens_per_s" not in row:
                 continue
             row["gflops"] = work / row["seconds"] / 1e9
-            limit = rows[f"XLA dot {'bfloat16' if 'bfloat16' in label else 'float32'}"]["gflops"]
+            limit = rows[f"XLA dot {_precision(label)}"]["gflops"]
             row["of_matmul_limit"] = row["gflops"] / limit
             row["x_torch"] = row["tokens_per_s"] / torch_rate if torch_rate else None
             row["x_ort"] = row["tokens_per_s"] / ort_rate if ort_rate else None
@@ -374,6 +379,12 @@ def print_table(name: str, table: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--section", choices=list(SECTIONS), action="append")
+    parser.add_argument(
+        "--shape",
+        action="append",
+        choices=[f"{name} {batch}x{length}" for name, batch, length in INFER],
+        help="infer: only this configuration (repeatable; default all)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default="benchmark.json")
     args = parser.parse_args()
@@ -386,7 +397,11 @@ def main() -> None:
     print(f"{machine}; medians of {args.repeats} alternating runs")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.section or list(SECTIONS):
-            report[name] = SECTIONS[name](args.repeats, tmp)
+            if name == "infer" and args.shape:
+                shapes = [c for c in INFER if f"{c[0]} {c[1]}x{c[2]}" in args.shape]
+                report[name] = section_infer(args.repeats, tmp, shapes)
+            else:
+                report[name] = SECTIONS[name](args.repeats, tmp)
             print_table(name, report[name])
             with open(args.json, "w") as f:  # after every section: a long run keeps what it measured
                 json.dump(report, f, indent=2)

@@ -4,7 +4,8 @@
 #   2. run jit-compiled inference on the converted directory (sentence similarity);
 #   3. fine-tune it with masked-language modelling on the shipped corpus (a few hundred steps, a few minutes
 #      on 2 CPU cores), printing validation perplexity before and after;
-#   4. fill-mask with the result, and export it back to a transformers checkpoint;
+#   4. fill-mask with the result (float32, and int8: the same top prediction), and export it back to a
+#      transformers checkpoint;
 #   5. fine-tune the converted checkpoint as a review sentiment classifier (30 steps on examples/data/reviews_*,
 #      made by scripts/make_task_data.py), printing validation accuracy before and after, then predict with it.
 #   6. fine-tune it as a sentence encoder (in-batch negatives, 10 steps on examples/data/pairs_*: negations an
@@ -30,6 +31,17 @@ rm -rf "$OUT/mlm"
 echo "== 4. fill-mask and export"
 "$PY" -m jaxbert fill-mask "$OUT/mlm/final" "Paris is the [MASK] of France."
 "$PY" -m jaxbert fill-mask "$OUT/mlm/final" "People in Brazil speak [MASK]."
+echo "   with int8 matmuls (jaxbert.load(dir, dtype=\"int8\")) the top prediction must not change:"
+"$PY" - "$OUT/mlm/final" <<'PYEOF'
+import sys
+import jaxbert
+f32, int8 = jaxbert.load(sys.argv[1]), jaxbert.load(sys.argv[1], dtype="int8")
+for text in ("Paris is the [MASK] of France.", "People in Brazil speak [MASK]."):
+    a, b = (model.fill_mask(text, top_k=1)[0][0] for model in (f32, int8))
+    print(f"  {text}  float32: {a['token']} {a['score']:.3f}  int8: {b['token']} {b['score']:.3f}")
+    if a["token"] != b["token"]:
+        sys.exit(f"int8 changed the top prediction for {text!r}")
+PYEOF
 "$PY" -m jaxbert export "$OUT/mlm/final" "$OUT/mlm-pt" --force
 echo "== 5. sequence-classification fine-tune and predict"
 rm -rf "$OUT/reviews"
