@@ -225,3 +225,16 @@ def test_bad_arguments_are_one_line_errors_naming_the_value(projected, kwargs, e
     with pytest.raises(error, match=match) as info:
         s2s.generate(**kwargs)
     assert "\n" not in str(info.value)
+
+
+def test_int8_bert2bert_stays_near_float32_and_generates_what_its_forward_picks(projected):
+    # Both sides quantized (the decoder's cross-attention too); the projection and embeddings stay float32.
+    _, f32, directory = projected
+    int8 = jaxbert.load(directory, dtype="int8")
+    ids, mask = _inputs()
+    start = np.full((ids.shape[0], 1), f32.config.decoder_start_token_id)
+    a, b = (np.asarray(m(ids, mask, decoder_input_ids=start).logits) for m in (f32, int8))
+    assert 0 < np.abs(a - b).max() <= 0.05 * a.std()
+    new = np.asarray(int8.generate(ids, mask, max_new_tokens=4))
+    assert new.shape[0] == ids.shape[0]
+    np.testing.assert_array_equal(new[:, 1], b[:, -1].argmax(-1))  # the first generated token
