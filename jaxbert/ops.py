@@ -104,15 +104,22 @@ def _gelu_fast(x):
     return 0.5 * x * (1.0 + jnp.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
 
 
+def _gelu_erf(x):
+    # PyTorch's exact GELU, written as it is: jax.nn.gelu(approximate=False) goes through erfc, which XLA:CPU
+    # expands into twice the work of erf (bert-base's [1024, 3072] FFN activations: 2.0 vs 0.95 ms, an add
+    # alone 0.65).
+    return x * 0.5 * (1.0 + jax.lax.erf(x / math.sqrt(2.0)))
+
+
 # transformers' ACT2FN names. Plain "gelu" is the exact erf form; jax.nn.gelu defaults to tanh, hence explicit.
 ACTIVATIONS = {
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
-    "gelu_python": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu": _gelu_erf,
+    "gelu_python": _gelu_erf,
     "gelu_new": _gelu_tanh,
     "gelu_pytorch_tanh": _gelu_tanh,
     "gelu_accurate": _gelu_tanh,
     "gelu_fast": _gelu_fast,
-    "gelu_10": lambda x: jnp.clip(jax.nn.gelu(x, approximate=False), -10.0, 10.0),
+    "gelu_10": lambda x: jnp.clip(_gelu_erf(x), -10.0, 10.0),
     "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
     "relu": jax.nn.relu,
     "relu2": lambda x: jnp.square(jax.nn.relu(x)),
