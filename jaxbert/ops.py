@@ -53,6 +53,17 @@ def quantize_rows(x: Float[Array, "... I"]) -> tuple[Int[Array, "... I"], Float[
     return jnp.round(x * (1.0 / scale)).astype(jnp.int8), scale
 
 
+def _int8_matmul(x: Float[Array, "... I"], weight: Int[Array, "O I"], scale: Float[Array, " O"]) -> Array:
+    """x quantized per row times an int8 weight, summed in int32, scaled back to float32."""
+    rows = x.reshape(-1, x.shape[-1])
+    n = rows.shape[0]
+    if n == 1:  # XLA:CPU's int8 matmul of one row takes a slow path: 3.4x the time of two ([768] x [3072, 768])
+        rows = jnp.pad(rows, ((0, 1), (0, 0)))
+    xq, x_scale = quantize_rows(rows)
+    acc = jax.lax.dot_general(xq, weight, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
+    return (acc[:n].astype(jnp.float32) * (x_scale[:n] * scale)).reshape(*x.shape[:-1], -1)
+
+
 def dense(p: dict, x: Float[Array, "... I"]) -> Float[Array, "... O"]:
     """`x @ kernel + bias` in float32; kernel is [in, out] (the transpose of PyTorch's Linear.weight).
 
@@ -70,9 +81,7 @@ def dense(p: dict, x: Float[Array, "... I"]) -> Float[Array, "... O"]:
     else:
         weight, by_rows = p["weight"], (((x.ndim - 1,), (1,)), ((), ()))
         if "weight_scale" in p:
-            xq, x_scale = quantize_rows(x)
-            acc = jax.lax.dot_general(xq, weight, by_rows, preferred_element_type=jnp.int32)
-            y = acc.astype(jnp.float32) * (x_scale * p["weight_scale"])
+            y = _int8_matmul(x, weight, p["weight_scale"])
         else:
             y = jax.lax.dot_general(x.astype(weight.dtype), weight, by_rows, preferred_element_type=jnp.float32)
     return y + p["bias"].astype(jnp.float32) if "bias" in p else y

@@ -25,7 +25,7 @@ Sections (peers that are not installed are skipped with a note):
   convert  `jaxbert convert` of a bert-base-size safetensors checkpoint: seconds and peak RSS, beside
            transformers loading and re-saving it.
   generate greedy generation with a bert-base-size BertLMHeadModel (random weights, a safetensors directory), prompt
-           32, 64 new tokens, batch 1 and 8, in generated tokens/s: jaxbert float32 and bfloat16 vs transformers'
+           32, 64 new tokens, batch 1 and 8, in generated tokens/s: jaxbert float32, bfloat16 and int8 vs transformers'
            PyTorch `generate` (eager, inference_mode, its cache). Beside them the machine's limits: memory bandwidth
            over the weight bytes every step reads (decoding at small batches is bandwidth bound), and XLA's floor,
            steps of nothing but the weights' matmuls in generate's layout (what XLA:CPU's kernels allow).
@@ -300,6 +300,7 @@ def section_generate(repeats: int, tmp: str) -> dict:
         peers = {
             "jaxbert float32": ("generate_jax", model_dir, "float32", batch),
             "jaxbert bfloat16": ("generate_jax", model_dir, "bfloat16", batch),
+            "jaxbert int8": ("generate_jax", model_dir, "int8", batch),
         }
         if available("torch", "transformers"):
             peers["PyTorch eager float32"] = ("generate_torch", model_dir, batch)
