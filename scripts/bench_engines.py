@@ -10,7 +10,7 @@ import os
 import shutil
 import time
 
-from bench_peers import _ids, _median_seconds, rss_mb
+from bench_peers import _ids, _median_seconds, mix_sorted, rss_mb
 
 
 def quantize_onnx(onnx_path: str, int8_path: str) -> dict:
@@ -21,20 +21,34 @@ def quantize_onnx(onnx_path: str, int8_path: str) -> dict:
     return {"seconds": time.perf_counter() - start}
 
 
-def infer_openvino(model_dir: str, precision: str, batch: str, length: str) -> dict:
-    """precision "f32" (INFERENCE_PRECISION_HINT) or "default" (OpenVINO's own choice for this CPU)."""
-    import numpy as np
+def _openvino(model_dir: str, precision: str, ids, dynamic: bool = False):
+    """transformers' BertModel converted by OpenVINO (traced on `ids`; with `dynamic`, any batch and length) and
+    compiled for the CPU: precision "f32" (INFERENCE_PRECISION_HINT) or "default" (its own choice here)."""
     import openvino as ov
     import torch
     import transformers
 
     model = transformers.BertModel.from_pretrained(model_dir).eval()
-    ids = _ids(model_dir, int(batch), int(length)).astype(np.int64)
     example = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.ones(ids.shape, dtype=torch.long)}
     with torch.inference_mode():
         converted = ov.convert_model(model, example_input=example)
+    if dynamic:
+        converted.reshape({port.get_any_name(): ov.PartialShape([-1, -1]) for port in converted.inputs})
     config = {"INFERENCE_PRECISION_HINT": "f32"} if precision == "f32" else {}
-    compiled = ov.Core().compile_model(converted, "CPU", config)
+    return ov.Core().compile_model(converted, "CPU", config)
+
+
+def mix_openvino(model_dir: str, precision: str, corpus: str, n: str) -> dict:
+    """OpenVINO (dynamic shapes) over the sorted, per-batch padded mix."""
+    compiled = _openvino(model_dir, precision, _ids(model_dir, 2, 16).astype("int64"), dynamic=True)
+    return mix_sorted(model_dir, corpus, n, lambda ids, mask: compiled({"input_ids": ids, "attention_mask": mask}))
+
+
+def infer_openvino(model_dir: str, precision: str, batch: str, length: str) -> dict:
+    import numpy as np
+
+    ids = _ids(model_dir, int(batch), int(length)).astype(np.int64)
+    compiled = _openvino(model_dir, precision, ids)
     feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
     start = time.perf_counter()
     compiled(feed)
@@ -63,6 +77,19 @@ def convert_ct2(model_dir: str, out: str) -> dict:
     start = time.perf_counter()
     ctranslate2.converters.TransformersConverter(model_dir).convert(out, force=True)
     return {"seconds": time.perf_counter() - start}
+
+
+def mix_ct2(ct2_dir: str, model_dir: str, compute_type: str, corpus: str, n: str) -> dict:
+    """CTranslate2 over the sorted mix: each batch's token lists (it pads them itself)."""
+    import ctranslate2
+    import numpy as np
+
+    encoder = ctranslate2.Encoder(ct2_dir, device="cpu", compute_type=compute_type, intra_threads=os.cpu_count())
+
+    def forward(ids, mask):
+        np.asarray(encoder.forward_batch([row[: int(m.sum())].tolist() for row, m in zip(ids, mask)]).last_hidden_state)
+
+    return mix_sorted(model_dir, corpus, n, forward)
 
 
 def infer_ct2(ct2_dir: str, model_dir: str, compute_type: str, batch: str, length: str) -> dict:

@@ -61,9 +61,9 @@ def infer_torch(model_dir: str, batch: str, length: str) -> dict:
     return {"tokens_per_s": ids.numel() / seconds, "seconds": seconds, "first_call_s": first, "rss_after_mb": rss_mb()}
 
 
-def export_onnx(model_dir: str, onnx_path: str, batch: str, length: str) -> dict:
+def export_onnx(model_dir: str, onnx_path: str, batch: str, length: str, dynamic: str = "") -> dict:
     """transformers' BertModel through torch.onnx's dynamo exporter (the TorchScript one mis-traces transformers
-    5's BERT), at a static shape so ONNX Runtime can specialize."""
+    5's BERT), at a static shape so ONNX Runtime can specialize, or with `dynamic` batch and length axes."""
     import torch
     import transformers
 
@@ -86,17 +86,38 @@ def export_onnx(model_dir: str, onnx_path: str, batch: str, length: str) -> dict
             dynamo=True,
             input_names=["input_ids", "attention_mask"],
             output_names=["last_hidden_state"],
+            dynamic_shapes=_dynamic_axes() if dynamic else None,
         )
     return {"seconds": time.perf_counter() - start}
 
 
-def infer_ort(onnx_path: str, model_dir: str, batch: str, length: str) -> dict:
-    import numpy as np
+def _dynamic_axes():
+    import torch
+
+    batch, length = torch.export.Dim("batch", min=1, max=1024), torch.export.Dim("length", min=2, max=512)
+    return ({0: batch, 1: length}, {0: batch, 1: length})
+
+
+def _ort_session(onnx_path: str):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
+
+
+def mix_ort(onnx_path: str, model_dir: str, corpus: str, n: str) -> dict:
+    """ONNX Runtime (a dynamic-shape export; float32 or dynamic int8) over the sorted, per-batch padded mix."""
+    session = _ort_session(onnx_path)
+    return mix_sorted(
+        model_dir, corpus, n, lambda ids, mask: session.run(None, {"input_ids": ids, "attention_mask": mask})
+    )
+
+
+def infer_ort(onnx_path: str, model_dir: str, batch: str, length: str) -> dict:
+    import numpy as np
+
+    session = _ort_session(onnx_path)
     ids = _ids(model_dir, int(batch), int(length)).astype(np.int64)
     feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
     start = time.perf_counter()
@@ -163,13 +184,13 @@ def mix_texts(corpus: str, n: int, seed: int = 0) -> list[str]:
     return [" ".join(lines[s : s + c]) for s, c in zip(starts, counts, strict=True)]
 
 
-def mix_jax(model_dir: str, corpus: str, n: str, mode: str) -> dict:
+def mix_jax(model_dir: str, corpus: str, n: str, mode: str, dtype: str = "float32") -> dict:
     """`Bert.embed` over the mix: packed rows ("packed", the default), each text padded to its batch's shape
     bucket ("buckets") or every batch padded to 512 ("pad512"); 32 rows a call."""
     import jaxbert
 
     texts = mix_texts(corpus, int(n))
-    bert = jaxbert.load(model_dir)
+    bert = jaxbert.load(model_dir, dtype=None if dtype == "float32" else dtype)
     if mode == "pad512":
         bert.length_buckets = (512,)
     kw = dict(batch_size=32, max_length=512, packing=mode == "packed")
@@ -183,33 +204,40 @@ def mix_jax(model_dir: str, corpus: str, n: str, mode: str) -> dict:
     }
 
 
-def mix_torch(model_dir: str, corpus: str, n: str) -> dict:
-    """PyTorch eager as sentence-transformers runs it: texts sorted by length, each batch of 32 padded to its
-    own longest text."""
-    import torch
+def mix_sorted(model_dir: str, corpus: str, n: str, forward) -> dict:
+    """Times `forward(input_ids, attention_mask)` (int64 numpy arrays) over the mix fed as sentence-transformers
+    feeds a model: texts sorted longest first, batches of 32 tokenized (inside the timing, as jaxbert's) and
+    padded to their own longest text."""
+    import numpy as np
     import transformers
 
     texts = mix_texts(corpus, int(n))
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    model = transformers.BertModel.from_pretrained(model_dir).eval()
-    order = sorted(range(len(texts)), key=lambda i: -len(tok(texts[i], truncation=True, max_length=512)["input_ids"]))
+    lengths = [len(ids) for ids in tok(texts, truncation=True, max_length=512)["input_ids"]]
+    order = sorted(range(len(texts)), key=lambda i: -lengths[i])
 
     def run():
-        with torch.inference_mode():
-            for s in range(0, len(order), 32):
-                batch = tok(
-                    [texts[i] for i in order[s : s + 32]],
-                    padding=True,
-                    truncation=True,
-                    max_length=512,
-                    return_tensors="pt",
-                )
-                model(**batch)
+        for s in range(0, len(order), 32):
+            batch = tok([texts[i] for i in order[s : s + 32]], padding=True, truncation=True, max_length=512)
+            forward(np.asarray(batch["input_ids"], np.int64), np.asarray(batch["attention_mask"], np.int64))
 
     run()
     seconds = _median_seconds(run, 3)
-    tokens = sum(len(ids) for ids in tok(texts, truncation=True, max_length=512)["input_ids"])
-    return {"useful_tokens_per_s": tokens / seconds, "texts_per_s": len(texts) / seconds}
+    return {"useful_tokens_per_s": sum(lengths) / seconds, "texts_per_s": len(texts) / seconds}
+
+
+def mix_torch(model_dir: str, corpus: str, n: str) -> dict:
+    """PyTorch eager (transformers' BertModel, inference_mode) over the sorted, per-batch padded mix."""
+    import torch
+    import transformers
+
+    model = transformers.BertModel.from_pretrained(model_dir).eval()
+
+    def forward(ids, mask):
+        with torch.inference_mode():
+            model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+
+    return mix_sorted(model_dir, corpus, n, forward)
 
 
 # -- sentence embeddings with the model's own pipeline ---------------------------------------------------------

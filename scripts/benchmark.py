@@ -16,10 +16,12 @@ Sections (peers that are not installed are skipped with a note):
   compile  time to first result of bert-base-width inference at 8x128 for 6, 12, 24 layers: the loaded model
            (layers stacked, one scan) vs the stored per-layer tree traced layer by layer.
   mix      a variable-length mix (runs of sentences of examples/data/geography.txt, 10-500 tokens) embedded
-           with MiniLM, in useful (non-padding) tokens/s: jaxbert packing texts into rows (the default), jaxbert
-           shape buckets, jaxbert padding every batch to 512, PyTorch eager sorting and padding per batch as
-           sentence-transformers does. Then MiniLM as a sentence-transformers model: `jaxbert.load(dir).embed`
-           with the directory's defaults vs `SentenceTransformer(dir).encode`, texts/s, batch 32.
+           with MiniLM, in useful (non-padding) tokens/s: jaxbert packing texts into rows (the default; float32
+           and int8), jaxbert shape buckets, jaxbert padding every batch to 512; PyTorch eager, ONNX Runtime
+           (float32, int8), OpenVINO (float32, default) and CTranslate2 (float32, int8) fed the texts sorted and
+           padded per batch as sentence-transformers does. Then MiniLM as a sentence-transformers model:
+           `jaxbert.load(dir).embed` with the directory's defaults vs `SentenceTransformer(dir).encode`, texts/s,
+           batch 32.
   train    one MLM training step of bert-base at 8x128 (jaxbert float32 / bfloat16 vs PyTorch eager + AdamW)
            and the compiled temporaries of the step with and without --remat.
   convert  `jaxbert convert` of a bert-base-size safetensors checkpoint: seconds and peak RSS, beside
@@ -74,12 +76,15 @@ CHILDREN = {
         P.compile_jax,
         P.mix_jax,
         P.mix_torch,
+        P.mix_ort,
         P.st_jax,
         P.st_torch,
         E.quantize_onnx,
         E.infer_openvino,
+        E.mix_openvino,
         E.convert_ct2,
         E.infer_ct2,
+        E.mix_ct2,
         T.child_convert,
         T.child_transformers_resave,
         T.child_baseline,
@@ -226,13 +231,30 @@ def section_compile(repeats: int, tmp: str) -> dict:
 
 def section_mix(repeats: int, tmp: str) -> dict:
     corpus, n = os.path.join(ROOT, "examples", "data", "geography.txt"), 256
+    model = minilm_dir()
     peers = {
-        "jaxbert packed": ("mix_jax", minilm_dir(), corpus, n, "packed"),
-        "jaxbert buckets": ("mix_jax", minilm_dir(), corpus, n, "buckets"),
-        "jaxbert pad to 512": ("mix_jax", minilm_dir(), corpus, n, "pad512"),
+        "jaxbert packed": ("mix_jax", model, corpus, n, "packed"),
+        "jaxbert packed int8": ("mix_jax", model, corpus, n, "packed", "int8"),
+        "jaxbert buckets": ("mix_jax", model, corpus, n, "buckets"),
+        "jaxbert pad to 512": ("mix_jax", model, corpus, n, "pad512"),
     }
-    if available("torch", "transformers"):
-        peers["PyTorch eager, sorted, pad per batch"] = ("mix_torch", minilm_dir(), corpus, n)
+    if available("torch", "transformers"):  # the peers below: sorted, each batch padded to its longest
+        peers["PyTorch eager, sorted, pad per batch"] = ("mix_torch", model, corpus, n)
+        if available("onnxruntime", "onnxscript"):
+            onnx = os.path.join(tmp, "MiniLM-dynamic.onnx")
+            run_child("export_onnx", model, onnx, "2", "16", "dynamic")
+            run_child("quantize_onnx", onnx, onnx.replace(".onnx", "-int8.onnx"))
+            peers["ONNX Runtime float32"] = ("mix_ort", onnx, model, corpus, n)
+            peers["ONNX Runtime int8 (dynamic)"] = ("mix_ort", onnx.replace(".onnx", "-int8.onnx"), model, corpus, n)
+        if available("openvino"):
+            peers["OpenVINO float32"] = ("mix_openvino", model, "f32", corpus, n)
+            peers["OpenVINO default"] = ("mix_openvino", model, "default", corpus, n)
+    if available("ctranslate2", "transformers"):
+        ct2 = os.path.join(tmp, "MiniLM-ct2")
+        if not os.path.exists(ct2):
+            run_child("convert_ct2", model, ct2)
+        for kind in ("float32", "int8"):
+            peers[f"CTranslate2 {kind}"] = ("mix_ct2", ct2, model, kind, corpus, n)
     rows = alternate(peers, repeats)
     ours = rows["jaxbert packed"]["useful_tokens_per_s"]
     for row in rows.values():
