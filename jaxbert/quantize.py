@@ -1,8 +1,8 @@
 """int8 inference (`jaxbert.load(dir, dtype="int8")`): the encoder layers' matmul weights quantized per output
 channel, activations quantized per row as they arrive (ops.quantize_rows), products summed in int32.
 
-XLA:CPU multiplies int8 at 2-3x its bfloat16 rate on this project's machines (bert-base layer shapes, 1,024 rows:
-2,400-3,300 vs 1,000-1,500 GOPS), so the layers' four matmuls, most of BERT's work, get cheaper; the rest stays
+XLA:CPU multiplies int8 at 2-3x its bfloat16 rate on this project's Intel Xeon (bert-base layer shapes, 1,024
+rows: 2,000-3,300 vs 1,000-1,500 GOPS), so the layers' four matmuls, most of BERT's work, get cheaper; the rest stays
 float32: embeddings, LayerNorm, attention (its [L, L] products are a small share, and quantizing them added as
 many passes over the scores as it saved), GELU, the pooler and every head. Symmetric scales, per output channel
 for a weight (max |column| / 127) and per token for an activation (ops.quantize_rows), keep it accurate without

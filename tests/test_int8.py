@@ -108,6 +108,18 @@ def test_int8_outputs_stay_near_float32_on_a_padded_batch(tmp_path, head):
         assert 0 < np.abs(a - b).max() <= 0.05 * a.std(), (name, np.abs(a - b).max(), a.std())
 
 
+def test_pruned_layers_are_quantized_one_by_one(tmp_path):
+    # Pruned heads leave layers of different widths, run unstacked: each layer's matmuls still go int8.
+    f32 = jaxbert.load(model_dir(tmp_path, vocab_size=SIZES["vocab_size"]))
+    params, config = jaxbert.prune_heads(f32.params, f32.config, {0: [1, 3], 2: [0]})
+    ref, int8 = jaxbert.Bert(config, params), jaxbert.Bert(config, params, dtype="int8")
+    query = int8.compute_params["encoder"]["layer"]["0"]["attention"]["self"]["query"]
+    assert query["weight"].dtype == jnp.int8 and query["weight"].shape == (16, 32)
+    feed = padded_batch()
+    a, b = (np.asarray(m(**feed).last_hidden_state)[feed["attention_mask"] == 1] for m in (ref, int8))
+    assert 0 < np.abs(a - b).max() <= 0.05 * a.std()
+
+
 def test_minilm_int8_embeddings_within_cosine_0_99(tmp_path):
     lines = [line.strip() for line in open(CORPUS, encoding="utf-8") if line.strip()]
     rng = np.random.default_rng(0)
