@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import SIZES, model_dir, padded_batch
+from flax.traverse_util import flatten_dict as _flat
 
 import jaxbert
 from jaxbert.cli import main
@@ -83,12 +84,6 @@ def test_only_the_layers_matmuls_are_int8_and_params_dequantize(tmp_path):
             assert np.all(np.abs(np.asarray(got[key]) - np.asarray(w)) <= step / 2 + 1e-7), key
         else:
             np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(w))
-
-
-def _flat(tree):
-    from flax import traverse_util
-
-    return traverse_util.flatten_dict(tree)
 
 
 @pytest.mark.parametrize("head", ["BertModel", "BertForSequenceClassification", "BertForTokenClassification"])
