@@ -44,6 +44,7 @@ Sections (peers that are not installed are skipped with a note):
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -242,10 +243,11 @@ def section_mix(repeats: int, tmp: str) -> dict:
         peers["PyTorch eager, sorted, pad per batch"] = ("mix_torch", model, corpus, n)
         if available("onnxruntime", "onnxscript"):
             onnx = os.path.join(tmp, "MiniLM-dynamic.onnx")
+            int8 = onnx.replace(".onnx", "-int8.onnx")
             run_child("export_onnx", model, onnx, "2", "16", "dynamic")
-            run_child("quantize_onnx", onnx, onnx.replace(".onnx", "-int8.onnx"))
+            run_child("quantize_onnx", onnx, int8)
             peers["ONNX Runtime float32"] = ("mix_ort", onnx, model, corpus, n)
-            peers["ONNX Runtime int8 (dynamic)"] = ("mix_ort", onnx.replace(".onnx", "-int8.onnx"), model, corpus, n)
+            peers["ONNX Runtime int8 (dynamic)"] = ("mix_ort", int8, model, corpus, n)
         if available("openvino"):
             peers["OpenVINO float32"] = ("mix_openvino", model, "f32", corpus, n)
             peers["OpenVINO default"] = ("mix_openvino", model, "default", corpus, n)
@@ -418,13 +420,13 @@ def main() -> None:
     machine = f"{cpu}, {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}"
     report = {"machine": machine, "date": time.strftime("%Y-%m-%d"), "repeats": args.repeats}
     print(f"{machine}; medians of {args.repeats} alternating runs")
+    sections = dict(SECTIONS)
+    if args.shape:
+        shapes = [c for c in INFER if f"{c[0]} {c[1]}x{c[2]}" in args.shape]
+        sections["infer"] = functools.partial(section_infer, shapes=shapes)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.section or list(SECTIONS):
-            if name == "infer" and args.shape:
-                shapes = [c for c in INFER if f"{c[0]} {c[1]}x{c[2]}" in args.shape]
-                report[name] = section_infer(args.repeats, tmp, shapes)
-            else:
-                report[name] = SECTIONS[name](args.repeats, tmp)
+            report[name] = sections[name](args.repeats, tmp)
             print_table(name, report[name])
             with open(args.json, "w") as f:  # after every section: a long run keeps what it measured
                 json.dump(report, f, indent=2)

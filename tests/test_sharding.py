@@ -69,14 +69,13 @@ base = jax.device_get(init_params(config, jax.random.key(1), "BertModel"))
 ids = rng.integers(5, 256, (4, 16))
 plain = Bert(config, base, "BertModel")
 tp = Bert(config, base, "BertModel", mesh=sharding.make_mesh({"data": 2, "tensor": 2}))
-qkv = lambda b: list(b.weights["encoder"]["stacked"]["attention"]["self"]["qkv"]["kernel"].sharding.spec)
+qkv = lambda b, leaf="kernel": list(b.weights["encoder"]["stacked"]["attention"]["self"]["qkv"][leaf].sharding.spec)
 hidden = lambda b: np.asarray(b(ids).last_hidden_state)
 out["inference"] = {"diff": float(np.abs(hidden(tp) - hidden(plain)).max()), "qkv": qkv(tp), "plain_qkv": qkv(plain)}
 plain8 = Bert(config, base, "BertModel", dtype="int8")
 tp8 = Bert(config, base, "BertModel", dtype="int8", mesh=sharding.make_mesh({"data": 2, "tensor": 2}))
-spec8 = lambda b, leaf: list(b.weights["encoder"]["stacked"]["attention"]["self"]["qkv"][leaf].sharding.spec)
 out["inference"].update(int8_diff=float(np.abs(hidden(tp8) - hidden(plain8)).max()),
-                        int8_qkv=spec8(tp8, "weight"), int8_scale=spec8(tp8, "weight_scale"))
+                        int8_qkv=qkv(tp8, "weight"), int8_scale=qkv(tp8, "weight_scale"))
 print(json.dumps(out))
 """
 MESHES = {"dp": "data=4", "fsdp": "fsdp=4", "tp": "tensor=4", "fsdp_tp": "fsdp=2,tensor=2", "dp_fsdp": "data=2,fsdp=2"}
