@@ -20,7 +20,7 @@ from jaxtyping import Array, Float
 from jaxbert.config import BertConfig
 from jaxbert.losses import causal_lm_loss, cross_entropy, sequence_classification_loss, span_loss
 from jaxbert.model import BertOutput, bert
-from jaxbert.ops import activation, dense, dense_spec, dropout, layer_norm, norm_spec
+from jaxbert.ops import activation, dense, dense_spec, dropout, layer_norm, matmul, norm_spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,10 +44,7 @@ def mlm_logits(
     # The tied decoder contracts the embeddings' D axis in place: written as `jnp.dot(h, embeddings.T)`, XLA:CPU
     # fuses the bias add into a slow one-row product (bert-base, one position: 88 ms instead of 5).
     decoder, axis = (p["decoder"]["kernel"], 0) if "decoder" in p else (word_embeddings, 1)
-    logits = jax.lax.dot_general(
-        h.astype(decoder.dtype), decoder, (((h.ndim - 1,), (axis,)), ((), ())), preferred_element_type=jnp.float32
-    )
-    return logits + p["bias"].astype(jnp.float32)
+    return matmul(h, decoder, axis) + p["bias"].astype(jnp.float32)
 
 
 def _classifier_dropout(config: BertConfig) -> float:

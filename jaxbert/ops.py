@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from jax import custom_batching
 from jaxtyping import Array, Float, Int
 
 
@@ -64,6 +67,81 @@ def _int8_matmul(x: Float[Array, "... I"], weight: Int[Array, "O I"], scale: Flo
     return (acc[:n].astype(jnp.float32) * (x_scale[:n] * scale)).reshape(*x.shape[:-1], -1)
 
 
+def _contract(x: Array, w: Array, axis: int, dtype) -> Array:
+    return jax.lax.dot_general(x, w, (((x.ndim - 1,), (axis,)), ((), ())), preferred_element_type=dtype)
+
+
+@functools.cache
+def _low_matmul(axis: int, x_dtype) -> tuple[Callable, Callable]:
+    """x contracted with 16-bit w's `axis` into float32, whose gradients' products run in 16 bits too, as
+    (product, the same under a custom vmap rule).
+
+    JAX's own transpose of that product multiplies the float32 cotangent by the weights promoted to float32
+    (bert-base bfloat16 training spent most of its matmul time so). Here the cotangent is cast down first and
+    both backward products are 16-bit with float32 sums, as the forward one is (PyTorch autocast's rule).
+
+    The model's blocks are per-sequence functions under `jax.vmap`, and a vmapped custom VJP computes the weight
+    gradient one sequence at a time and sums afterwards ([B, in, out], 4x slower). The custom vmap rule hands
+    the product the whole batch instead (x's leading axes are rows to it), so that the weight gradient is one
+    product over every row."""
+
+    @jax.custom_vjp
+    def product(x, w):
+        return _contract(x.astype(w.dtype), w, axis, jnp.float32)
+
+    def forward(x, w):
+        return product(x, w), (x.astype(w.dtype), w)
+
+    def backward(res, g):
+        x, w = res
+        g = g.astype(w.dtype)
+        dx = _contract(g, w, 1 - axis, jnp.float32).astype(x_dtype)
+        g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+        pair = (x2, g2) if axis == 0 else (g2, x2)  # w is [in, out] (axis 0) or [out, in] (axis 1)
+        # (XLA:CPU multiplies this one, rows against rows, in float32 whatever its inputs: 16-bit inputs still
+        # halve the bytes its converts read. A transposed copy first does not change that.)
+        dw = jax.lax.dot_general(*pair, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+        return dx, dw.astype(w.dtype)
+
+    product.defvjp(forward, backward)
+
+    @custom_batching.custom_vmap
+    def batched(x, w):
+        return product(x, w)
+
+    @batched.def_vmap
+    def _rule(axis_size, in_batched, x, w):
+        x_batched, w_batched = in_batched
+        if w_batched:  # weights per sequence (rare): one product each
+            return jax.vmap(product, in_axes=(0 if x_batched else None, 0))(x, w), True
+        return product(x, w), x_batched  # an enclosing vmap maps `product` as it is
+
+    return product, batched
+
+
+def _batched_by_current_vmap(x: Array) -> bool:
+    """Whether x is batched by the vmap being traced right now, the only place a custom vmap rule runs first:
+    JAX cannot differentiate `custom_vmap` anywhere else (jax 0.10: "Linearization failed"). JAX internals;
+    without them every call takes the plain product (correct, slower)."""
+    try:
+        from jax._src.core import trace_ctx
+        from jax._src.interpreters.batching import BatchTrace
+
+        trace = trace_ctx.trace
+        return isinstance(trace, BatchTrace) and getattr(x, "_trace", None) is trace
+    except (ImportError, AttributeError):
+        return False
+
+
+def matmul(x: Float[Array, "... I"], w: Float[Array, "A B"], axis: int = 0) -> Float[Array, "... O"]:
+    """x contracted with w's `axis` (0: w is [in, out]; 1: [out, in]) in w's dtype, summed and returned in float32.
+    With 16-bit weights the gradients' products run in 16 bits too (see _low_matmul)."""
+    if w.dtype not in _BITS:
+        return _contract(x.astype(w.dtype), w, axis, jnp.float32)
+    product, batched = _low_matmul(axis, jnp.dtype(x.dtype))
+    return (batched if _batched_by_current_vmap(x) else product)(x, w)
+
+
 def dense(p: dict, x: Float[Array, "... I"]) -> Float[Array, "... O"]:
     """`x @ kernel + bias` in float32; kernel is [in, out] (the transpose of PyTorch's Linear.weight).
 
@@ -76,14 +154,11 @@ def dense(p: dict, x: Float[Array, "... I"]) -> Float[Array, "... O"]:
     `weight_scale` per output (quantize.py): x is quantized per row, the product summed in int32 and scaled back
     (so are int8 matmuls fastest here too: bert-base's FFN down projection, 128 rows, 0.29 vs 0.59 ms as [in, out])."""
     if "kernel" in p:
-        kernel = p["kernel"]
-        y = jnp.dot(x.astype(kernel.dtype), kernel, preferred_element_type=jnp.float32)
+        y = matmul(x, p["kernel"])
+    elif "weight_scale" in p:
+        y = _int8_matmul(x, p["weight"], p["weight_scale"])
     else:
-        weight, by_rows = p["weight"], (((x.ndim - 1,), (1,)), ((), ()))
-        if "weight_scale" in p:
-            y = _int8_matmul(x, weight, p["weight_scale"])
-        else:
-            y = jax.lax.dot_general(x.astype(weight.dtype), weight, by_rows, preferred_element_type=jnp.float32)
+        y = matmul(x, p["weight"], axis=1)
     return y + p["bias"].astype(jnp.float32) if "bias" in p else y
 
 
@@ -96,11 +171,41 @@ def layer_norm(p: dict, x: Float[Array, "... D"], eps: float) -> Float[Array, ".
     return (y * p["scale"].astype(jnp.float32) + p["bias"].astype(jnp.float32)).astype(x.dtype)
 
 
+def _fmix32(h: Array) -> Array:
+    # MurmurHash3's finalizer: a bijection of uint32 in which every input bit flips each output bit with
+    # probability about 1/2.
+    h = (h ^ (h >> 16)) * jnp.uint32(0x85EBCA6B)
+    h = (h ^ (h >> 13)) * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def hashed_bits(rng: jax.Array, shape: tuple[int, ...]) -> Array:
+    """uint32 bits [*shape] from a counter hashed with two 32-bit seeds drawn from `rng`.
+
+    Why not jax.random.bits: XLA:CPU runs threefry (and its RngBitGenerator) at about 5 ns an element, and
+    bert-base's dropout masks are 38 M elements a step: 0.6 s of a 3.7 s float32 training step went to them.
+    This costs as much as one elementwise pass. The counter is the element's row-major index (from iotas, so
+    XLA partitions it like any elementwise op on a mesh); the first seed is added to the counter times the
+    golden ratio and hashed (SplitMix's output function), and the second seed is xored in and hashed again,
+    so that two keys' streams are not shifted copies of one another."""
+    size = math.prod(shape)
+    if size >= 2**32:
+        raise ValueError(f"dropout over {size} elements: the counter has 32 bits")
+    seeds = jax.random.bits(rng, (2,), jnp.uint32)
+    counter = jnp.zeros(shape, jnp.uint32)
+    for d in range(len(shape)):
+        counter += jax.lax.broadcasted_iota(jnp.uint32, shape, d) * jnp.uint32(math.prod(shape[d + 1 :]))
+    return _fmix32(_fmix32(counter * jnp.uint32(0x9E3779B9) + seeds[0]) ^ seeds[1])
+
+
 def dropout(x: Array, rate: float, rng: jax.Array | None) -> Array:
-    """Inverted dropout; the identity when `rng` is None (inference) or the rate is zero."""
+    """Inverted dropout; the identity when `rng` is None (inference) or the rate is zero. An element is dropped
+    when its hashed bits fall below round(rate * 2^32): the keep probability is 1 - rate to within 2^-32."""
     if rng is None or rate == 0.0:
         return x
-    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    if rate >= 1.0:
+        return jnp.zeros_like(x)
+    keep = hashed_bits(rng, x.shape) >= jnp.uint32(min(round(rate * 2**32), 2**32 - 1))
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 

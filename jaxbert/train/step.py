@@ -112,27 +112,35 @@ def train_step(
 ):
     """(state, batch [A micro-batches, B, ...], rng) -> (state, metrics); one optimizer update. `loss_fn`
     (params, micro-batch, rng, dtype, remat) -> (logits, loss, labels) replaces the head's loss."""
-    grad_fn = jax.value_and_grad(_loss, has_aux=True)
     micro = jax.tree_util.tree_leaves(batch)[0].shape[0]
-
     # Micro-batches are weighted by what their mean losses are over (labelled tokens, real rows), so that
     # accumulating A micro-batches gives the gradient of the whole batch's loss, however its tokens are spread.
     # (transformers 5's Trainer sums the micro-batches' means for BERT: its models ignore num_items_in_batch.)
-    def accumulate(carry, xs):
-        grads, loss, correct, count, items = carry
-        mb, i = xs
-        (mb_loss, (c, n, w)), g = grad_fn(
-            state.params, config, head, mb, jax.random.fold_in(rng, i), dtype, remat, label_smoothing, loss_fn
-        )
-        g, mb_loss = jax.tree_util.tree_map(lambda x: x * w, (g, jnp.where(w > 0, mb_loss, 0.0)))
-        return (jax.tree_util.tree_map(jnp.add, grads, g), loss + mb_loss, correct + c, count + n, items + w), None
+    # The weights depend on the batch alone, so they scale each loss before its gradient: a scalar at the root
+    # of the backward pass instead of passes over the whole gradient tree (one micro-batch: none at all).
+    items = jax.vmap(_items)(batch)  # [A]
+    weights = jnp.where(items > 0, items / jnp.maximum(items.sum(), 1e-9), 0.0)
 
-    zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
-    f32, i32 = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
-    (grads, loss, correct, count, items), _ = jax.lax.scan(
-        accumulate, (zeros, f32, i32, i32, f32), (batch, jnp.arange(micro))
-    )
-    grads, loss = jax.tree_util.tree_map(lambda x: x / jnp.maximum(items, 1e-9), (grads, loss))
+    def scaled(params, mb, i):
+        rng_i = jax.random.fold_in(rng, i)
+        loss, aux = _loss(params, config, head, mb, rng_i, dtype, remat, label_smoothing, loss_fn)
+        return loss * weights[i], (jnp.where(weights[i] > 0, loss, 0.0) * weights[i], aux[:2])
+
+    grad_fn = jax.value_and_grad(scaled, has_aux=True)
+    first = jax.tree_util.tree_map(lambda x: x[0], batch)
+    (_, (loss, (correct, count))), grads = grad_fn(state.params, first, 0)
+    if micro > 1:
+
+        def accumulate(carry, xs):
+            grads, loss, correct, count = carry
+            mb, i = xs
+            (_, (mb_loss, (c, n))), g = grad_fn(state.params, mb, i)
+            return (jax.tree_util.tree_map(jnp.add, grads, g), loss + mb_loss, correct + c, count + n), None
+
+        rest = jax.tree_util.tree_map(lambda x: x[1:], batch)
+        (grads, loss, correct, count), _ = jax.lax.scan(
+            accumulate, (grads, loss, correct, count), (rest, jnp.arange(1, micro))
+        )
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     new = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
     metrics = {
