@@ -1,6 +1,8 @@
 """The training numerics of ops.py: dropout's hashed masks (rate, independence, determinism) and 16-bit matmuls
 whose gradient products stay 16-bit, under every composition of grad and vmap the model uses."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -116,6 +118,23 @@ def test_bf16_matmul_gradients_are_bf16_products(axis, under_vmap):
     assert all(v.aval.dtype == jnp.bfloat16 for eqn in dots for v in eqn.invars)
     shapes = [eqn.outvars[0].aval.shape for eqn in dots]
     assert w.shape in shapes and (x.shape[0], *w.shape) not in shapes, shapes
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's kernel choice")
+def test_bf16_gradient_products_compile_to_16_bit_kernels():
+    """XLA:CPU converts a 16-bit product to float32 unless its left operand contracts its last axis row-major:
+    both products of the backward pass must reach the compiled program with bfloat16 operands."""
+    x, w = jnp.ones((4, 32, 48)), jnp.ones((48, 40), jnp.bfloat16)
+    g = jnp.ones((4, 32, 40))
+    grad = jax.grad(lambda x, w: jnp.sum(jax.vmap(lambda r: ops.matmul(r, w))(x) * g), argnums=(0, 1))
+    text = jax.jit(grad).lower(x, w).compile().as_text()
+    with_dots = [
+        m.group(1)
+        for m in re.finditer(r"^(?:ENTRY )?%\S+ \(([^)]*)\) -> [^{]*\{\n(.*?)\n\}", text, re.M | re.S)
+        if " dot(" in m.group(2)
+    ]
+    assert len(with_dots) == 2, text
+    assert all(re.findall(r": (\w+)\[", params) == ["bf16", "bf16"] for params in with_dots), with_dots
 
 
 def test_bf16_matmul_per_example_gradients_under_an_outer_vmap():
