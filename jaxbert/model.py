@@ -17,7 +17,7 @@ from jaxbert.attention import Keys, cross_attention, cross_keys, keys_for, self_
 from jaxbert.cache import KVCache, init_cache
 from jaxbert.config import BertConfig
 from jaxbert.layout import can_stack, is_stacked, stack_layers
-from jaxbert.ops import activation, as_bits, compute_dtype, dense, dropout, from_bits, layer_norm, take_rows
+from jaxbert.ops import activation, as_bits, compute_dtype, dense, dropout, from_bits_of, layer_norm, take_rows
 from jaxbert.sharding import whole_vectors
 
 
@@ -154,7 +154,6 @@ def _scan(stacked, config: BertConfig, ctx: _Context, x, head_mask, rng, remat: 
             for name in ("key", "value", "cross_key", "cross_value")
         }
         ctx = ctx.replace(cache=c.replace(**stacked_cache))
-    dtypes = jax.tree_util.tree_map(lambda a: a.dtype, stacked)  # 16-bit weights enter as bits: see ops.as_bits
 
     def body(carry, xs):
         params, i, hm = xs
@@ -162,12 +161,13 @@ def _scan(stacked, config: BertConfig, ctx: _Context, x, head_mask, rng, remat: 
         return _step(config, ctx, carry, params, i, hm, r, with_probs)
 
     def scanned(carry, xs):
-        bits, i, hm = xs
-        return body(carry, (jax.tree_util.tree_map(from_bits, bits, dtypes), i, hm))
+        (bits, weights), i, hm = xs  # the weights themselves carry the derivative (ops.from_bits_of)
+        return body(carry, (jax.tree_util.tree_map(from_bits_of, bits, weights), i, hm))
 
     body = jax.checkpoint(body, prevent_cse=False) if remat else body
     n = config.num_hidden_layers
-    return jax.lax.scan(scanned, x, (jax.tree_util.tree_map(as_bits, stacked), jnp.arange(n), head_mask))
+    xs = ((jax.tree_util.tree_map(as_bits, stacked), stacked), jnp.arange(n), head_mask)
+    return jax.lax.scan(scanned, x, xs)
 
 
 def _loop(p, config: BertConfig, ctx: _Context, x, head_mask, rng, remat: bool, with_probs: bool):

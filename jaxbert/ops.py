@@ -32,9 +32,26 @@ def from_bits(a: Array, dtype) -> Array:
     return jax.lax.bitcast_convert_type(a, dtype) if a.dtype != dtype else a
 
 
+@jax.custom_jvp
+def from_bits_of(bits: Array, a: Array) -> Array:
+    """`from_bits(bits, a.dtype)` where `bits` is a slice of `as_bits` of an array and `a` the same slice of the
+    array itself: the value comes from the bits, the derivative from `a`. A bitcast to integers has no derivative,
+    so the bits alone would silently give 16-bit weights a zero gradient. `a` is not computed unless
+    differentiated (XLA drops it), so the forward pass keeps the 16-bit indexing."""
+    return from_bits(bits, a.dtype)
+
+
+@from_bits_of.defjvp
+def _from_bits_of_jvp(primals, tangents):
+    bits, a = primals
+    return from_bits(bits, a.dtype), tangents[1]
+
+
 def take_rows(table: Float[Array, "V D"], ids: Int[Array, ...]) -> Float[Array, "... D"]:
-    """table[ids] without XLA:CPU's float32 copy of a 16-bit table (see as_bits)."""
-    return from_bits(as_bits(table)[ids], table.dtype)
+    """table[ids] without XLA:CPU's float32 copy of a 16-bit table (see as_bits), differentiable in the table."""
+    if table.dtype not in _BITS:
+        return table[ids]
+    return from_bits_of(as_bits(table)[ids], table[ids])
 
 
 # Parameter specs: leaves are (shape, init), init one of "normal" (std = initializer_range), "zeros", "ones".
