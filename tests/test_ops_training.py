@@ -161,19 +161,14 @@ def test_float32_matmul_is_the_plain_product():
 def test_bf16_gradients_reach_every_parameter(remat):
     """16-bit weights are indexed as their bits (embedding rows, the scanned layers under remat); the gradient
     must still reach them: bfloat16 gradients agree with float32's for every parameter, embeddings included."""
+    from conftest import SIZES
+
     import jaxbert
 
-    config = jaxbert.BertConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        vocab_size=100,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
+    sizes = {k: v for k, v in SIZES.items() if k != "num_labels"}
+    config = jaxbert.BertConfig(**sizes, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     params = jaxbert.init_params(config, jax.random.key(0), "BertForMaskedLM")
-    ids = jnp.asarray(np.random.default_rng(0).integers(1, 100, (3, 16)), jnp.int32)
+    ids = jnp.asarray(np.random.default_rng(0).integers(1, SIZES["vocab_size"], (3, 16)), jnp.int32)
 
     def grads(dtype, remat):
         def loss(p):
