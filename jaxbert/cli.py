@@ -6,8 +6,10 @@ Expected errors (bad paths, bad files, bad configs) become one line on stderr an
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import traceback
+import warnings
 
 import numpy as np
 
@@ -278,15 +280,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from jaxbert import cpu
     from jaxbert.files import EXPECTED_ERRORS, one_line
 
     args = build_parser().parse_args(argv)
     if args.command in ("train", "train-mlm") and args.dtype == "bfloat16":
-        from jaxbert import cpu
-
         cpu.bf16_matmuls()  # before JAX starts: the run's matmuls on the CPU's bfloat16 units (see cpu.py)
     try:
-        return args.func(args) or 0
+        with warnings.catch_warnings():  # restores showwarning for a caller that runs main in its process
+            warnings.showwarning = functools.partial(_show_warning, args.command, warnings.showwarning)
+            return args.func(args) or 0
     except EXPECTED_ERRORS as e:  # one line, no traceback
         print(f"jaxbert {args.command}: error: {one_line(e)}", file=sys.stderr)
         return _leave(1)
@@ -298,6 +301,16 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             _leave(1)
         raise
+
+
+def _show_warning(command: str, show, message, category, *args, **kwargs) -> None:
+    """jaxbert's own notes (cpu.SlowDtypeWarning) as one line on stderr; any other warning as Python shows it."""
+    from jaxbert import cpu
+
+    if issubclass(category, cpu.SlowDtypeWarning):
+        print(f"jaxbert {command}: note: {message}", file=sys.stderr)
+    else:
+        show(message, category, *args, **kwargs)
 
 
 def _failed_alone() -> bool:

@@ -26,20 +26,60 @@ FLAGS = ("--xla_cpu_use_onednn=true", "--xla_cpu_experimental_onednn_fusion_type
 MATH_MODE = ("ONEDNN_DEFAULT_FPMATH_MODE", "BF16")
 
 
-def _cpu_flags() -> set[str]:
+# The instructions that make a dtype's matmuls faster than float32's in XLA:CPU (its YNNPACK and oneDNN kernels).
+UNITS = {"bfloat16": ("amx_bf16", "avx512_bf16"), "int8": ("amx_int8", "avx512_vnni", "avx_vnni")}
+NAMES = {  # /proc/cpuinfo's flags as their makers write them
+    "avx2": "AVX2",
+    "avx512f": "AVX-512",
+    "avx512_bf16": "AVX-512 BF16",
+    "avx512_vnni": "AVX-512 VNNI",
+    "avx_vnni": "AVX-VNNI",
+    "amx_bf16": "AMX-BF16",
+    "amx_int8": "AMX-INT8",
+}
+
+
+class SlowDtypeWarning(UserWarning):
+    """A reduced precision that this CPU computes no faster than float32 (see slow_dtype)."""
+
+
+def _cpu_flags() -> set[str] | None:
+    """The x86 instruction-set flags of /proc/cpuinfo; None where it cannot tell (not Linux, not x86)."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
                 if line.startswith("flags"):
                     return set(line.split(":", 1)[1].split())
-    except OSError:  # not Linux: no way to tell, so no
+    except OSError:
         pass
-    return set()
+    return None
 
 
 def has_bf16_units() -> bool:
     """Whether this CPU multiplies bfloat16 in hardware (AMX tiles, or AVX-512 BF16 dot products)."""
-    return bool({"amx_bf16", "avx512_bf16"} & _cpu_flags())
+    return bool(set(UNITS["bfloat16"]) & (_cpu_flags() or set()))
+
+
+def instruction_sets() -> str:
+    """The vector and matrix instruction sets of this CPU that XLA:CPU's kernels use (a benchmark's machine)."""
+    flags = _cpu_flags()
+    if flags is None:
+        return "instruction sets unknown"
+    return ", ".join(name for flag, name in NAMES.items() if flag in flags) or "no AVX2"
+
+
+def slow_dtype(dtype: str | None) -> str | None:
+    """Why `dtype` will likely run slower than float32 on this CPU, in one sentence; None when it will not, or
+    when this CPU's instructions are unknown. Without the instructions of UNITS, XLA:CPU's bfloat16 matmuls run
+    below its float32 rate and its int8 ones at about that rate (an AVX2-only AMD EPYC, 1024 x 768 x 3072: 47 and
+    63 against 73 GFLOP/s), so the conversions around them are a loss (bert-base 8 x 128 there: bfloat16
+    inference 0.71x float32, int8 0.89x, bfloat16 fine-tuning 0.76x)."""
+    flags = _cpu_flags()
+    if dtype not in UNITS or flags is None or set(UNITS[dtype]) & flags:
+        return None
+    wanted = " / ".join(NAMES[f] for f in UNITS[dtype])
+    saving = ", though it still stores the layers' weights in a quarter of the bytes" if dtype == "int8" else ""
+    return f"this CPU has no {wanted} instructions: {dtype} will likely run slower than float32{saving}"
 
 
 def _backend_started() -> bool:
@@ -77,5 +117,7 @@ def bf16_matmuls() -> bool:
 
 
 def label(dtype: str) -> str:
-    """A run's dtype for its log line: bfloat16 says whether oneDNN computes it."""
+    """A run's dtype for its log line: bfloat16 says whether oneDNN computes it, or that this CPU cannot."""
+    if slow_dtype(dtype):
+        return f"{dtype} (emulated: this CPU has no {dtype} instructions, float32 would be faster)"
     return f"{dtype} (oneDNN matmuls)" if dtype == "bfloat16" and active() else dtype

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +18,7 @@ import numpy as np
 from flax import traverse_util
 from jax.sharding import Mesh
 
-from jaxbert import batching, decoders, generate_inputs, hub, packing, quantize, sentence_dir, sharding, tasks
+from jaxbert import batching, cpu, decoders, generate_inputs, hub, packing, quantize, sentence_dir, sharding, tasks
 from jaxbert.checkpoint import load_params
 from jaxbert.config import BertConfig
 from jaxbert.convert import check_cast
@@ -37,6 +38,9 @@ DTYPES = (*_DTYPES, "int8")  # int8: quantize.py (the layers' matmuls in int8, a
 def _check_dtype(dtype: str | None):
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    note = cpu.slow_dtype(dtype) if jax.default_backend() == "cpu" else None
+    if note:  # asked for speed, or for memory: said once per process (one warning location)
+        warnings.warn(note, cpu.SlowDtypeWarning, stacklevel=1)
 
 
 def float_dtype(dtype: str | None):

