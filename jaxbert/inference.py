@@ -38,8 +38,8 @@ DTYPES = (*_DTYPES, "int8")  # int8: quantize.py (the layers' matmuls in int8, a
 def _check_dtype(dtype: str | None):
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
-    note = cpu.slow_dtype(dtype) if jax.default_backend() == "cpu" else None
-    if note:  # asked for speed, or for memory: said once per process (one warning location)
+    note = cpu.slow_dtype(dtype)
+    if note and jax.default_backend() == "cpu":  # asked for speed, or memory: said once (one warning location)
         warnings.warn(note, cpu.SlowDtypeWarning, stacklevel=1)
 
 
