@@ -141,7 +141,19 @@ def after_one_step(out, pt, head: str, loss: float, norm: float):
     ours = flax_to_torch(params, config, head, include_tied=False)
     theirs = {k: v.detach().numpy() for k, v in pt.state_dict().items() if k in ours}
     assert sorted(theirs) == sorted(ours)
-    diff = {k: float(np.abs(ours[k] - theirs[k]).max()) for k in ours}
+    # Adam's first step moves an element by lr·g/(|g| + eps). Where the clipped gradient g is within a hundred eps
+    # of zero (a sum that nearly cancels, like the pooler bias under the softmax over multiple-choice options), that
+    # step follows g's rounding, which differs between CPUs' summation orders: such elements (few: checked) are
+    # held to Adam's bound, the rest to the caller's tolerance through `diff`.
+    grads = {k: p.grad.detach().numpy() for k, p in pt.named_parameters() if p.grad is not None}
+    diff, loose_count = {}, 0
+    for k in ours:
+        d = np.abs(ours[k] - theirs[k])
+        g = np.abs(grads[k]) if k in grads else np.zeros(d.shape)
+        loose = (g > 0) & (g < 100 * 1e-8)  # an exact zero (a token not in the batch) steps exactly alike
+        assert d[loose].max(initial=0.0) <= 2 * LR, k
+        diff[k], loose_count = float(d[~loose].max(initial=0.0)), loose_count + int(loose.sum())
+    assert loose_count <= 0.01 * sum(v.size for v in ours.values()), loose_count
     return diff, theirs, config, log
 
 
