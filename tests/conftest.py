@@ -2,10 +2,23 @@
 
 import os
 import shutil
+import tempfile
 
-import jax
 import numpy as np
 import pytest
+
+# One persistent XLA compilation cache for the whole run, made by the first process (pytest, or xdist's
+# controller) and inherited through the environment by the workers and by every CLI subprocess: the suite
+# compiles the same small programs again and again (each `jaxbert.load` jits afresh, each CLI run is a new
+# process), and a cache hit skips XLA's single-threaded compile. Removed at the end (pytest_unconfigure); a
+# JAX_COMPILATION_CACHE_DIR set by the caller is used as it is and kept.
+_OWN_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _OWN_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxbert-tests-xla-")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+import jax  # noqa: E402
 
 # GPU/TPU default to reduced-precision float32 matmuls; parity is defined at full precision.
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -123,3 +136,8 @@ def train_args(task: str, model, data, out, *flags) -> list[str]:
     progress bar; `flags` follow (a flag given twice: argparse keeps the last)."""
     head = ("train", "--task", task, "--model", model, "--train-file", data, "--validation-file", data)
     return [str(a) for a in (*head, "--output-dir", out, "--no-progress", *flags)]
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE is not None and not hasattr(config, "workerinput"):  # the process that made it
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)

@@ -4,6 +4,7 @@ FlaxEncoderDecoderModel msgpack files, and bert2bert PyTorch checkpoints with an
 
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -50,17 +51,12 @@ def test_relative_decoder_without_and_with_the_cache(kind):
                 g, e = g.transpose(0, 2, 1, 3), e.transpose(0, 2, 1, 3)
             assert_close(g, e, key, mask=real)
     ids = inputs["step_input_ids"]
+    # Compiled once per layout (op by op, the loop would compile each operation of each step's shapes)
+    step = jax.jit(lambda p, i, c, e: jaxbert.forward(p, lm.config, lm.head, i, past_key_values=c, **e))
     for params in (lm.params, lm.compute_params):  # the stored tree's loop and the loaded, stacked layout
         cache, steps = init_cache(lm.config, 3, 12), []
         for t in range(ids.shape[1]):  # one token at a time: query positions offset by the cache length
-            out = jaxbert.forward(
-                params,
-                lm.config,
-                lm.head,
-                jnp.asarray(ids[:, t : t + 1]),
-                past_key_values=cache,
-                **{k: jnp.asarray(v) for k, v in enc.items()},
-            )
+            out = step(params, jnp.asarray(ids[:, t : t + 1]), cache, {k: jnp.asarray(v) for k, v in enc.items()})
             steps.append(out.logits)
             cache = out.past_key_values
         assert_close(jnp.concatenate(steps, axis=1), outputs["step_logits"], "cached steps")
