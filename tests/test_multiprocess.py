@@ -50,13 +50,8 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-CACHE = None
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    global CACHE
-    CACHE = tmp_path_factory.mktemp("xla-cache")
     return model_dir(
         tmp_path_factory.mktemp("tiny"), "BertForMaskedLM", max_position_embeddings=64, num_hidden_layers=1
     )
@@ -75,8 +70,7 @@ def _run(model, out, devices: int, *extra, slow: float = 0, fail: tuple[int, int
         "--seed", "5", "--max-steps", "4", "--save-steps", "2", *map(str, extra),
     ]  # fmt: skip
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
-    env.update(JAX_COMPILATION_CACHE_DIR=str(CACHE), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-    env.update(JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")  # the 2-process runs after the first hit the cache
+    # the suite's compilation cache comes with os.environ: the 2-process runs after the first hit it
     env = {**env, "SLOW_STEP": str(slow)} if slow else env
     env = {**env, "FAIL_PROCESS": str(fail[0]), "FAIL_STEP": str(fail[1])} if fail else env
     env = {**env, "SIGINT_EARLY": "1"} if early_sigint else env

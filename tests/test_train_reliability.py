@@ -59,14 +59,10 @@ def tiny(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def xla_cache(tmp_path_factory):
-    path = tmp_path_factory.mktemp("xla-cache")
-    return {
-        "JAX_COMPILATION_CACHE_DIR": str(path),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-        "JAX_PLATFORMS": "cpu",
-    }
+def child_env():
+    """The training subprocesses' environment on top of ours (which carries the suite's compilation cache,
+    conftest.py)."""
+    return {"JAX_PLATFORMS": "cpu"}
 
 
 def _args(model, out, *extra):
@@ -93,18 +89,18 @@ def _args(model, out, *extra):
     ]
 
 
-def _start(xla_cache, *args, **env):
+def _start(child_env, *args, **env):
     return subprocess.Popen(
         [sys.executable, "-c", LAUNCH, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **xla_cache, **env},
+        env={**os.environ, **child_env, **env},
     )
 
 
-def _run(xla_cache, *args, **env):
-    proc = _start(xla_cache, *args, **env)
+def _run(child_env, *args, **env):
+    proc = _start(child_env, *args, **env)
     out, err = proc.communicate(timeout=600)
     return proc.returncode, out, err
 
@@ -119,10 +115,10 @@ def _one_line(err):
 
 
 @pytest.fixture(scope="module")
-def trained(tiny, xla_cache, tmp_path_factory):
+def trained(tiny, child_env, tmp_path_factory):
     """OUT of a finished 6-step run, which keeps checkpoints 4 and 6 (copy it before changing it)."""
     out = tmp_path_factory.mktemp("trained") / "out"
-    rc, _, err = _run(xla_cache, *_args(tiny, out, *STEPS))
+    rc, _, err = _run(child_env, *_args(tiny, out, *STEPS))
     assert rc == 0, err
     return out
 
@@ -135,10 +131,10 @@ def _copy(trained, tmp_path):
 # 1. The output directory's lock.
 
 
-def test_two_runs_on_one_output_dir_one_proceeds(tiny, xla_cache, tmp_path):
+def test_two_runs_on_one_output_dir_one_proceeds(tiny, child_env, tmp_path):
     out = tmp_path / "out"
     args = _args(tiny, out, *STEPS)
-    procs = [_start(xla_cache, *args, SLOW_STEP="0.2") for _ in range(2)]
+    procs = [_start(child_env, *args, SLOW_STEP="0.2") for _ in range(2)]
     results = [(p, *p.communicate(timeout=600)) for p in procs]
     assert sorted(p.returncode for p in procs) == [0, 1], [r[2] for r in results]
     winner = next(p for p in procs if p.returncode == 0)
@@ -235,7 +231,7 @@ def _largest(directory):
     return max(files, key=os.path.getsize)
 
 
-def test_damaged_checkpoints_are_skipped_or_refused(tiny, trained, xla_cache, tmp_path, capsys):
+def test_damaged_checkpoints_are_skipped_or_refused(tiny, trained, child_env, tmp_path, capsys):
     out = _copy(trained, tmp_path)
     ckpt = out / "checkpoints"
     for step in (4, 6):
@@ -244,7 +240,7 @@ def test_damaged_checkpoints_are_skipped_or_refused(tiny, trained, xla_cache, tm
     victim = _largest(ckpt / "6" / "state")
     with open(victim, "r+b") as f:
         f.truncate(os.path.getsize(victim) // 2)
-    rc, printed, err = _run(xla_cache, *_args(tiny, out, *STEPS, "--resume", "auto"))
+    rc, printed, err = _run(child_env, *_args(tiny, out, *STEPS, "--resume", "auto"))
     assert rc == 0, err
     assert f"skipping checkpoint 6: {victim}:" in printed and "truncated" in printed, printed
     assert "restored step 4" in printed and f"moved the damaged checkpoint 6 aside to {ckpt / '6'}.damaged" in printed
@@ -295,9 +291,9 @@ def test_resume_refuses_a_checkpoint_of_another_model(tiny, trained, tmp_path, c
 # 3. Non-finite parameters are never saved.
 
 
-def test_non_finite_parameters_are_not_saved(tiny, xla_cache, tmp_path):
+def test_non_finite_parameters_are_not_saved(tiny, child_env, tmp_path):
     out = tmp_path / "out"
-    rc, _, err = _run(xla_cache, *_args(tiny, out, *STEPS), POISON_STEP="6")
+    rc, _, err = _run(child_env, *_args(tiny, out, *STEPS), POISON_STEP="6")
     assert rc == 1, err
     assert (
         f"non-finite parameters after step 6; stopped without saving them, last good checkpoint: step 4 in "
@@ -395,10 +391,10 @@ def test_resume_names_a_malformed_metrics_line(tiny, trained, tmp_path, capsys):
 # 6. Ctrl-C.
 
 
-def test_sigint_stops_after_the_step_and_resumes(tiny, xla_cache, tmp_path):
+def test_sigint_stops_after_the_step_and_resumes(tiny, child_env, tmp_path):
     out = tmp_path / "out"
     args = _args(tiny, out, *STEPS)
-    proc = _start(xla_cache, *args, SLOW_STEP="0.3")
+    proc = _start(child_env, *args, SLOW_STEP="0.3")
     deadline = time.time() + 300
     while proc.poll() is None and time.time() < deadline:
         done = (
@@ -428,7 +424,7 @@ def test_sigint_stops_after_the_step_and_resumes(tiny, xla_cache, tmp_path):
     checkpoints.verify(str(out / "checkpoints" / str(saved)))
     with open(out / "metrics.jsonl", "a") as f:
         f.write('{"step": 99, "lo')  # as a kill -9 mid-write would leave it
-    rc, printed, err = _run(xla_cache, *args, "--resume", "auto")
+    rc, printed, err = _run(child_env, *args, "--resume", "auto")
     assert rc == 0, err
     assert f"restored step {saved}" in printed and (out / "final").is_dir()
     assert [r["step"] for r in _records(out) if "loss" in r] == list(range(1, 7))

@@ -26,7 +26,7 @@ WORDS = (
 ).split()
 # Trainer's default learning rate; a weight decay large enough that decaying a LayerNorm weight (~1) by mistake
 # moves it lr·wd = 5e-6, beyond the 1e-6 tolerance.
-LR, DECAY, CLIP = 5e-5, 0.1, 0.05
+LR, DECAY, CLIP, EPS = 5e-5, 0.1, 0.05, 1e-8  # EPS: Adam's
 # Parameters whose exact gradient is zero: the softmax over a query's keys ignores a key bias (it shifts all of
 # them equally), and the softmax over the options ignores the multiple-choice classifier's bias. Their computed
 # gradients are rounding noise, which Adam's first step scales up to ±lr in either framework: compared at that bound.
@@ -117,7 +117,7 @@ def _torch_step(model, batch, labels):
         {"params": [p for n, p in named if not ("bias" in n or "LayerNorm" in n)], "weight_decay": DECAY},
         {"params": [p for n, p in named if "bias" in n or "LayerNorm" in n], "weight_decay": 0.0},
     ]
-    opt = torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.999), eps=1e-8)
+    opt = torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.999), eps=EPS)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, (1 - s) / 1))  # linear, 1 step, no warm-up
     loss = model(**batch, labels=labels).loss
     loss.backward()
@@ -150,7 +150,7 @@ def after_one_step(out, pt, head: str, loss: float, norm: float):
     for k in ours:
         d = np.abs(ours[k] - theirs[k])
         g = np.abs(grads[k]) if k in grads else np.zeros(d.shape)
-        loose = (g > 0) & (g < 100 * 1e-8)  # an exact zero (a token not in the batch) steps exactly alike
+        loose = (g > 0) & (g < 100 * EPS)  # an exact zero (a token not in the batch) steps exactly alike
         assert d[loose].max(initial=0.0) <= 2 * LR, k
         diff[k], loose_count = float(d[~loose].max(initial=0.0)), loose_count + int(loose.sum())
     assert loose_count <= 0.01 * sum(v.size for v in ours.values()), loose_count

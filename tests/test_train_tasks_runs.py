@@ -28,14 +28,10 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.fixture(scope="module")
-def xla_cache(tmp_path_factory):
-    path = tmp_path_factory.mktemp("xla-cache")
-    return {
-        "JAX_COMPILATION_CACHE_DIR": str(path),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-        "JAX_PLATFORMS": "cpu",
-    }
+def child_env():
+    """The training subprocesses' environment on top of ours (which carries the suite's compilation cache,
+    conftest.py)."""
+    return {"JAX_PLATFORMS": "cpu"}
 
 
 def _start(env, *args):
@@ -52,7 +48,7 @@ def _records(out):
     return [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
 
 
-def test_resume_after_sigkill_equals_the_uninterrupted_run(tmp_path, xla_cache):
+def test_resume_after_sigkill_equals_the_uninterrupted_run(tmp_path, child_env):
     tiny = model_dir(tmp_path / "tiny", max_position_embeddings=64, num_hidden_layers=2)
 
     def args(out, *extra):
@@ -88,12 +84,12 @@ def test_resume_after_sigkill_equals_the_uninterrupted_run(tmp_path, xla_cache):
             *extra,
         ]
 
-    full = _start(xla_cache, *args(tmp_path / "full"))
+    full = _start(child_env, *args(tmp_path / "full"))
     assert full.wait(timeout=600) == 0, full.stderr.read()
-    killed = _start({**xla_cache, "SLOW_STEP": "0.3"}, *args(tmp_path / "killed"))
+    killed = _start({**child_env, "SLOW_STEP": "0.3"}, *args(tmp_path / "killed"))
     # kill once step 5 is logged (checkpoint 4 saved)
     kill_when_logged(killed, tmp_path / "killed" / "metrics.jsonl", lambda r: r["step"] == 5 and "loss" in r)
-    resumed = _start(xla_cache, *args(tmp_path / "killed", "--resume", "auto", "--break-lock"))
+    resumed = _start(child_env, *args(tmp_path / "killed", "--resume", "auto", "--break-lock"))
     out, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err
     assert "resume: restored step 4" in out + err
