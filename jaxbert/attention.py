@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from jaxbert.config import BertConfig
-from jaxbert.ops import compute_dtype, dense, dropout, take_rows
+from jaxbert.ops import compute_dtype, context_product, dense, dropout, scores_product, take_rows
 
 # Backends on which `jax.nn.dot_product_attention` is used when no probabilities are needed: on GPU it picks
 # cuDNN's fused kernel. On CPU it lowers to the same XLA ops as the explicit path below in a slower layout
@@ -119,13 +119,13 @@ def attend(
     dropping = rng is not None and config.attention_probs_dropout_prob > 0.0
     if not (with_probs or head_mask is not None or dropping):
         return _normalized_late(q, k, v, allowed, scale, relative).reshape(L, -1), None
-    scores = jnp.einsum("lhk,hmk->hlm", q, k, preferred_element_type=jnp.float32)
+    scores = scores_product(q, k)
     scores = (scores if relative is None else scores + relative) * scale
     probs = jax.nn.softmax(jnp.where(allowed[None], scores, jnp.finfo(jnp.float32).min), axis=-1)
     probs = dropout(probs, config.attention_probs_dropout_prob, rng)
     if head_mask is not None:
         probs = probs * head_mask[:, None, None].astype(probs.dtype)
-    context = jnp.einsum("hlm,hmk->lhk", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    context = context_product(probs.astype(v.dtype), v)
     return context.reshape(L, -1), probs if with_probs else None
 
 

@@ -158,15 +158,17 @@ def test_float32_matmul_is_the_plain_product():
 
 
 @pytest.mark.parametrize("remat", [False, True])
-def test_bf16_gradients_reach_every_parameter(remat):
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_bf16_gradients_reach_every_parameter(remat, dropout):
     """16-bit weights are indexed as their bits (embedding rows, the scanned layers under remat); the gradient
-    must still reach them: bfloat16 gradients agree with float32's for every parameter, embeddings included."""
+    must still reach them: bfloat16 gradients agree with float32's for every parameter, embeddings included.
+    With dropout (the same hashed masks in both dtypes) attention runs through ops' 16-bit products."""
     from conftest import SIZES
 
     import jaxbert
 
     sizes = {k: v for k, v in SIZES.items() if k != "num_labels"}
-    config = jaxbert.BertConfig(**sizes, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    config = jaxbert.BertConfig(**sizes, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     params = jaxbert.init_params(config, jax.random.key(0), "BertForMaskedLM")
     ids = jnp.asarray(np.random.default_rng(0).integers(1, SIZES["vocab_size"], (3, 16)), jnp.int32)
 
@@ -174,7 +176,7 @@ def test_bf16_gradients_reach_every_parameter(remat):
         def loss(p):
             p = jax.tree_util.tree_map(lambda a: a.astype(dtype), p)
             mask = jnp.ones_like(ids)
-            return jaxbert.forward(p, config, "mlm", ids, mask, labels=ids, remat=remat).loss
+            return jaxbert.forward(p, config, "mlm", ids, mask, labels=ids, remat=remat, rng=jax.random.key(1)).loss
 
         return jax.tree_util.tree_flatten_with_path(jax.jit(jax.grad(loss))(params))[0]
 
@@ -184,3 +186,59 @@ def test_bf16_gradients_reach_every_parameter(remat):
         ref, got = np.asarray(ref, np.float32), np.asarray(got, np.float32)
         err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
         assert err < 0.05, (jax.tree_util.keystr(path), err)
+
+
+# -- 16-bit attention products ------------------------------------------------------------------------------------
+def _attention(q, k, v, g, in_axes):
+    """sum(g * context) of softmax attention per sequence under vmap, through ops' two products."""
+
+    def one(q, k, v):
+        probs = jax.nn.softmax(ops.scores_product(q, k), axis=-1)
+        return ops.context_product(probs.astype(jnp.bfloat16).astype(v.dtype), v)  # rounded in both runs
+
+    return jnp.sum(jax.vmap(one, in_axes=in_axes)(q, k, v) * g)
+
+
+def _attention_inputs(kv_batched: bool, B=3, L=5, M=7, H=2, K=4):
+    rng = np.random.default_rng(1)
+    kv = (B, H, M, K) if kv_batched else (H, M, K)
+    q, k, v = (jnp.asarray(rng.normal(size=s), jnp.bfloat16) for s in ((B, L, H, K), kv, kv))
+    return q, k, v, jnp.asarray(rng.normal(size=(B, L, H, K)), jnp.float32)
+
+
+@pytest.mark.parametrize("kv_batched", [True, False])
+def test_bf16_attention_gradients_are_bf16_products(kv_batched):
+    """The gradients of attention's products equal float32 autodiff of the same bfloat16 values to bfloat16's
+    rounding (L != M != K, so a swapped axis fails), and every product of the backward pass is 16-bit."""
+    q, k, v, g = _attention_inputs(kv_batched)
+    in_axes = (0, 0, 0) if kv_batched else (0, None, None)
+    grad = jax.grad(lambda q, k, v: _attention(q, k, v, g, in_axes), argnums=(0, 1, 2))
+    got = grad(q, k, v)
+    up = [a.astype(jnp.float32) for a in (q, k, v)]
+    ref = jax.grad(lambda q, k, v: _attention(q, k, v, g, in_axes), argnums=(0, 1, 2))(*up)
+    for a, r, x in zip(got, ref, (q, k, v)):
+        assert a.dtype == jnp.bfloat16 and a.shape == x.shape
+        a, r = np.asarray(a, np.float32), np.asarray(r)
+        assert np.linalg.norm(a - r) / np.linalg.norm(r) < 0.02
+    np.testing.assert_allclose(
+        float(_attention(q, k, v, g, in_axes)), float(_attention(*up, g, in_axes)), rtol=1e-5, atol=1e-5
+    )
+    dots = _dots(jax.make_jaxpr(grad)(q, k, v).jaxpr)
+    assert len(dots) >= 6
+    assert all(var.aval.dtype == jnp.bfloat16 for eqn in dots for var in eqn.invars), dots
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's kernel choice")
+def test_bf16_attention_products_compile_to_16_bit_kernels():
+    """Every product of attention's forward and backward pass reaches the compiled program with bfloat16
+    operands (JAX's own transpose multiplies a float32 cotangent, which XLA:CPU runs in float32)."""
+    q, k, v, g = _attention_inputs(True, B=2, L=32, M=32, H=2, K=16)
+    grad = jax.value_and_grad(lambda q, k, v: _attention(q, k, v, g, (0, 0, 0)), argnums=(0, 1, 2))
+    text = jax.jit(grad).lower(q, k, v).compile().as_text()
+    with_dots = [
+        m.group(1)
+        for m in re.finditer(r"^(?:ENTRY )?%\S+ \(([^)]*)\) -> [^{]*\{\n(.*?)\n\}", text, re.M | re.S)
+        if " dot(" in m.group(2)
+    ]
+    assert len(with_dots) == 6, text  # two forward products, four backward
+    assert all(re.findall(r": (\w+)\[", params) == ["bf16", "bf16"] for params in with_dots), with_dots
