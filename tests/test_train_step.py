@@ -1,6 +1,6 @@
 """The pure train step's gradient accumulation: A micro-batches give the update of the whole batch in one piece,
-however the labelled tokens (or real rows) are spread over the micro-batches; and label smoothing is refused for
-labels it cannot apply to."""
+however the labelled tokens (or real rows) are spread over the micro-batches; label smoothing is refused for
+labels it cannot apply to; the one-pass AdamW equals optax's chain."""
 
 import json
 
@@ -12,7 +12,7 @@ from conftest import model_dir
 
 import jaxbert
 from jaxbert.cli import main
-from jaxbert.train.state import OptimConfig, init_state, optimizer, schedule
+from jaxbert.train.state import OptimConfig, init_state, optimizer, reference_optimizer, schedule
 from jaxbert.train.step import train_step
 
 CONFIG = jaxbert.BertConfig(
@@ -78,3 +78,36 @@ def test_label_smoothing_is_refused_for_regression(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 1 and "--label-smoothing 0.1: applies to classes, not to regression labels" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+@pytest.mark.parametrize("max_grad_norm", [0.0, 1.0])
+def test_one_pass_adamw_equals_optax_chain(weight_decay, max_grad_norm):
+    """optimizer() computes optax's clip + AdamW chain (reference_optimizer) per parameter in one expression: the
+    same state tree leaf for leaf (checkpoints resume under either), and the same parameters and moments over
+    steps that clip and steps that do not, with warm-up and decay masked off biases and LayerNorm."""
+    cfg = OptimConfig(
+        learning_rate=1e-2, weight_decay=weight_decay, max_grad_norm=max_grad_norm, warmup_steps=2, total_steps=6
+    )
+    params = jaxbert.init_params(CONFIG, jax.random.key(0), "BertForSequenceClassification")
+    runs, norms = [], []
+    for tx in (optimizer(cfg), reference_optimizer(cfg)):
+        p, state = params, tx.init(params)
+        assert jax.tree_util.tree_structure(state) == jax.tree_util.tree_structure(
+            reference_optimizer(cfg).init(params)
+        )
+        rng = np.random.default_rng(1)
+        update = jax.jit(tx.update)
+        for i in range(5):
+            scale = 10.0 if i % 2 else 1e-3  # the global norm above and below the limit in turn
+            g = jax.tree_util.tree_map(lambda x, r=rng, s=scale: jnp.asarray(r.normal(size=x.shape) * s, x.dtype), p)
+            norms.append(float(jnp.sqrt(sum(jnp.sum(x**2) for x in jax.tree_util.tree_leaves(g)))))
+            u, state = update(g, state, p)
+            p = jax.tree_util.tree_map(jnp.add, p, u)
+        runs.append((p, state))
+    assert min(norms) < 1.0 < max(norms)
+    assert not np.allclose(np.asarray(runs[0][0]["classifier"]["kernel"]), np.asarray(params["classifier"]["kernel"]))
+    for (path, got), want in zip(
+        jax.tree_util.tree_flatten_with_path(runs[0])[0], jax.tree_util.tree_leaves(runs[1]), strict=True
+    ):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-6, atol=1e-8, err_msg=str(path))

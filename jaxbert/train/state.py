@@ -55,6 +55,55 @@ def schedule(cfg: OptimConfig) -> optax.Schedule:
 
 
 def optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
+    """AdamW with global-norm clipping: optax's chain's state and arithmetic (`reference_optimizer`), computed per
+    parameter in one expression instead of a tree per stage.
+
+    As a chain of trees (clipped gradients, moments, normalized step, decay, learning rate), XLA:CPU ran each
+    stage as its own pass over the 110 M parameters of bert-base (four for the embedding matrix alone): 227 ms an
+    update on two Sapphire Rapids cores. One expression per parameter, whose results (the step, both moments)
+    share their reads, takes 125 ms. The state is the chain's, leaf for leaf, so checkpoints of either resume
+    under the other."""
+    chain = reference_optimizer(cfg)
+    lr = schedule(cfg)
+    b1, b2, eps, wd, clip = cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon, cfg.weight_decay, cfg.max_grad_norm
+
+    def update(grads, state, params):
+        adam, masked, sched = state[1] if clip else state
+        count = optax.safe_increment(adam.count)
+        c1, c2 = 1 - b1**count, 1 - b2**count
+        step = -lr(sched.count)
+        norm = optax.tree.norm(grads)
+        # optax divides every gradient by the norm and multiplies by the limit: XLA:CPU kept the quotients as a
+        # tree of their own (one more pass); one factor per step multiplies instead (PyTorch's clip_grad_norm_
+        # multiplies too), within a rounding of optax's.
+        factor = jnp.where(norm < clip, 1.0, clip / norm) if clip else None
+        decay = decay_mask(params)
+
+        def leaf(g, mu, nu, p, decays):
+            if clip:  # optax.clip_by_global_norm, as one factor (see above)
+                g = g * factor.astype(g.dtype)
+            mu = (1 - b1) * g + b1 * mu  # optax.scale_by_adam, eps_root 0
+            nu = (1 - b2) * g**2 + b2 * nu
+            u = (mu / c1.astype(mu.dtype)) / (jnp.sqrt(nu / c2.astype(nu.dtype) + 0.0) + eps)
+            if decays and wd != 0.0:  # optax.add_decayed_weights under its mask
+                u = u + wd * p
+            return jnp.asarray(step, u.dtype) * u, mu, nu  # optax.scale_by_learning_rate
+
+        out = jax.tree_util.tree_map(leaf, grads, adam.mu, adam.nu, params, decay)
+        tree = jax.tree_util.tree_structure(grads)
+        updates, mu, nu = (jax.tree_util.tree_unflatten(tree, x) for x in zip(*tree.flatten_up_to(out)))
+        inner = (
+            adam._replace(count=count, mu=mu, nu=nu),
+            masked,
+            sched._replace(count=optax.safe_increment(sched.count)),
+        )
+        return updates, ((state[0], inner) if clip else inner)
+
+    return optax.GradientTransformation(chain.init, update)
+
+
+def reference_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
+    """optax's AdamW chain that `optimizer` computes (its state, and the arithmetic the tests hold it to)."""
     adamw = optax.adamw(
         schedule(cfg),
         b1=cfg.adam_beta1,
