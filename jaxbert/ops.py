@@ -88,6 +88,20 @@ def _contract(x: Array, w: Array, axis: int, dtype) -> Array:
     return jax.lax.dot_general(x, w, (((x.ndim - 1,), (axis,)), ((), ())), preferred_element_type=dtype)
 
 
+def _row_major(a: Array, perm: tuple[int, ...]) -> Array:
+    """a.transpose(perm) materialized row-major for a 16-bit product, behind a conditional whose result gets the
+    default layout (see _transposed_copy)."""
+    if a.size == 0:
+        return a.transpose(perm)
+    flipped = perm.index(0)  # where a's first axis goes: the other branch flips it before and after
+    return jax.lax.cond(
+        jnp.isfinite(a.reshape(-1)[0]),
+        lambda u: u.transpose(perm),
+        lambda u: jnp.flip(jnp.flip(u, 0).transpose(perm), flipped),
+        a,
+    )
+
+
 def _transposed_copy(a: Float[Array, "N I"]) -> Float[Array, "I N"]:
     """a.T materialized row-major, so that the weight gradient a.T @ b is a product XLA:CPU runs in 16 bits.
 
@@ -97,9 +111,7 @@ def _transposed_copy(a: Float[Array, "N I"]) -> Float[Array, "I N"]:
     A conditional's result gets the default row-major layout, so the transpose is computed into one: both
     branches are the same transpose (written differently, or XLA merges them), and the predicate only has to be
     unknown at compile time (1.33 s)."""
-    if a.size == 0:
-        return a.T
-    return jax.lax.cond(jnp.isfinite(a[0, 0]), lambda u: u.T, lambda u: jnp.flip(jnp.flip(u, 0).T, 1), a)
+    return _row_major(a, (1, 0))
 
 
 @functools.cache
@@ -169,20 +181,6 @@ def matmul(x: Float[Array, "... I"], w: Float[Array, "A B"], axis: int = 0) -> F
         return _contract(x.astype(w.dtype), w, axis, jnp.float32)
     product, batched = _low_matmul(axis, jnp.dtype(x.dtype))
     return (batched if _batched_by_current_vmap(x) else product)(x, w)
-
-
-def _row_major(a: Array, perm: tuple[int, ...]) -> Array:
-    """a.transpose(perm) materialized row-major, for a 16-bit product (see _transposed_copy: a conditional's
-    result gets the default layout, where a plain transpose may become a strided view of `a`)."""
-    if a.size == 0:
-        return a.transpose(perm)
-    flipped = perm.index(0)  # where a's first axis goes: the other branch flips it before and after
-    return jax.lax.cond(
-        jnp.isfinite(a.reshape(-1)[0]),
-        lambda u: u.transpose(perm),
-        lambda u: jnp.flip(jnp.flip(u, 0).transpose(perm), flipped),
-        a,
-    )
 
 
 def _nn(a: Float[Array, "Z X C"], b: Float[Array, "Z C Y"]) -> Float[Array, "Z X Y"]:
