@@ -17,8 +17,18 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from jaxbert import cpu
 from jaxbert.config import BertConfig
-from jaxbert.ops import compute_dtype, context_product, dense, dropout, scores_product, take_rows
+from jaxbert.ops import (
+    compute_dtype,
+    context_product,
+    dense,
+    dropout,
+    float_leaf,
+    heads_first,
+    scores_product,
+    take_rows,
+)
 
 # Backends on which `jax.nn.dot_product_attention` is used when no probabilities are needed: on GPU it picks
 # cuDNN's fused kernel. On CPU it lowers to the same XLA ops as the explicit path below in a slower layout
@@ -36,6 +46,7 @@ class Keys:
     key_positions: Int[Array, " M"]
     index: Int[Array, ""] | None = None  # cache slot of the first new key; None without a cache
     padding_only: bool = flax.struct.field(pytree_node=False, default=True)  # allowed = one row repeated
+    rows: int = flax.struct.field(pytree_node=False, default=1)  # sequences the enclosing vmap batches
 
 
 def keys_for(
@@ -44,10 +55,12 @@ def keys_for(
     cache_mask: Bool[Array, " M"] | None = None,
     index: Int[Array, ""] | None = None,
     segment_ids: Int[Array, " L"] | None = None,
+    rows: int = 1,
 ) -> Keys:
     """Keys for a forward over L new tokens with key validity `mask`; with a cache, the new keys are written at
     `index` of a cache whose valid slots are `cache_mask`. Decoders (config.is_decoder) attend causally. With
-    `segment_ids` (packed sequences, see packing.py; no cache) a query sees only keys of its own segment."""
+    `segment_ids` (packed sequences, see packing.py; no cache) a query sees only keys of its own segment. `rows`:
+    how many sequences the enclosing vmap batches (it sizes attention's query blocks, see query_block)."""
     L = mask.shape[0]
     if cache_mask is None:
         valid, q_pos, k_pos = mask, jnp.arange(L), jnp.arange(L)
@@ -60,7 +73,7 @@ def keys_for(
     if segment_ids is not None:
         allowed = allowed & (segment_ids[:, None] == segment_ids[None, :])
     only = not config.is_decoder and cache_mask is None and segment_ids is None
-    return Keys(allowed, q_pos, k_pos, index, padding_only=only)
+    return Keys(allowed, q_pos, k_pos, index, padding_only=only, rows=rows)
 
 
 def relative_scores(
@@ -87,19 +100,57 @@ def _fused(config: BertConfig, keys: Keys, relative: bool, with_probs: bool, hea
     )
 
 
-def _normalized_late(q, k, v, allowed, scale: float, relative):
+# Above this many bytes of float32 scores for a whole batch, attention over long rows runs in blocks of queries.
+BLOCK_BYTES = 16 << 20
+
+
+def query_block(rows: int, H: int, L: int, M: int, dtype) -> int | None:
+    """The number of queries attention takes at a time (None: all), for `rows` sequences of L queries over M keys.
+
+    XLA:CPU runs attention over 512 keys several times slower as one product over all queries than in blocks
+    whose scores stay within a few MB (bfloat16, 12 heads, 4 x 512: 43 ms a layer, against 9.5 in blocks of
+    128; 8 x 512 x 64: 83 against 28 in blocks of 64). Over 256 keys it is the other way round (8 x 256: 2.9
+    against 5.0), and so it is for float32 while the whole batch's scores fit in BLOCK_BYTES."""
+    if M < 512 or (jnp.dtype(dtype) == jnp.float32 and rows * H * L * M * 4 <= BLOCK_BYTES):
+        return None
+    size = 128
+    while size > 16 and rows * H * size * M * 4 > BLOCK_BYTES:
+        size //= 2
+    return size if size < L and L % size == 0 else None
+
+
+def _normalized_late(q, k, v, allowed, scale: float, relative, anchor=None, rows: int = 1):
     """Inference without probabilities: heads first, so both products are plain batched matmuls over H (as
     [L, H, K] they need strided access, which made attention a third of MiniLM's time), and the softmax
     normalized after the value product (the division runs over [H, L, K] instead of [H, L, M] and a pass over
-    the scores goes). MiniLM 32 x 128: +78% tokens/s in scripts/benchmark.py."""
-    q = q.transpose(1, 0, 2)
-    scores = jnp.einsum("hlk,hmk->hlm", q * jnp.asarray(scale, q.dtype), k, preferred_element_type=jnp.float32)
-    if relative is not None:
-        scores = scores + relative * scale
-    scores = jnp.where(allowed[None], scores, jnp.finfo(jnp.float32).min)
-    weights = jnp.exp(scores - scores.max(-1, keepdims=True))
-    context = jnp.einsum("hlm,hmk->hlk", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    return (context / weights.sum(-1, keepdims=True)).transpose(1, 0, 2)
+    the scores goes). MiniLM 32 x 128: +78% tokens/s in scripts/benchmark.py. 16-bit queries go heads first
+    through ops.heads_first with the layer's `anchor`, as self_attention's keys and values do. Long rows run in
+    blocks of queries (query_block). Returns [L, H, K]."""
+    q = heads_first(q * jnp.asarray(scale, q.dtype), anchor)
+
+    def block(q, bias, relative):  # q [H, l, K], bias [l, M], relative [H, l, M] or None
+        scores = jnp.einsum("hlk,hmk->hlm", q, k, preferred_element_type=jnp.float32) + bias[None]
+        if relative is not None:
+            scores = scores + relative * scale
+        weights = jnp.exp(scores - scores.max(-1, keepdims=True))
+        context = jnp.einsum("hlm,hmk->hlk", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        return (context / weights.sum(-1, keepdims=True)).transpose(1, 0, 2)
+
+    # The mask as an added bias (finfo.min where masked, as the reference adds it), not a select: XLA:CPU keeps
+    # an addition inside attention's fused kernel, where a select splits it (8 x 256, one layer: 3.6 vs 13.6 ms).
+    bias = jnp.where(allowed, 0.0, jnp.finfo(jnp.float32).min)
+    H, L, K = q.shape
+    M = k.shape[1]
+    size = query_block(rows, H, L, M, q.dtype)
+    if size is None:
+        return block(q, bias, relative)
+    n = L // size
+    blocks = (
+        q.reshape(H, n, size, K).transpose(1, 0, 2, 3),
+        bias.reshape(n, size, M),
+        None if relative is None else relative.reshape(H, n, size, M).transpose(1, 0, 2, 3),
+    )
+    return jax.lax.map(lambda b: block(*b), blocks).reshape(L, H, K)
 
 
 def attend(
@@ -112,13 +163,16 @@ def attend(
     head_mask,
     rng,
     with_probs: bool,
+    anchor=None,
+    rows: int = 1,
 ):
     """Scaled dot-product attention: (context [L, H*K] float32, probabilities [H, L, M] or None). Scores and
-    softmax in float32; masked scores are finfo.min (a fully masked row averages, as the reference does)."""
+    softmax in float32; masked scores are finfo.min (a fully masked row averages, as the reference does).
+    `anchor`: see ops.heads_first; `rows`: see Keys."""
     L, scale = q.shape[0], 1.0 / math.sqrt(q.shape[-1])
     dropping = rng is not None and config.attention_probs_dropout_prob > 0.0
     if not (with_probs or head_mask is not None or dropping):
-        return _normalized_late(q, k, v, allowed, scale, relative).reshape(L, -1), None
+        return _normalized_late(q, k, v, allowed, scale, relative, anchor, rows).reshape(L, -1), None
     scores = scores_product(q, k)
     scores = (scores if relative is None else scores + relative) * scale
     probs = jax.nn.softmax(jnp.where(allowed[None], scores, jnp.finfo(jnp.float32).min), axis=-1)
@@ -127,6 +181,18 @@ def attend(
         probs = probs * head_mask[:, None, None].astype(probs.dtype)
     context = context_product(probs.astype(v.dtype), v)
     return context.reshape(L, -1), probs if with_probs else None
+
+
+def products_dtype(p):
+    """The dtype of attention's products in a block with parameters p: the block's compute dtype, but bfloat16 for
+    an int8 block (whose compute dtype is float32) on a CPU with bfloat16 units, as OpenVINO runs attention
+    there: bert-base int8, 8 x 128, 24 -> 12 ms of the call (scripts/benchmark.py). Scores, softmax and sums stay
+    float32."""
+    cd = compute_dtype(p)
+    int8 = any("weight_scale" in d for d in (p.get("qkv", {}), p.get("query", {})))
+    if int8 and jax.default_backend() == "cpu" and cpu.has_bf16_units():
+        return jnp.dtype(jnp.bfloat16)
+    return cd
 
 
 def _project_qkv(p, x: Float[Array, "L D"], K: int):
@@ -157,17 +223,22 @@ def self_attention(
     under vmap) into an in-place update of the batch's cache; with an index per row it copied the whole cache
     (bert-base, batch 8: 159 -> 99 ms a step). A cache wider than the weights (float32 for
     bfloat16 weights on CPU, see decoders.causal_lm) holds the same values; the products then run in its dtype."""
-    K, cd = config.head_size, compute_dtype(p)
+    K, cd = config.head_size, products_dtype(p)
     q, k, v = (t.astype(cd) for t in _project_qkv(p, x, K))
+    anchor = float_leaf(p)
     relative = config.position_embedding_type != "absolute"
     if past is None and _fused(config, keys, relative, with_probs, head_mask, rng):
         context = jax.nn.dot_product_attention(q, k, v, mask=keys.allowed[None])
         return context.reshape(x.shape[0], -1).astype(jnp.float32), None, (k.transpose(1, 0, 2), v.transpose(1, 0, 2))
-    k, v = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
-    if past is not None:
-        k, v = (jax.lax.dynamic_update_slice(c, n.astype(c.dtype), (0, keys.index, 0)) for c, n in zip(past, (k, v)))
+    if past is None:
+        k, v = heads_first(k, anchor), heads_first(v, anchor)
+    else:
+        k, v = (
+            jax.lax.dynamic_update_slice(c, n.transpose(1, 0, 2).astype(c.dtype), (0, keys.index, 0))
+            for c, n in zip(past, (k, v))
+        )
     scores = relative_scores(p, config, q, k, keys) if relative else None
-    context, probs = attend(config, q, k, v, keys.allowed, scores, head_mask, rng, with_probs)
+    context, probs = attend(config, q, k, v, keys.allowed, scores, head_mask, rng, with_probs, anchor, keys.rows)
     return context, probs, (k, v)
 
 

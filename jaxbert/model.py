@@ -257,14 +257,16 @@ def _bert_one(
     encoder_mask=None,
     at: Int[Array, ""] | None = None,
     segment_ids: Int[Array, " L"] | None = None,
+    rows: int = 1,
 ):
-    """One sequence: embeddings, the layers, the pooler. With a cache, the L new tokens' keys go to slots
-    at … at+L-1 (`at` is the cache's index, given apart so that it is the same for all rows of the vmap: see
-    attention.self_attention); returns (last hidden, pooled, hidden states, attentions, cross-attentions, cache)."""
+    """One sequence (of `rows` the enclosing vmap batches): embeddings, the layers, the pooler. With a cache, the L
+    new tokens' keys go to slots at … at+L-1 (`at` is the cache's index, given apart so that it is the same for
+    all rows of the vmap: see attention.self_attention); returns (last hidden, pooled, hidden states,
+    attentions, cross-attentions, cache)."""
     r_emb, r_enc = _split(rng, 2)
     x = embeddings(params["embeddings"], config, input_ids, token_type_ids, position_ids, inputs_embeds, rng=r_emb)
     if cache is None:
-        keys = keys_for(config, mask, segment_ids=segment_ids)
+        keys = keys_for(config, mask, segment_ids=segment_ids, rows=rows)
     else:
         at = cache.index if at is None else at
         keys = keys_for(config, mask, cache.mask, at)
@@ -364,6 +366,7 @@ def bert(
         remat=remat,
         with_probs=output_attentions,
         head_mask=normalize_head_mask(config, head_mask),
+        rows=B,
     )
     x, pooled, hidden, attentions, cross_attentions, cache = jax.vmap(
         lambda ids, m, t, pos, emb, r, c, es, em, at, seg: one(
