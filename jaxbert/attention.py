@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from jaxbert import cpu
 from jaxbert.config import BertConfig
 from jaxbert.ops import (
     compute_dtype,
@@ -47,6 +46,7 @@ class Keys:
     index: Int[Array, ""] | None = None  # cache slot of the first new key; None without a cache
     padding_only: bool = flax.struct.field(pytree_node=False, default=True)  # allowed = one row repeated
     rows: int = flax.struct.field(pytree_node=False, default=1)  # sequences the enclosing vmap batches
+    products: str | None = flax.struct.field(pytree_node=False, default=None)  # see self_attention
 
 
 def keys_for(
@@ -56,11 +56,13 @@ def keys_for(
     index: Int[Array, ""] | None = None,
     segment_ids: Int[Array, " L"] | None = None,
     rows: int = 1,
+    products: str | None = None,
 ) -> Keys:
     """Keys for a forward over L new tokens with key validity `mask`; with a cache, the new keys are written at
     `index` of a cache whose valid slots are `cache_mask`. Decoders (config.is_decoder) attend causally. With
     `segment_ids` (packed sequences, see packing.py; no cache) a query sees only keys of its own segment. `rows`:
-    how many sequences the enclosing vmap batches (it sizes attention's query blocks, see query_block)."""
+    how many sequences the enclosing vmap batches (it sizes attention's query blocks, see query_block);
+    `products`: the dtype of attention's products, if not the blocks' own (see self_attention)."""
     L = mask.shape[0]
     if cache_mask is None:
         valid, q_pos, k_pos = mask, jnp.arange(L), jnp.arange(L)
@@ -73,7 +75,7 @@ def keys_for(
     if segment_ids is not None:
         allowed = allowed & (segment_ids[:, None] == segment_ids[None, :])
     only = not config.is_decoder and cache_mask is None and segment_ids is None
-    return Keys(allowed, q_pos, k_pos, index, padding_only=only, rows=rows)
+    return Keys(allowed, q_pos, k_pos, index, padding_only=only, rows=rows, products=products)
 
 
 def relative_scores(
@@ -183,18 +185,6 @@ def attend(
     return context.reshape(L, -1), probs if with_probs else None
 
 
-def products_dtype(p):
-    """The dtype of attention's products in a block with parameters p: the block's compute dtype, but bfloat16 for
-    an int8 block (whose compute dtype is float32) on a CPU with bfloat16 units, as OpenVINO runs attention
-    there: bert-base int8, 8 x 128, 24 -> 12 ms of the call (scripts/benchmark.py). Scores, softmax and sums stay
-    float32."""
-    cd = compute_dtype(p)
-    int8 = any("weight_scale" in d for d in (p.get("qkv", {}), p.get("query", {})))
-    if int8 and jax.default_backend() == "cpu" and cpu.has_bf16_units():
-        return jnp.dtype(jnp.bfloat16)
-    return cd
-
-
 def _project_qkv(p, x: Float[Array, "L D"], K: int):
     """q, k, v as [L, H, K] each: one [D, 3D] matmul in the fused (stacked) layout, three otherwise."""
     if "qkv" in p:
@@ -222,8 +212,11 @@ def self_attention(
     `keys.index` should be the same for the rows of a vmap (not batched): XLA then turns the write (a scatter
     under vmap) into an in-place update of the batch's cache; with an index per row it copied the whole cache
     (bert-base, batch 8: 159 -> 99 ms a step). A cache wider than the weights (float32 for
-    bfloat16 weights on CPU, see decoders.causal_lm) holds the same values; the products then run in its dtype."""
-    K, cd = config.head_size, products_dtype(p)
+    bfloat16 weights on CPU, see decoders.causal_lm) holds the same values; the products then run in its dtype.
+    They run in the block's compute dtype, or in `keys.products` when given (an int8 model's bfloat16: see
+    quantize.attention_dtype)."""
+    K = config.head_size
+    cd = compute_dtype(p) if keys.products is None else jnp.dtype(keys.products)
     q, k, v = (t.astype(cd) for t in _project_qkv(p, x, K))
     anchor = float_leaf(p)
     relative = config.position_embedding_type != "absolute"

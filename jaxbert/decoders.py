@@ -22,10 +22,24 @@ from jaxbert.seq2seq import encode
 
 
 def causal_lm(
-    params, config: BertConfig, ids, mask, positions, length, max_new, live, warp, rng, *, search, bound: int
+    params,
+    config: BertConfig,
+    ids,
+    mask,
+    positions,
+    length,
+    max_new,
+    live,
+    warp,
+    rng,
+    *,
+    search,
+    bound: int,
+    attention_dtype: str | None = None,
 ):
     """Prefill and the whole decoding loop of a BertLMHeadModel as one program over a cache of the prompt's
-    bucket plus `bound` slots, within the positions (the decoder rewinds over the prompt's padding)."""
+    bucket plus `bound` slots, within the positions (the decoder rewinds over the prompt's padding).
+    `attention_dtype`: see model.bert."""
     capacity = min(ids.shape[1] + bound, config.max_position_embeddings)
     # On CPU the cache is float32 whatever the weights: XLA:CPU has no 16-bit batched matmul, so attention over a
     # bfloat16 cache converted every layer's cache to float32 on every step (bert-base, batch 8: 9 ms of 42).
@@ -35,7 +49,9 @@ def causal_lm(
     embeddings = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
 
     def step(cache, ids, mask, positions):
-        out = bert(params["bert"], config, ids, mask, None, positions, past_key_values=cache)
+        out = bert(
+            params["bert"], config, ids, mask, None, positions, past_key_values=cache, attention_dtype=attention_dtype
+        )
         x = out.last_hidden_state
         if ids.shape[1] > 1:
             # The prefill: decode reads the logits after the prompt's last real column only, so only that column

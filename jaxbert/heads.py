@@ -247,6 +247,7 @@ def forward(
     sample_weight=None,
     segment_ids=None,
     segment_starts=None,
+    attention_dtype: str | None = None,
 ) -> BertOutput:
     """Any head on a batch, with transformers' output fields; the loss is computed when labels are given.
     Decoders take `encoder_hidden_states`, `encoder_attention_mask`, `past_key_values` and `use_cache` as
@@ -257,7 +258,8 @@ def forward(
 
     Packed rows (packing.py): `segment_ids` [B, L] keep each sequence's attention within itself, and with
     `segment_starts` [B, S] (each sequence's first column) the pooler runs per sequence, so pooled heads give
-    [B, S, ...] (sequence classification logits [B, S, C]); per-token heads are unchanged."""
+    [B, S, ...] (sequence classification logits [B, S, C]); per-token heads are unchanged. `attention_dtype`: see
+    model.bert."""
     head = resolve_head(head, config)
     if head == "EncoderDecoderModel":
         from jaxbert.seq2seq import encoder_decoder
@@ -315,6 +317,7 @@ def forward(
         past_key_values=past_key_values,
         use_cache=use_cache,
         segment_ids=segment_ids,
+        attention_dtype=attention_dtype,
     )
     if segment_starts is not None:
         first = jnp.take_along_axis(out.last_hidden_state, segment_starts[..., None], axis=1)

@@ -106,8 +106,10 @@ class Bert:
 
         compute = _to_devices(to_compute(params, config, consume=consume, place=place), place)
         del params
+        self._attention = None  # the dtype of attention's products, if not the layers' own
         if dtype == "int8":
             compute = quantize.quantize(compute)
+            self._attention = quantize.attention_dtype()
         if mesh is not None:
             compute = jax.device_put(compute, sharding.param_shardings(compute, self.mesh))
         self._dtypes = jax.tree_util.tree_map(lambda a: a.dtype, compute)
@@ -168,24 +170,28 @@ class Bert:
             encoder_attention_mask=encoder_attention_mask,
             segment_ids=segment_ids,
             segment_starts=segment_starts,
+            attention_dtype=self._attention,
         )
 
     def _embed_impl(self, weights, input_ids, attention_mask, token_type_ids, *, pooling, normalize):
-        out = bert(
-            base_params(self._unbits(weights), self.head), self.config, input_ids, attention_mask, token_type_ids
-        )
+        params = base_params(self._unbits(weights), self.head)
+        out = bert(params, self.config, input_ids, attention_mask, token_type_ids, attention_dtype=self._attention)
         return pool(out, attention_mask, pooling, normalize)
 
     def _embed_packed_impl(self, weights, ids, mask, types, positions, segments, starts, *, pooling, normalize):
         params = base_params(self._unbits(weights), self.head)
-        out = bert(params, self.config, ids, mask, types, positions, segment_ids=segments)
+        out = bert(
+            params, self.config, ids, mask, types, positions, segment_ids=segments, attention_dtype=self._attention
+        )
         return pool_segments(out.last_hidden_state, segments, starts, pooling, normalize, params.get("pooler"))
 
     def _masked_logits_impl(self, weights, input_ids, attention_mask, token_type_ids, positions):
         """MLM logits [B, P, V] at `positions` [B, P] only: the vocabulary projection, the largest matmul of a
         short input, runs for the P positions asked for instead of every position."""
         params = self._unbits(weights)
-        out = bert(params["bert"], self.config, input_ids, attention_mask, token_type_ids)
+        out = bert(
+            params["bert"], self.config, input_ids, attention_mask, token_type_ids, attention_dtype=self._attention
+        )
         hidden = jnp.take_along_axis(out.last_hidden_state, positions[..., None], axis=1)
         return mlm_logits(
             params["cls"], self.config, params["bert"]["embeddings"]["word_embeddings"]["embedding"], hidden
@@ -207,7 +213,9 @@ class Bert:
             return self._apart[1]
 
     def _generate_impl(self, params, *arrays, search, bound):
-        return decoders.causal_lm(params, self.config, *arrays, search=search, bound=bound)
+        return decoders.causal_lm(
+            params, self.config, *arrays, search=search, bound=bound, attention_dtype=self._attention
+        )
 
     # -- properties ------------------------------------------------------------------------------------------
     @property

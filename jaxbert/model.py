@@ -258,6 +258,7 @@ def _bert_one(
     at: Int[Array, ""] | None = None,
     segment_ids: Int[Array, " L"] | None = None,
     rows: int = 1,
+    attention_dtype: str | None = None,
 ):
     """One sequence (of `rows` the enclosing vmap batches): embeddings, the layers, the pooler. With a cache, the L
     new tokens' keys go to slots at … at+L-1 (`at` is the cache's index, given apart so that it is the same for
@@ -266,10 +267,10 @@ def _bert_one(
     r_emb, r_enc = _split(rng, 2)
     x = embeddings(params["embeddings"], config, input_ids, token_type_ids, position_ids, inputs_embeds, rng=r_emb)
     if cache is None:
-        keys = keys_for(config, mask, segment_ids=segment_ids, rows=rows)
+        keys = keys_for(config, mask, segment_ids=segment_ids, rows=rows, products=attention_dtype)
     else:
         at = cache.index if at is None else at
-        keys = keys_for(config, mask, cache.mask, at)
+        keys = keys_for(config, mask, cache.mask, at, products=attention_dtype)
         cache = cache.replace(mask=jax.lax.dynamic_update_slice(cache.mask, mask, (at,)))
     fresh_cross = encoder_states is not None and not (cache is not None and cache.has_cross)
     ctx = _Context(keys, cache, encoder_states if fresh_cross else None, encoder_mask if fresh_cross else None)
@@ -323,6 +324,7 @@ def bert(
     segment_ids: Int[Array, "B L"] | None = None,
     rng=None,
     remat: bool = False,
+    attention_dtype: str | None = None,
 ) -> BertOutput:
     """The base model (transformers' BertModel) on a batch: the per-sequence function under `jax.vmap`.
 
@@ -334,7 +336,8 @@ def bert(
 
     `segment_ids` (1, 2, ... per packed sequence, 0 for padding; see packing.py) keep each sequence's attention
     within itself; pass its positions, restarting at 0, as `position_ids`. `pooler_output` is then the first
-    sequence's: pool per segment with pooling.pool_segments."""
+    sequence's: pool per segment with pooling.pool_segments. `attention_dtype` runs attention's products in that
+    dtype instead of the layers' own (an int8 model's bfloat16: quantize.attention_dtype)."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("pass exactly one of input_ids and inputs_embeds")
     if segment_ids is not None and (past_key_values is not None or use_cache):
@@ -367,6 +370,7 @@ def bert(
         with_probs=output_attentions,
         head_mask=normalize_head_mask(config, head_mask),
         rows=B,
+        attention_dtype=attention_dtype,
     )
     x, pooled, hidden, attentions, cross_attentions, cache = jax.vmap(
         lambda ids, m, t, pos, emb, r, c, es, em, at, seg: one(

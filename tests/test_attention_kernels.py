@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import jaxbert
-from jaxbert import attention, cpu
-from jaxbert.attention import _normalized_late, products_dtype, query_block
+from jaxbert import attention, cpu, quantize
+from jaxbert.attention import _normalized_late, query_block
 
 F32 = jnp.float32
 
@@ -121,13 +121,17 @@ def test_attention_products_compile_to_16_bit_kernels(dtype):
         assert others == ([("f32", "f32")] if dtype == "int8" else []), (shape, types)
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="a CPU's instructions")
 def test_int8_attention_dtype_follows_the_cpu(monkeypatch):
+    # Resolved when the model is loaded: bfloat16 products only where the CPU has bfloat16 units, else float32
+    # (on an AVX2-only CPU bfloat16 runs below float32's rate), and a float32 model never changes.
     config = jaxbert.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4)
-    bert = jaxbert.Bert(config, jaxbert.init_params(config, jax.random.key(0)), dtype="int8")
-    block = bert.compute_params["encoder"]["stacked"]["attention"]["self"]
-    monkeypatch.setattr(cpu, "has_bf16_units", lambda: True)
-    assert products_dtype(block) == (jnp.bfloat16 if jax.default_backend() == "cpu" else F32)
-    monkeypatch.setattr(cpu, "has_bf16_units", lambda: False)
-    assert products_dtype(block) == F32
-    f32 = jaxbert.Bert(config, jaxbert.init_params(config, jax.random.key(0)))
-    assert products_dtype(f32.compute_params["encoder"]["stacked"]["attention"]["self"]) == F32
+    params = jaxbert.init_params(config, jax.random.key(0))
+    ids = np.random.default_rng(0).integers(1, 50, (2, 16))
+    for units, want in ((True, "bf16"), (False, "f32")):
+        monkeypatch.setattr(cpu, "has_bf16_units", lambda units=units: units)
+        assert quantize.attention_dtype() == ("bfloat16" if units else None)
+        types = _dot_operand_types(_compiled(jaxbert.Bert(config, params, dtype="int8"), ids))
+        assert sorted(set(types)) == sorted({("s8", "s8"), (want, want), ("f32", "f32")}), (units, types)
+    f32 = jaxbert.Bert(config, params)
+    assert f32._attention is None and set(_dot_operand_types(_compiled(f32, ids))) == {("f32", "f32")}
