@@ -15,11 +15,11 @@ from jaxtyping import Array, Float, Int
 def compute_dtype(p: dict):
     """The dtype matmuls run in: that of the block's floating weights (bfloat16 weights -> bfloat16 matmuls; int8
     weights come with float32 biases and scales, and their blocks compute in float32)."""
-    return next(x.dtype for x in jax.tree_util.tree_leaves(p) if jnp.issubdtype(x.dtype, jnp.floating))
+    return float_leaf(p).dtype
 
 
 def float_leaf(p: dict) -> Array:
-    """The first floating leaf of p (a block's weights): an anchor for ops.heads_first."""
+    """The first floating leaf of p (a block's weights; also an anchor for ops.heads_first)."""
     return next(x for x in jax.tree_util.tree_leaves(p) if jnp.issubdtype(x.dtype, jnp.floating))
 
 

@@ -3,8 +3,9 @@ channel, activations quantized per row as they arrive (ops.quantize_rows), produ
 
 XLA:CPU multiplies int8 at 2-3x its bfloat16 rate on this project's Intel Xeon (bert-base layer shapes, 1,024
 rows: 2,000-3,300 vs 1,000-1,500 GOPS), so the layers' four matmuls, most of BERT's work, get cheaper; the rest stays
-float32: embeddings, LayerNorm, attention (its [L, L] products are a small share, and quantizing them added as
-many passes over the scores as it saved), GELU, the pooler and every head. Symmetric scales, per output channel
+float32: embeddings, LayerNorm, softmax, GELU, the pooler and every head. Attention's two products stay out of int8
+(quantizing them added as many passes over the scores as it saved) and run in bfloat16 where the CPU has bfloat16
+units (attention_dtype). Symmetric scales, per output channel
 for a weight (max |column| / 127) and per token for an activation (ops.quantize_rows), keep it accurate without
 calibration data: see tests/test_int8.py for the bounds on real checkpoints.
 
