@@ -141,18 +141,18 @@ def _normalized_late(q, k, v, allowed, scale: float, relative, anchor=None, rows
     # The mask as an added bias (finfo.min where masked, as the reference adds it), not a select: XLA:CPU keeps
     # an addition inside attention's fused kernel, where a select splits it (8 x 256, one layer: 3.6 vs 13.6 ms).
     bias = jnp.where(allowed, 0.0, jnp.finfo(jnp.float32).min)
-    H, L, K = q.shape
+    H, L, _ = q.shape
     M = k.shape[1]
     size = query_block(rows, H, L, M, q.dtype)
     if size is None:
         return block(q, bias, relative)
-    n = L // size
-    blocks = (
-        q.reshape(H, n, size, K).transpose(1, 0, 2, 3),
-        bias.reshape(n, size, M),
-        None if relative is None else relative.reshape(H, n, size, M).transpose(1, 0, 2, 3),
-    )
-    return jax.lax.map(lambda b: block(*b), blocks).reshape(L, H, K)
+    # The blocks are unrolled, static slices: as a lax.map, zeroing its stacked outputs, writing them and the
+    # blocks' transposed copies cost 10% more (bert-base int8 8 x 512: 3,490 vs 3,890 tokens/s).
+    parts = [
+        block(q[:, s : s + size], bias[s : s + size], None if relative is None else relative[:, s : s + size])
+        for s in range(0, L, size)
+    ]
+    return jnp.concatenate(parts, axis=0)
 
 
 def attend(
