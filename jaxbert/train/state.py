@@ -84,7 +84,7 @@ def optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
                 g = g * factor.astype(g.dtype)
             mu = (1 - b1) * g + b1 * mu  # optax.scale_by_adam, eps_root 0
             nu = (1 - b2) * g**2 + b2 * nu
-            u = (mu / c1.astype(mu.dtype)) / (jnp.sqrt(nu / c2.astype(nu.dtype) + 0.0) + eps)
+            u = (mu / c1.astype(mu.dtype)) / (jnp.sqrt(nu / c2.astype(nu.dtype)) + eps)
             if decays and wd != 0.0:  # optax.add_decayed_weights under its mask
                 u = u + wd * p
             return jnp.asarray(step, u.dtype) * u, mu, nu  # optax.scale_by_learning_rate
