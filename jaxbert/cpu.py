@@ -78,13 +78,24 @@ def instruction_sets() -> str:
 
 
 def slow_dtype(dtype: str | None) -> str | None:
-    """Why `dtype` will likely run slower than float32 on this CPU, in one sentence; None when it will not, or
-    when this CPU's instructions are unknown. Without the instructions of UNITS, XLA:CPU's bfloat16 matmuls run
-    below its float32 rate and its int8 ones at about that rate (an AVX2-only AMD EPYC, 1024 x 768 x 3072: 47 and
-    63 against 73 GFLOP/s), so the conversions around them are a loss (bert-base 8 x 128 there: bfloat16
-    inference 0.71x float32, int8 0.89x, bfloat16 fine-tuning 0.76x)."""
+    """Why `dtype` will likely run slower than float32 (int8: than bfloat16) on this CPU, in one sentence; None
+    when it will not, or when this CPU's instructions are unknown. Without the instructions of UNITS, XLA:CPU's
+    bfloat16 matmuls run below its float32 rate and its int8 ones at about that rate (an AVX2-only AMD EPYC, 1024
+    x 768 x 3072: 47 and 63 against 73 GFLOP/s), so the conversions around them are a loss (bert-base 8 x 128
+    there: bfloat16 inference 0.71x float32, int8 0.89x, bfloat16 fine-tuning 0.76x).
+
+    With bfloat16 units but no AMX-INT8 tiles, int8 beats float32 but not bfloat16: on an AMD EPYC (Zen 4: AVX-512
+    BF16 and VNNI) XLA:CPU's int8 matmuls (signed by signed, which VNNI does not multiply directly) ran at 300 GOPS
+    against 370 GFLOP/s in bfloat16, and bert-base 8 x 128 int8 inference at 0.77x bfloat16's speed."""
     flags = _cpu_flags()
-    if dtype not in UNITS or flags is None or set(UNITS[dtype]) & flags:
+    if dtype not in UNITS or flags is None:
+        return None
+    if dtype == "int8" and "amx_int8" not in flags and set(UNITS["bfloat16"]) & flags:
+        return (
+            "this CPU has bfloat16 units but no AMX-INT8 tiles: bfloat16 will likely run faster than int8 here, "
+            "though int8 stores the layers' weights in half of bfloat16's bytes"
+        )
+    if set(UNITS[dtype]) & flags:
         return None
     wanted = " / ".join(NAMES[f] for f in UNITS[dtype])
     saving = ", though it still stores the layers' weights in a quarter of the bytes" if dtype == "int8" else ""

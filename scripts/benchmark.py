@@ -237,6 +237,7 @@ def section_mix(repeats: int, tmp: str) -> dict:
     model = minilm_dir()
     peers = {
         "jaxbert packed": ("mix_jax", model, corpus, n, "packed"),
+        "jaxbert packed bfloat16": ("mix_jax", model, corpus, n, "packed", "bfloat16"),
         "jaxbert packed int8": ("mix_jax", model, corpus, n, "packed", "int8"),
         "jaxbert buckets": ("mix_jax", model, corpus, n, "buckets"),
         "jaxbert pad to 512": ("mix_jax", model, corpus, n, "pad512"),

@@ -123,9 +123,17 @@ def test_slow_dtype_named_only_where_the_cpu_lacks_its_instructions(monkeypatch)
     assert cpu.slow_dtype("float32") is cpu.slow_dtype(None) is cpu.slow_dtype("float16") is None
     assert cpu.label("bfloat16").startswith("bfloat16 (emulated") and cpu.instruction_sets() == "AVX2"
     assert not cpu.has_bf16_units()
-    monkeypatch.setattr(cpu, "_cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16", "avx_vnni"})
-    assert cpu.slow_dtype("bfloat16") is cpu.slow_dtype("int8") is None and cpu.has_bf16_units()
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: {"avx2", "avx512f", "avx512_vnni"})  # VNNI, no bfloat16
+    assert cpu.slow_dtype("int8") is None and cpu.slow_dtype("bfloat16").startswith("this CPU has no AMX-BF16")
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16", "avx_vnni"})  # Zen 4-like
+    assert cpu.slow_dtype("bfloat16") is None and cpu.has_bf16_units()
+    assert cpu.slow_dtype("int8") == (
+        "this CPU has bfloat16 units but no AMX-INT8 tiles: bfloat16 will likely run faster than int8 here, "
+        "though int8 stores the layers' weights in half of bfloat16's bytes"
+    )
     assert cpu.instruction_sets() == "AVX2, AVX-512, AVX-512 BF16, AVX-VNNI"
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: {"avx2", "avx512_bf16", "amx_bf16", "amx_int8"})
+    assert cpu.slow_dtype("bfloat16") is cpu.slow_dtype("int8") is None
     monkeypatch.setattr(cpu, "_cpu_flags", lambda: None)  # not x86 Linux: unknown, so nothing is claimed
     assert cpu.slow_dtype("bfloat16") is cpu.slow_dtype("int8") is None
     assert cpu.instruction_sets() == "instruction sets unknown" and not cpu.has_bf16_units()
