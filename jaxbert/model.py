@@ -141,10 +141,10 @@ def _tail(
         return _feed_forward(p, config, _residual_norm(p["attention"]["output"], config, context, x, r_out), r_ffn)
 
     L, D = x.shape
-    n = tail_chunks(rows, L, config.intermediate_size) if r_out is None and r_ffn is None else 1
+    n = 1 if r_out is not None else tail_chunks(rows, L, config.intermediate_size)  # r_out: dropout is on
     if n == 1:
         return tail(context, x)
-    cut = (context.reshape(n, L // n, -1), x.reshape(n, L // n, D))
+    cut = (context.reshape(n, L // n, D), x.reshape(n, L // n, D))
     return jax.lax.map(lambda a: tail(*a), cut).reshape(L, D)
 
 
