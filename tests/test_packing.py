@@ -69,15 +69,30 @@ def test_plan_places_every_text_once_within_its_row():
     seen = []
     for plan in packing.plan(lengths, 8, buckets):
         assert plan.length in buckets and len(plan.texts) <= plan.rows <= 8
-        assert max(len(r) for r in plan.texts) <= plan.segments == packing.max_segments(plan.length, buckets)
+        assert max(len(r) for r in plan.texts) <= plan.segments == packing.segments(plan.length, buckets)
         for row in plan.texts:
             assert sum(lengths[row]) <= plan.length
-            assert all(packing.row_length(int(lengths[i]), buckets) == plan.length for i in row)
+            # a row's own sequences first, longest first; then shorter ones in its gaps
+            homes = [packing.row_length(int(lengths[i]), buckets) for i in row]
+            assert homes[0] == plan.length and all(h <= plan.length for h in homes)
+            assert list(lengths[row]) == sorted(lengths[row], reverse=True)
             seen.extend(row)
     assert sorted(seen) == list(range(len(lengths)))
     padded = sum(batching.bucket(int(n), buckets) for n in lengths)
     packed = sum(p.length * len(p.texts) for p in packing.plan(lengths, 8, buckets))
-    assert packed < 0.8 * padded  # fewer positions computed than padding each text to its bucket
+    assert packed < 0.7 * padded  # fewer positions computed than padding each text to its bucket
+    assert lengths.sum() > 0.95 * packed  # and the rows nearly full
+
+
+def test_plan_fills_a_long_rows_room_with_shorter_sequences():
+    buckets = batching.length_buckets(256)  # 16, 32, 64, 128, 256
+    # 100 tokens: rows of 256 (at least twice its length); 20: rows of 64. The 256 row's room takes the 20.
+    (only,) = packing.plan([20, 100], 8, buckets)
+    assert (only.length, only.rows, only.texts, only.segments) == (256, 1, [[1, 0]], packing.segments(256, buckets))
+    # but no more sequences than the row's segments: twice its own most (3 of 65..128 tokens)
+    assert packing.segments(256, buckets) == 2 * packing.max_segments(256, buckets) == 6
+    plans = list(packing.plan([100] + [2] * 10, 8, buckets))
+    assert [(p.length, [len(r) for r in p.texts]) for p in plans] == [(256, [6]), (16, [5])]
 
 
 @pytest.mark.parametrize("multiple", [1, 2, 3])
