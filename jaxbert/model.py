@@ -433,22 +433,19 @@ def bert(
         attention_dtype=attention_dtype,
     )
 
-    def batch(ids, m, t, pos, emb, r, c, es, em, seg):
-        return jax.vmap(
-            lambda ids, m, t, pos, emb, r, c, es, em, seg: one(
-                ids, m, t, pos, emb, rng=r, cache=c, encoder_states=es, encoder_mask=em, at=at, segment_ids=seg
-            ),
-            in_axes=(0, 0, 0, 0, 0, None if r is None else 0, 0, 0, 0, 0),
-        )(ids, m, t, pos, emb, r, c, es, em, seg)
+    def row(ids, m, t, pos, emb, r, c, es, em, seg):
+        return one(ids, m, t, pos, emb, rng=r, cache=c, encoder_states=es, encoder_mask=em, at=at, segment_ids=seg)
 
-    batched = (input_ids, mask, types, positions, inputs_embeds, rngs, cache, encoder_hidden_states, encoder_mask)
-    batched = batched + (segment_ids,)
+    rows = jax.vmap(row, in_axes=(0, 0, 0, 0, 0, None if rngs is None else 0, 0, 0, 0, 0))
+    batched = (
+        *(input_ids, mask, types, positions, inputs_embeds),
+        *(rngs, cache, encoder_hidden_states, encoder_mask, segment_ids),
+    )
     if groups == 1:
-        out = batch(*batched)
+        out = rows(*batched)
     else:  # one group of rows after another (see row_groups)
         cut = jax.tree_util.tree_map(lambda a: a.reshape(groups, B // groups, *a.shape[1:]), batched)
-        out = jax.lax.map(lambda a: batch(*a), cut)
-        out = jax.tree_util.tree_map(lambda a: a.reshape(B, *a.shape[2:]), out)
+        out = jax.tree_util.tree_map(lambda a: a.reshape(B, *a.shape[2:]), jax.lax.map(lambda a: rows(*a), cut))
     x, pooled, hidden, attentions, cross_attentions, cache = out
     if cache is not None:  # a write past the capacity was clamped by XLA: make it loud, not silently wrong
         x = jnp.where((cache.index > cache.capacity)[:, None, None], jnp.nan, x)
