@@ -183,3 +183,46 @@ def test_packed_mlm_rows_equal_each_line_alone():
     loss_a, loss_b = cross_entropy(a, packed["labels"]), cross_entropy(b, labels)
     assert abs(float(loss_a) - float(loss_b)) <= 1e-5
     assert np.array_equal(position_ids[0, : len(flat)], np.concatenate([np.arange(len(x)) for x in lines]))
+
+
+def _scan_first_fit(order, lengths, rows, room, most, capacity):
+    """The plain reading of first fit: each sequence into the first row with room (and a segment) by a scan, a new
+    row (when `most` is None) where none has."""
+    for i in order:
+        n = int(lengths[i])
+        r = next((r for r, row in enumerate(rows) if room[r] >= n and (most is None or len(row) < most)), None)
+        if r is None and most is None:
+            rows.append([]), room.append(capacity)
+            r = len(rows) - 1
+        if r is not None:
+            rows[r].append(int(i))
+            room[r] -= n
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_first_fit_through_the_tree_is_first_fit(seed):
+    """first_fit_decreasing and fill_gaps find the first row with room through a tree (O(log rows)): they place
+    every sequence where a scan of the rows would."""
+    rng = np.random.default_rng(seed)
+    for _ in range(60):
+        capacity = int(rng.integers(1, 70))
+        lengths = rng.integers(1, capacity + 10, int(rng.integers(0, 80)))  # some longer than a row
+        order = np.argsort(-lengths, kind="stable")
+        assert packing.first_fit_decreasing(lengths, capacity) == _scan_first_fit(
+            order, lengths, [], [], None, capacity
+        )
+        # gaps: rows of the longer half, the shorter half into their room, at most `most` segments a row
+        long, short = np.flatnonzero(lengths > capacity // 2), np.flatnonzero(lengths <= capacity // 2)
+        rows = [[int(long[j]) for j in row] for row in packing.first_fit_decreasing(lengths[long], capacity)]
+        most = int(rng.integers(1, 5))
+        want = _scan_first_fit(
+            short[np.argsort(-lengths[short], kind="stable")],
+            lengths,
+            [list(r) for r in rows],
+            [capacity - int(lengths[r].sum()) for r in rows],
+            most,
+            capacity,
+        )
+        packing.fill_gaps(rows, lengths, short, capacity, most)
+        assert rows == want
