@@ -68,6 +68,10 @@ class _Rooms:
             k = 2 * k if self.tree[2 * k] >= n else 2 * k + 1
         return k - self.size
 
+    def take(self, row: int, n: int):
+        """n tokens of the row's room taken."""
+        self.set(row, self.tree[self.size + row] - n)
+
     def set(self, row: int, room: int):
         k = self.size + row
         self.tree[k] = room
@@ -85,11 +89,11 @@ def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
     for i in np.argsort(-lengths, kind="stable"):
         n = int(lengths[i])
         r = rooms.first(n)
-        r = len(rows) if r is None else r
-        if r == len(rows):
+        if r is None or r == len(rows):
+            r = len(rows)
             rows.append([])
         rows[r].append(int(i))
-        rooms.set(r, rooms.tree[rooms.size + r] - n)
+        rooms.take(r, n)
     return rows
 
 
@@ -104,12 +108,13 @@ def plan(lengths, batch_size: int, buckets: tuple[int, ...], multiple: int = 1):
         members = np.flatnonzero((homes == length) & ~placed)
         if members.size == 0:  # all went into the gaps of longer rows
             continue
+        most = segments(length, buckets)
         rows = [[int(members[j]) for j in row] for row in first_fit_decreasing(lengths[members], length)]
-        fill_gaps(rows, lengths, np.flatnonzero((homes < length) & ~placed), length, segments(length, buckets))
+        fill_gaps(rows, lengths, np.flatnonzero((homes < length) & ~placed), length, most)
         for row in rows:
             placed[row] = True
         for chunk, rows_bucket in _chunks(rows, batch_size, batching.batch_buckets(batch_size, multiple)):
-            yield PackedBatch(chunk, rows_bucket, length, segments(length, buckets))
+            yield PackedBatch(chunk, rows_bucket, length, most)
 
 
 def segments(length: int, buckets: tuple[int, ...]) -> int:
@@ -121,15 +126,16 @@ def fill_gaps(rows: list[list[int]], lengths: np.ndarray, shorter: np.ndarray, c
     """Put sequences of `shorter` (indices of `lengths` whose own rows are shorter) into the room left in `rows`,
     longest first into the first row with room and a segment to spare. That room is computed anyway (a row
     runs whole), so the sequences it takes cost nothing there and leave fewer of the shorter rows to run."""
-    room = [capacity - int(lengths[row].sum()) if len(row) < most else -1 for row in rows]
-    rooms = _Rooms(room)
+    rooms = _Rooms([capacity - int(lengths[row].sum()) if len(row) < most else -1 for row in rows])
     for i in shorter[np.argsort(-lengths[shorter], kind="stable")]:
         n = int(lengths[i])
         r = rooms.first(n)
         if r is not None:
             rows[r].append(int(i))
-            room[r] -= n
-            rooms.set(r, room[r] if len(rows[r]) < most else -1)
+            if len(rows[r]) < most:
+                rooms.take(r, n)
+            else:
+                rooms.set(r, -1)  # no segment to spare
 
 
 def _chunks(rows: list, batch_size: int, sizes: tuple[int, ...]):
