@@ -145,12 +145,16 @@ def _embed(args) -> int:
 def _fill_mask(args) -> int:
     import jaxbert
 
-    results = jaxbert.load(args.dir, dtype=args.dtype).fill_mask(args.text, top_k=args.top_k)
-    for i, candidates in enumerate(results):
-        if len(results) > 1:
-            print(f"[MASK] #{i + 1}")
-        for c in candidates:
-            print(f"  {c['score']:.4f}  {c['token']:<15} {c['sequence']}")
+    texts = args.text[0] if len(args.text) == 1 else args.text
+    results = jaxbert.load(args.dir, dtype=args.dtype).fill_mask(texts, top_k=args.top_k)
+    for t, per_text in enumerate([results] if len(args.text) == 1 else results):
+        if len(args.text) > 1:
+            print(f"{'' if t == 0 else chr(10)}text {t + 1}: {args.text[t]}")
+        for i, candidates in enumerate(per_text):
+            if len(per_text) > 1:
+                print(f"[MASK] #{i + 1}")
+            for c in candidates:
+                print(f"  {c['score']:.4f}  {c['token']:<15} {c['sequence']}")
     return 0
 
 
@@ -258,9 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--max-length", type=int, default=None, help="truncate texts to N tokens")
     _add_dtype(embed)
     embed.set_defaults(func=_embed)
-    fill = sub.add_parser("fill-mask", help="top-k predictions for each [MASK] of a text")
+    fill = sub.add_parser("fill-mask", help="top-k predictions for each [MASK] of one or more texts")
     fill.add_argument("dir")
-    fill.add_argument("text")
+    fill.add_argument("text", nargs="+", help="texts with [MASK] (several: packed into rows, one block each)")
     fill.add_argument("--top-k", type=int, default=5)
     _add_dtype(fill)
     fill.set_defaults(func=_fill_mask)

@@ -122,7 +122,7 @@ class Bert:
         )
         self._embed = jax.jit(self._counted(self._embed_impl), static_argnames=("pooling", "normalize"))
         self._embed_packed = jax.jit(self._counted(self._embed_packed_impl), static_argnames=("pooling", "normalize"))
-        self._masked_logits = jax.jit(self._counted(self._masked_logits_impl))
+        self._mask_top_k = jax.jit(self._counted(self._mask_top_k_impl), static_argnames=("k",))
         self._apart = None  # (weights, the decoding copy of them): see layers_apart
         generate = jax.jit(self._counted(self._generate_impl), static_argnames=("search", "bound"))
         self._generate = lambda weights, *arrays, **static: generate(self.layers_apart(weights), *arrays, **static)
@@ -185,17 +185,28 @@ class Bert:
         )
         return pool_segments(out.last_hidden_state, segments, starts, pooling, normalize, params.get("pooler"))
 
-    def _masked_logits_impl(self, weights, input_ids, attention_mask, token_type_ids, positions):
-        """MLM logits [B, P, V] at `positions` [B, P] only: the vocabulary projection, the largest matmul of a
-        short input, runs for the P positions asked for instead of every position."""
+    def _mask_top_k_impl(self, weights, ids, mask, types, positions, segments, asked, *, k):
+        """The k most likely tokens [R, P, k] and their probabilities (float32) at the positions `asked`
+        [R, P] of packed rows: the vocabulary projection, the largest matmul of short texts, runs for the
+        positions asked for only, and only the top k leave the device (not [R, P, V] logits)."""
         params = self._unbits(weights)
         out = bert(
-            params["bert"], self.config, input_ids, attention_mask, token_type_ids, attention_dtype=self._attention
+            params["bert"],
+            self.config,
+            ids,
+            mask,
+            types,
+            positions,
+            segment_ids=segments,
+            attention_dtype=self._attention,
         )
-        hidden = jnp.take_along_axis(out.last_hidden_state, positions[..., None], axis=1)
-        return mlm_logits(
+        hidden = jnp.take_along_axis(out.last_hidden_state, asked[..., None], axis=1)
+        logits = mlm_logits(
             params["cls"], self.config, params["bert"]["embeddings"]["word_embeddings"]["embedding"], hidden
-        )
+        ).astype(jnp.float32)
+        # top_k on the logits (ties: the lower token id first, as a stable sort), softmax only for those k.
+        best, token_ids = jax.lax.top_k(logits, k)
+        return token_ids, jnp.exp(best - jax.nn.logsumexp(logits, axis=-1, keepdims=True))
 
     def layers_apart(self, weights):
         """The parameters decoding runs on, made from `weights` (self.weights) by the first call and kept: the
@@ -386,8 +397,10 @@ class Bert:
             return positive_int("max_length", requested, self.config.max_position_embeddings)
         return min(self.config.max_position_embeddings, self.tokenizer.model_max_length)
 
-    def fill_mask(self, text: str, top_k: int = 5) -> list[list[dict]]:
-        return tasks.fill_mask(self, text, top_k)
+    def fill_mask(self, text: str | list[str], top_k: int = 5, batch_size: int = 32) -> list:
+        """For each [MASK] of `text`, in order: its top_k {token, token_id, score, sequence}. A list of texts
+        gives one such list per text, the texts packed into rows (packing.py), `batch_size` rows a call."""
+        return tasks.fill_mask(self, text, top_k, batch_size)
 
     def classify(self, texts, pairs=None, batch_size: int = 32) -> list[dict]:
         return tasks.classify(self, texts, pairs, batch_size)

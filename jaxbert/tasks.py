@@ -19,6 +19,15 @@ def progress(batches, n_texts: int, batch_size: int, show: bool | None):
     return tqdm(batches, total=total, unit="batch", disable=not show, leave=False)
 
 
+def packed(bert, enc, batch_size: int, show: bool | None = None):
+    """bert.packed_batches with a bar counting texts (a packed batch holds a varying number of them)."""
+    show = -(-len(enc) // batch_size) >= 20 if show is None else show
+    with tqdm(total=len(enc), unit="text", disable=not show, leave=False) as bar:
+        for rows, batch in bert.packed_batches(enc, batch_size):
+            yield rows, batch
+            bar.update(sum(map(len, rows)))
+
+
 def _softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     e = np.exp(x - x.max(-1, keepdims=True))
@@ -30,41 +39,59 @@ def _require(bert, heads: tuple[str, ...], what: str):
         raise ValueError(f"{what} needs a {' or '.join(heads)} head; this checkpoint is {bert.head}")
 
 
-def fill_mask(bert, text: str, top_k: int = 5) -> list[list[dict]]:
-    """For each [MASK] in `text`, in order: the top_k {token, token_id, score, sequence}."""
+def fill_mask(bert, text, top_k: int = 5, batch_size: int = 32) -> list:
+    """For each [MASK] in `text`, in order: the top_k {token, token_id, score, sequence}. A list of texts gives
+    one such list per text, in input order; the texts share packed rows (packing.py) as in `embed`."""
     _require(bert, _MLM_HEADS, "fill_mask")
-    if not isinstance(text, str):
-        raise TypeError(f"text is {type(text).__name__}, not a string")
+    single = isinstance(text, str)
+    if not single and not isinstance(text, (list, tuple)):
+        raise TypeError(f"text is {type(text).__name__}, not a string or a list of strings")
     top_k = positive_int("top_k", top_k, bert.config.vocab_size)
+    batch_size = positive_int("batch_size", batch_size)
+    texts = [text] if single else list(text)
     tok = bert.tokenizer
-    enc = tok.encode([text], max_length=bert.max_length(None), truncation=False)
-    ids = np.asarray(enc.ids[0])
-    positions = np.flatnonzero(ids == tok.mask_token_id)
-    if positions.size == 0:
-        raise ValueError(f"no {tok.mask_token} in text: {text!r}")
-    ((_, batch),) = bert.batches(enc, 1)
-    # Positions padded to a power of two (repeating the first): few compiled programs whatever the [MASK] count.
-    asked = np.full((1, 1 << int(positions.size - 1).bit_length()), positions[0], np.int32)
-    asked[0, : positions.size] = positions
-    logits = np.asarray(
-        bert._masked_logits(bert.weights, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], asked),
-        np.float32,
-    )[0]
+    enc = tok.encode(texts, max_length=bert.max_length(None), truncation=False)
+    masks = [np.flatnonzero(np.asarray(ids) == tok.mask_token_id) for ids in enc.ids]
+    for i, found in enumerate(masks):
+        if found.size == 0:
+            raise ValueError(f"no {tok.mask_token} in text{'' if single else f' {i}'}: {texts[i]!r}")
+    results: list = [None] * len(texts)
+    for rows, b in packed(bert, enc, batch_size):
+        starts = np.asarray(b["starts"])
+        at = [[starts[r, s] + masks[i] for s, i in enumerate(members)] for r, members in enumerate(rows)]
+        most = max(sum(len(p) for p in row) for row in at)
+        # Positions padded to a power of two (repeating column 0): few compiled programs whatever the count.
+        asked = np.zeros((b["input_ids"].shape[0], 1 << (most - 1).bit_length()), np.int32)
+        for r, row in enumerate(at):
+            flat = np.concatenate(row)
+            asked[r, : flat.size] = flat
+        arrays = [b[k] for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids", "segment_ids")]
+        token_ids, probs = (np.asarray(x) for x in bert._mask_top_k(bert.weights, *arrays, asked, k=top_k))
+        for r, members in enumerate(rows):
+            col = 0
+            for i in members:
+                cols = slice(col, col + masks[i].size)
+                results[i] = _candidates(tok, enc.ids[i], masks[i], token_ids[r, cols], probs[r, cols])
+                col = cols.stop
+    return results[0] if single else results
+
+
+def _candidates(tok, ids, positions, token_ids, probs) -> list[list[dict]]:
+    """Per [MASK] of one text, its candidates: token, id, probability and the text with it in that place
+    (special tokens dropped when the text has one [MASK], as transformers' fill-mask pipeline does)."""
+    ids = np.asarray(ids)
     results = []
-    for j, pos in enumerate(positions):
-        probs = _softmax(logits[j])
-        best = np.argsort(-probs, kind="stable")[:top_k]
+    for pos, best, p in zip(positions, token_ids, probs):
         candidates = []
-        for token_id in best:
+        for token_id, score in zip(best.tolist(), p.tolist()):
             filled = ids.copy()
             filled[pos] = token_id
-            sequence = tok.decode(filled, skip_special_tokens=positions.size == 1)
             candidates.append(
                 {
                     "token": tok.id_to_token(token_id),
-                    "token_id": int(token_id),
-                    "score": float(probs[token_id]),
-                    "sequence": sequence,
+                    "token_id": token_id,
+                    "score": score,
+                    "sequence": tok.decode(filled, skip_special_tokens=positions.size == 1),
                 }
             )
         results.append(candidates)
@@ -75,7 +102,7 @@ def _logits(bert, enc, batch_size: int) -> list[np.ndarray]:
     """Per text, its logits (per token ones unpadded), from packed rows (packing.py): `batch_size` rows a call."""
     out: list[np.ndarray | None] = [None] * len(enc)
     pooled = bert.head == "BertForSequenceClassification"
-    for rows, b in progress(bert.packed_batches(enc, batch_size), len(enc), batch_size, None):
+    for rows, b in packed(bert, enc, batch_size):
         arrays = [b[k] for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids")]
         logits = bert._forward(bert.weights, *arrays, None, None, None, b["segment_ids"], b["starts"]).logits
         logits, starts = np.asarray(logits, np.float32), np.asarray(b["starts"])
@@ -168,7 +195,7 @@ def embed(bert, texts, pooling, normalize, batch_size: int, max_length, show, pa
     enc = bert.tokenizer.encode(texts, max_length=bert.max_length(max_length))
     out = np.zeros((len(enc), bert.config.hidden_size * len(modes)), np.float32)
     if packing:
-        for rows, b in progress(bert.packed_batches(enc, batch_size), len(enc), batch_size, show):
+        for rows, b in packed(bert, enc, batch_size, show):
             keys = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "segment_ids", "starts")
             emb = np.asarray(
                 bert._embed_packed(bert.weights, *(b[k] for k in keys), pooling=modes, normalize=normalize)

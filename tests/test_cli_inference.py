@@ -73,3 +73,14 @@ def test_fill_mask_command(tmp_path, capsys):
     assert len(lines) == 3 and lines[0].split()[:2] == [f"{best[0]['score']:.4f}", best[0]["token"]]
     assert main(["fill-mask", str(tmp_path), "no mask"]) == 1
     assert "no [MASK] in text" in capsys.readouterr().err
+    texts = ["Paris is the [MASK] of France.", "a [MASK] and a [MASK]"]
+    assert main(["fill-mask", str(tmp_path), *texts, "--top-k", "2"]) == 0
+    out = capsys.readouterr().out
+    both = jaxbert.load(tmp_path).fill_mask(texts, top_k=2)
+    blocks = out.strip().split("\n\n")
+    assert [b.splitlines()[0] for b in blocks] == [f"text 1: {texts[0]}", f"text 2: {texts[1]}"]
+    assert blocks[1].splitlines()[1] == "[MASK] #1" and blocks[1].splitlines()[4] == "[MASK] #2"
+    assert blocks[1].splitlines()[5].split()[:2] == [f"{both[1][1][0]['score']:.4f}", both[1][1][0]["token"]]
+    assert main(["fill-mask", str(tmp_path), texts[0], "no mask"]) == 1
+    err = capsys.readouterr().err
+    assert "no [MASK] in text 1: 'no mask'" in err and len(err.strip().splitlines()) == 1

