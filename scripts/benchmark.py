@@ -11,8 +11,10 @@ Sections (peers that are not installed are skipped with a note):
            (converted from PyTorch at the shape; float32 and its default precision) and CTranslate2 (float32,
            int8): see bench_engines.py. Beside them, the machine's limit:
            XLA's float32 / bfloat16 / int8 dot rate at the configuration's layer shapes, and each peer's achieved FLOP/s
-           (2 x matmul params x tokens + attention) as a fraction of it. Median of 5 calls after one call, whose
-           time (compilation included) is first_call_s; peak RSS of the process (VmHWM).
+           (2 x matmul params x tokens + attention) as a fraction of it; and the CPU's peak (bench_peak.py: chains
+           of one multiply-add instruction on every core, float32 FMA / bfloat16 / VNNI int8), of_cpu_peak.
+           Median of 5 calls after one call, whose time (compilation included) is first_call_s; peak RSS of the
+           process (VmHWM).
   compile  time to first result of bert-base-width inference at 8x128 for 6, 12, 24 layers: the loaded model
            (layers stacked, one scan) vs the stored per-layer tree traced layer by layer.
   mix      a variable-length mix (--mix-texts runs of sentences of examples/data/geography.txt, default 2,000,
@@ -24,7 +26,8 @@ Sections (peers that are not installed are skipped with a note):
            `jaxbert.load(dir).embed` with the directory's defaults vs `SentenceTransformer(dir).encode`, texts/s,
            batch 32.
   train    one MLM training step of bert-base at 8x128 (jaxbert float32 / bfloat16 vs PyTorch eager + AdamW)
-           and the compiled temporaries of the step with and without --remat.
+           and the compiled temporaries of the step with and without --remat; each step's FLOP/s (the same work
+           for all: train_flops) over the CPU's peak, and the rate 2.5x PyTorch's float32 step would need.
   convert  `jaxbert convert` of a bert-base-size safetensors checkpoint: seconds and peak RSS, beside
            transformers loading and re-saving it.
   generate greedy generation with a bert-base-size BertLMHeadModel (random weights, a safetensors directory), prompt
@@ -63,11 +66,12 @@ sys.path.insert(0, HERE)
 import bench_engines as E  # noqa: E402
 import bench_finetune as FT  # noqa: E402
 import bench_generate as G  # noqa: E402
+import bench_peak as PK  # noqa: E402
 import bench_peers as P  # noqa: E402
 import bench_scale as S  # noqa: E402
 import bench_train as T  # noqa: E402
 
-from jaxbert.cpu import instruction_sets  # noqa: E402  (reads /proc/cpuinfo; JAX is not started here)
+from jaxbert.cpu import has_bf16_units, instruction_sets  # noqa: E402  (reads /proc/cpuinfo; JAX is not started here)
 
 CHILDREN = {
     f.__name__: f
@@ -104,6 +108,7 @@ CHILDREN = {
         FT.finetune_torch,
         S.scale_memory,
         S.scale_train,
+        PK.cpu_peak,
     )
 }
 
@@ -158,6 +163,41 @@ def flops(model_dir: str, batch: int, length: int) -> float:
     return 2 * matmul_params * batch * length + 4 * batch * length * length * d * n
 
 
+def train_flops(config: dict, batch: int, length: int, labelled: float = 0.15) -> float:
+    """One MLM step's work: forward and backward (3 x the forward) of the encoder, plus the prediction head
+    (transform and vocabulary projection) at the labelled positions, the only ones the loss needs."""
+    d, f, n, v = (
+        config.get(k, dflt)
+        for k, dflt in (
+            ("hidden_size", 768),
+            ("intermediate_size", 3072),
+            ("num_hidden_layers", 12),
+            ("vocab_size", 30522),
+        )
+    )
+    encoder = 2 * n * (4 * d * d + 2 * d * f) * batch * length + 4 * batch * length * length * d * n
+    head = 2 * (d * d + d * v) * labelled * batch * length
+    return 3 * (encoder + head)
+
+
+def cpu_peaks() -> dict[str, dict]:
+    """The CPU's multiply-add peak per precision (bench_peak.py), measured once: a property of the machine."""
+    peaks = {f"CPU peak {dt}": run_child("cpu_peak", dt) for dt in ("float32", "bfloat16", "int8")}
+    for label, row in peaks.items():
+        row.pop("peak_rss_mb", None)  # the probe's process: nothing to compare
+        if "note" in row:
+            print(f"note: {label}: {row['note']}")
+    return peaks
+
+
+def _of_peak(rows: dict, peaks: dict) -> None:
+    """of_cpu_peak: each row's achieved FLOP/s over the CPU's peak in the row's precision."""
+    for label, row in rows.items():
+        peak = peaks.get(f"CPU peak {_precision(label)}", {}).get("gflops")
+        if "gflops" in row and peak and not label.startswith("CPU peak"):
+            row["of_cpu_peak"] = row["gflops"] / peak
+
+
 # -- sections ------------------------------------------------------------------------------------------------------
 INFER = (
     ("bert-base", 1, 128),
@@ -196,11 +236,14 @@ def _infer_peers(model_dir: str, tmp: str, name: str, batch: int, length: int) -
 
 
 def _precision(label: str) -> str:
+    if label == "OpenVINO default":  # bfloat16 where the CPU has bfloat16 units, else float32
+        return "bfloat16" if has_bf16_units() else "float32"
     return next((dt for dt in ("bfloat16", "int8") if dt in label), "float32")
 
 
 def section_infer(repeats: int, tmp: str, shapes=INFER) -> dict:
     results = {}
+    peaks = cpu_peaks()
     for name, batch, length in shapes:
         model_dir = bert_base_dir(tmp) if name == "bert-base" else minilm_dir()
         c = json.load(open(os.path.join(model_dir, "config.json")))
@@ -220,7 +263,8 @@ def section_infer(repeats: int, tmp: str, shapes=INFER) -> dict:
             row["of_matmul_limit"] = row["gflops"] / limit
             row["x_torch"] = row["tokens_per_s"] / torch_rate if torch_rate else None
             row["x_ort"] = row["tokens_per_s"] / ort_rate if ort_rate else None
-        results[f"{name} {batch}x{length}"] = rows
+        _of_peak(rows, peaks)
+        results[f"{name} {batch}x{length}"] = {**rows, **peaks}
     return results
 
 
@@ -308,7 +352,21 @@ def section_train(repeats: int, tmp: str) -> dict:
     rows["jaxbert float32 remat (memory only)"]["temp_vs_no_remat"] = (
         rows["jaxbert float32 remat (memory only)"]["compiled_temp_mb"] / rows["jaxbert float32"]["compiled_temp_mb"]
     )
-    return {"bert-base MLM 8x128": rows}
+    # The same work for every peer (PyTorch projects every position onto the vocabulary, which the loss does
+    # not need), so gflops compare times; against the CPU's peak it says how far any implementation could go.
+    work = train_flops({}, T.TRAIN_BATCH, T.TRAIN_LEN)
+    for row in rows.values():
+        if "seconds_per_step" in row:
+            row["gflops"] = work / row["seconds_per_step"] / 1e9
+    peaks = cpu_peaks()
+    _of_peak(rows, peaks)
+    torch_step = rows.get("PyTorch eager float32", {}).get("seconds_per_step")
+    if torch_step and peaks["CPU peak float32"].get("gflops"):  # issue 15's float32 target, as a rate
+        rows["2.5x PyTorch float32 would need"] = {
+            "gflops": 2.5 * work / torch_step / 1e9,
+            "of_cpu_peak": 2.5 * work / torch_step / 1e9 / peaks["CPU peak float32"]["gflops"],
+        }
+    return {"bert-base MLM 8x128": {**rows, **peaks}}
 
 
 def section_convert(repeats: int, tmp: str) -> dict:
