@@ -284,10 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jaxbert import cpu
+    from jaxbert import cpu, malloc
     from jaxbert.files import EXPECTED_ERRORS, one_line
 
     args = build_parser().parse_args(argv)
+    if argv is None and (args.command == "train-mlm" or getattr(args, "task", None) == "mlm"):
+        malloc.rerun_with_huge_pages()  # the process's own command line only; returns when it changes nothing
     if args.command in ("train", "train-mlm") and args.dtype == "bfloat16":
         cpu.bf16_matmuls()  # before JAX starts: the run's matmuls on the CPU's bfloat16 units (see cpu.py)
     try:

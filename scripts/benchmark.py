@@ -25,9 +25,10 @@ Sections (peers that are not installed are skipped with a note):
            padded per batch as sentence-transformers does. Then MiniLM as a sentence-transformers model:
            `jaxbert.load(dir).embed` with the directory's defaults vs `SentenceTransformer(dir).encode`, texts/s,
            batch 32.
-  train    one MLM training step of bert-base at 8x128 (jaxbert float32 / bfloat16 vs PyTorch eager + AdamW)
-           and the compiled temporaries of the step with and without --remat; each step's FLOP/s (the same work
-           for all: train_flops) over the CPU's peak, and the rate 2.5x PyTorch's float32 step would need.
+  train    one MLM training step of bert-base at 8x128 (jaxbert float32 / bfloat16, with malloc's huge pages as
+           `jaxbert train-mlm` runs, vs PyTorch eager + AdamW) and the compiled temporaries of the step with and
+           without --remat; each step's FLOP/s (the same work for all: train_flops) over the CPU's peak, and the
+           rate 2.5x PyTorch's float32 step would need.
   convert  `jaxbert convert` of a bert-base-size safetensors checkpoint: seconds and peak RSS, beside
            transformers loading and re-saving it.
   generate greedy generation with a bert-base-size BertLMHeadModel (random weights, a safetensors directory), prompt
@@ -71,6 +72,7 @@ import bench_peers as P  # noqa: E402
 import bench_scale as S  # noqa: E402
 import bench_train as T  # noqa: E402
 
+from jaxbert import malloc  # noqa: E402
 from jaxbert.cpu import has_bf16_units, instruction_sets  # noqa: E402  (reads /proc/cpuinfo; JAX is not started here)
 
 CHILDREN = {
@@ -113,13 +115,19 @@ CHILDREN = {
 }
 
 
+# Children run as the jaxbert command that they stand for runs: MLM training with malloc's huge pages
+# (`jaxbert train-mlm` re-runs itself with them, see jaxbert/malloc.py); everything else as started.
+HUGE_PAGES = ("child_train_jax_f32", "child_train_jax_bf16")
+
+
 def run_child(name: str, *args: str) -> dict:
     code = (
         f"import sys, json; sys.path.insert(0, {HERE!r}); import benchmark as b; "
         f"r = b.CHILDREN[{name!r}](*sys.argv[1:]); r['peak_rss_mb'] = b.P.rss_mb('VmHWM'); "
         f"print(json.dumps(r))"
     )
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=False)
+    env = malloc.environment() if name in HUGE_PAGES else None
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=False, env=env)
     if proc.returncode:
         raise RuntimeError(f"{name}{args} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -14,7 +14,7 @@ import os
 import jax
 import numpy as np
 
-from jaxbert import cpu, distributed, sharding
+from jaxbert import cpu, distributed, malloc, sharding
 from jaxbert.config import BertConfig
 from jaxbert.texts import read_text_file
 from jaxbert.train import data as D
@@ -207,6 +207,6 @@ def prepare(cfg: TrainConfig) -> Run:
     run.say(
         f"plan: {total} steps of {batch} sequences x {cfg.grad_accum_steps} accumulation on {n} device(s)"
         f"{' (FSDP)' if cfg.fsdp else ''}{f' (mesh {cfg.mesh})' if cfg.mesh else ''}"
-        f", warm-up {warmup}, {cpu.label(cfg.dtype)}{', remat' if cfg.remat else ''}"
+        f", warm-up {warmup}, {cpu.label(cfg.dtype)}{malloc.label()}{', remat' if cfg.remat else ''}"
     )
     return run

@@ -15,7 +15,7 @@ import os
 import jax
 import numpy as np
 
-from jaxbert import batching, cpu, distributed
+from jaxbert import batching, cpu, distributed, malloc
 from jaxbert.config import BertConfig
 from jaxbert.train import data as D
 from jaxbert.train import task_encode as E
@@ -214,7 +214,7 @@ def prepare(cfg: TrainConfig) -> TaskRun:
     run.say(
         f"plan: {total} steps of {batch} examples x {cfg.grad_accum_steps} accumulation on {n} device(s)"
         f"{' (FSDP)' if cfg.fsdp else ''}{f' (mesh {cfg.mesh})' if cfg.mesh else ''}"
-        f", warm-up {warmup}, {cpu.label(cfg.dtype)}{', remat' if cfg.remat else ''}; "
+        f", warm-up {warmup}, {cpu.label(cfg.dtype)}{malloc.label()}{', remat' if cfg.remat else ''}; "
         f"best model by eval_{metric}"
     )
     return run
