@@ -145,10 +145,11 @@ def _embed(args) -> int:
 def _fill_mask(args) -> int:
     import jaxbert
 
-    texts = args.text[0] if len(args.text) == 1 else args.text
-    results = jaxbert.load(args.dir, dtype=args.dtype).fill_mask(texts, top_k=args.top_k)
-    for t, per_text in enumerate([results] if len(args.text) == 1 else results):
-        if len(args.text) > 1:
+    single = len(args.text) == 1  # one text: its errors and output as before several were taken
+    bert = jaxbert.load(args.dir, dtype=args.dtype)
+    results = bert.fill_mask(args.text[0] if single else args.text, top_k=args.top_k)
+    for t, per_text in enumerate([results] if single else results):
+        if not single:
             print(f"{'' if t == 0 else chr(10)}text {t + 1}: {args.text[t]}")
         for i, candidates in enumerate(per_text):
             if len(per_text) > 1:

@@ -12,17 +12,20 @@ from jaxbert.inputs import positive_int
 _MLM_HEADS = ("BertForMaskedLM", "BertForPreTraining")
 
 
+def _shown(n_texts: int, batch_size: int, show: bool | None) -> bool:
+    """A bar for long inputs (20 batches of texts or more), or when asked."""
+    return -(-n_texts // batch_size) >= 20 if show is None else show
+
+
 def progress(batches, n_texts: int, batch_size: int, show: bool | None):
     """Wrap the batch iterator in a tqdm bar (on stderr) for long inputs, or when asked."""
     total = -(-n_texts // batch_size)
-    show = total >= 20 if show is None else show
-    return tqdm(batches, total=total, unit="batch", disable=not show, leave=False)
+    return tqdm(batches, total=total, unit="batch", disable=not _shown(n_texts, batch_size, show), leave=False)
 
 
 def packed(bert, enc, batch_size: int, show: bool | None = None):
     """bert.packed_batches with a bar counting texts (a packed batch holds a varying number of them)."""
-    show = -(-len(enc) // batch_size) >= 20 if show is None else show
-    with tqdm(total=len(enc), unit="text", disable=not show, leave=False) as bar:
+    with tqdm(total=len(enc), unit="text", disable=not _shown(len(enc), batch_size, show), leave=False) as bar:
         for rows, batch in bert.packed_batches(enc, batch_size):
             yield rows, batch
             bar.update(sum(map(len, rows)))
@@ -58,13 +61,13 @@ def fill_mask(bert, text, top_k: int = 5, batch_size: int = 32) -> list:
     results: list = [None] * len(texts)
     for rows, b in packed(bert, enc, batch_size):
         starts = np.asarray(b["starts"])
-        at = [[starts[r, s] + masks[i] for s, i in enumerate(members)] for r, members in enumerate(rows)]
-        most = max(sum(len(p) for p in row) for row in at)
+        # Each row's [MASK] columns: its segments' own positions moved to where the segment starts.
+        at = [np.concatenate([starts[r, s] + masks[i] for s, i in enumerate(texts)]) for r, texts in enumerate(rows)]
+        most = max(row.size for row in at)
         # Positions padded to a power of two (repeating column 0): few compiled programs whatever the count.
         asked = np.zeros((b["input_ids"].shape[0], 1 << (most - 1).bit_length()), np.int32)
         for r, row in enumerate(at):
-            flat = np.concatenate(row)
-            asked[r, : flat.size] = flat
+            asked[r, : row.size] = row
         arrays = [b[k] for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids", "segment_ids")]
         token_ids, probs = (np.asarray(x) for x in bert._mask_top_k(bert.weights, *arrays, asked, k=top_k))
         for r, members in enumerate(rows):

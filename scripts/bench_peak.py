@@ -16,6 +16,8 @@ import shutil
 import subprocess
 import tempfile
 
+from jaxbert.cpu import _cpu_flags  # /proc/cpuinfo's flags (None where unknown)
+
 CHAINS = 12  # independent accumulators: more than latency x issue width of the multiply-add units
 
 # dtype -> choices, widest first: (/proc/cpuinfo flags needed, C vector type, its set1 / operands, the instruction,
@@ -78,14 +80,6 @@ int main(int argc, char **argv) {{
 """
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-    except OSError:
-        return set()
-
-
 def _source(vector: str, init: str, operand: str, instruction: str) -> str:
     names = [f"a{i}" for i in range(CHAINS)]
     return _PROGRAM.format(
@@ -102,7 +96,7 @@ def _source(vector: str, init: str, operand: str, instruction: str) -> str:
 def cpu_peak(dtype: str) -> dict:
     """{"gflops": operations/s / 1e9 over every core this process may use, "instruction", "threads"}, or
     {"note": why not}. The best of three runs of about 0.4 s each."""
-    flags = _cpu_flags()
+    flags = _cpu_flags() or set()
     choice = next((k for k in KINDS[dtype] if set(k[0]) <= flags), None)
     if choice is None:
         return {"note": f"no {dtype} multiply-add instruction this probe knows on this CPU"}

@@ -72,7 +72,7 @@ import bench_peers as P  # noqa: E402
 import bench_scale as S  # noqa: E402
 import bench_train as T  # noqa: E402
 
-from jaxbert import malloc  # noqa: E402
+from jaxbert import BertConfig, malloc  # noqa: E402
 from jaxbert.cpu import has_bf16_units, instruction_sets  # noqa: E402  (reads /proc/cpuinfo; JAX is not started here)
 
 CHILDREN = {
@@ -163,29 +163,24 @@ def minilm_dir() -> str:
     return get_model_path()
 
 
-def flops(model_dir: str, batch: int, length: int) -> float:
-    """2 x matmul parameters x tokens, plus attention's two [L, L] products per layer (embeddings are gathers)."""
-    c = json.load(open(os.path.join(model_dir, "config.json")))
+def forward_flops(c: dict, batch: int, length: int, pooler: bool = True) -> float:
+    """2 x matmul parameters x tokens, plus attention's two [L, L] products per layer (embeddings are gathers);
+    `c` a config.json's fields."""
     d, f, n = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
-    matmul_params = n * (4 * d * d + 2 * d * f) + d * d  # + pooler
+    matmul_params = n * (4 * d * d + 2 * d * f) + (d * d if pooler else 0)
     return 2 * matmul_params * batch * length + 4 * batch * length * length * d * n
 
 
-def train_flops(config: dict, batch: int, length: int, labelled: float = 0.15) -> float:
+def flops(model_dir: str, batch: int, length: int) -> float:
+    return forward_flops(json.load(open(os.path.join(model_dir, "config.json"))), batch, length)
+
+
+def train_flops(c: dict, batch: int, length: int, labelled: float = 0.15) -> float:
     """One MLM step's work: forward and backward (3 x the forward) of the encoder, plus the prediction head
     (transform and vocabulary projection) at the labelled positions, the only ones the loss needs."""
-    d, f, n, v = (
-        config.get(k, dflt)
-        for k, dflt in (
-            ("hidden_size", 768),
-            ("intermediate_size", 3072),
-            ("num_hidden_layers", 12),
-            ("vocab_size", 30522),
-        )
-    )
-    encoder = 2 * n * (4 * d * d + 2 * d * f) * batch * length + 4 * batch * length * length * d * n
+    d, v = c["hidden_size"], c["vocab_size"]
     head = 2 * (d * d + d * v) * labelled * batch * length
-    return 3 * (encoder + head)
+    return 3 * (forward_flops(c, batch, length, pooler=False) + head)
 
 
 def cpu_peaks() -> dict[str, dict]:
@@ -362,7 +357,7 @@ def section_train(repeats: int, tmp: str) -> dict:
     )
     # The same work for every peer (PyTorch projects every position onto the vocabulary, which the loss does
     # not need), so gflops compare times; against the CPU's peak it says how far any implementation could go.
-    work = train_flops({}, T.TRAIN_BATCH, T.TRAIN_LEN)
+    work = train_flops(BertConfig().to_dict(), T.TRAIN_BATCH, T.TRAIN_LEN)  # bench_train's model
     for row in rows.values():
         if "seconds_per_step" in row:
             row["gflops"] = work / row["seconds_per_step"] / 1e9
