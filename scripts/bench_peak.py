@@ -151,13 +151,12 @@ def _source(vector: str, init: str, operand: str, instruction: str) -> str:
     )
 
 
-def _measure(source: str, name: str) -> float | str:
-    """Operations per second over every core this process may use of the probe in `source` (the best of three
-    runs of about 0.4 s each; nan where the kernel refused it), or a note why it did not run."""
+def _measure(source: str, name: str, threads: int) -> float | str:
+    """Operations per second on `threads` threads of the probe in `source` (the best of three runs of about 0.4 s
+    each; nan where the kernel refused it), or a note why it did not run."""
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         return "no C compiler (cc): CPU peak not measured"
-    threads = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
         path, binary = os.path.join(tmp, "peak.c"), os.path.join(tmp, "peak")
         with open(path, "w") as f:
@@ -173,22 +172,30 @@ def _measure(source: str, name: str) -> float | str:
         )
 
 
+def _probes(dtype: str, flags: set) -> list[tuple[str, str, int]]:
+    """(C source, instruction, operations per instruction) this CPU can run for `dtype`, best first: AMX tiles,
+    then the widest vector multiply-add."""
+    probes = []
+    if dtype in AMX and {"amx_tile", AMX[dtype][0]} <= flags:
+        _, instruction, ops = AMX[dtype]
+        probes.append((_amx_source(instruction), instruction, ops))
+    vector = next((k for k in KINDS[dtype] if set(k[0]) <= flags), None)
+    if vector is not None:
+        _, kind, init, operand, instruction, ops = vector
+        probes.append((_source(kind, init, operand, instruction), instruction, ops))
+    return probes
+
+
 def cpu_peak(dtype: str) -> dict:
     """{"gflops": operations/s / 1e9 over every core this process may use, "instruction", "threads"}, or
     {"note": why not}: AMX tiles where the CPU has them for `dtype` (and Linux grants them), else the widest
     vector multiply-add."""
-    flags = _cpu_flags() or set()
     threads = len(os.sched_getaffinity(0))
-    if dtype in AMX and {"amx_tile", AMX[dtype][0]} <= flags:
-        _, instruction, ops = AMX[dtype]
-        rate = _measure(_amx_source(instruction), instruction)
-        if isinstance(rate, float) and rate == rate:  # not nan: the tiles were granted
+    note = f"no {dtype} multiply-add instruction this probe knows on this CPU"
+    for source, instruction, ops in _probes(dtype, _cpu_flags() or set()):
+        rate = _measure(source, instruction, threads)
+        if isinstance(rate, str):
+            note = rate
+        elif rate == rate:  # not nan: the instruction ran (the tiles were granted)
             return {"gflops": rate * ops / 1e9, "instruction": instruction, "threads": threads}
-    choice = next((k for k in KINDS[dtype] if set(k[0]) <= flags), None)
-    if choice is None:
-        return {"note": f"no {dtype} multiply-add instruction this probe knows on this CPU"}
-    _, vector, init, operand, instruction, ops = choice
-    rate = _measure(_source(vector, init, operand, instruction), instruction)
-    if isinstance(rate, str):
-        return {"note": rate}
-    return {"gflops": rate * ops / 1e9, "instruction": instruction, "threads": threads}
+    return {"note": note}
