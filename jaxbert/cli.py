@@ -127,7 +127,9 @@ def _embed(args) -> int:
     if not args.output.endswith(".npy"):
         raise ValueError(f"--output {args.output}: expected a .npy file")
     check_output_file(args.output)  # before any work
-    texts = read_text_file(args.input, allow_empty=True).texts
+    read = read_text_file(args.input, allow_empty=True, keep_empty=True)  # a row per line, blank ones too
+    texts, blank = read.texts, 0 if args.input.endswith(".jsonl") else read.empty_lines
+    blanks = f" ({blank} of them blank lines, as empty texts)" if blank else ""
     bert = jaxbert.load(args.dir, dtype=args.dtype)
     emb = bert.embed(
         texts, pooling=args.pooling, normalize=args.normalize, batch_size=args.batch_size, max_length=args.max_length
@@ -136,7 +138,7 @@ def _embed(args) -> int:
         np.save(tmp, emb)
     modes, normalize, _, _ = embedding_options(bert.sentence_defaults, args.pooling, args.normalize, None)
     print(
-        f"embedded {len(texts)} texts -> {args.output} {emb.shape} ({'+'.join(modes)} pooling"
+        f"embedded {len(texts)} texts{blanks} -> {args.output} {emb.shape} ({'+'.join(modes)} pooling"
         f"{', normalized' if normalize else ''}; {bert.compile_count} compiled programs)"
     )
     return 0

@@ -19,7 +19,7 @@ def _inputs(path: str, text_column: str, pair_column: str | None):
     if path.endswith(".txt"):
         from jaxbert.texts import read_text_file
 
-        return read_text_file(path).texts, None
+        return read_text_file(path, keep_empty=True).texts, None
     from jaxbert.train.task_data import read_rows
 
     rows = read_rows(path, "--input")

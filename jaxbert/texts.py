@@ -14,8 +14,11 @@ class TextFile:
     empty_lines: int
 
 
-def read_text_file(path: str, allow_empty: bool = False) -> TextFile:
-    """txt: one text per line; jsonl: a "text" field per line. Empty lines are skipped and counted."""
+def read_text_file(path: str, allow_empty: bool = False, keep_empty: bool = False) -> TextFile:
+    """txt: one text per line; jsonl: a "text" field per line. Empty (or whitespace-only) lines are skipped and
+    counted, or with `keep_empty` a .txt file's are texts too: where outputs go line for line with the input
+    (embed, predict), skipping them would shift every later output onto the wrong line. A .jsonl file's blank
+    lines hold no record and are skipped either way."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file")
     texts, empty = [], 0
@@ -27,7 +30,8 @@ def read_text_file(path: str, allow_empty: bool = False) -> TextFile:
                 raise ValueError(f"{path}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
             if not line.strip():
                 empty += 1
-                continue
+                if not keep_empty or path.endswith(".jsonl"):
+                    continue
             if path.endswith(".jsonl"):
                 try:
                     record = json.loads(line)

@@ -17,31 +17,27 @@ MINILM = str(minilm.get_model_path())
 
 def test_embed_txt_and_jsonl_equal_the_api(tmp_path, capsys):
     texts = ["first line", "second, longer line of text", "北京"]
-    (tmp_path / "in.txt").write_text("\n".join(texts[:2]) + "\n\n" + texts[2] + "\n", encoding="utf-8")
+    # A .txt file's blank lines are texts too (an empty text's row, as the API and sentence-transformers give it),
+    # so that row i of the output is line i + 1 of the input; a .jsonl file's blank lines hold no record.
+    (tmp_path / "in.txt").write_text("\n".join(texts[:2]) + "\n\n" + texts[2] + "\n   \n", encoding="utf-8")
     (tmp_path / "in.jsonl").write_text(
-        "\n".join(json.dumps({"text": t, "id": i}) for i, t in enumerate(texts)), encoding="utf-8"
+        "\n\n".join(json.dumps({"text": t, "id": i}) for i, t in enumerate(texts)), encoding="utf-8"
     )
-    want = jaxbert.load(MINILM).embed(texts, pooling="mean", normalize=True)
-    for name in ("in.txt", "in.jsonl"):
+    lines = [*texts[:2], "", texts[2], "   "]
+    bert = jaxbert.load(MINILM)
+    for name, want, said in (
+        ("in.txt", lines, "embedded 5 texts (2 of them blank lines"),
+        ("in.jsonl", texts, "embedded 3 texts ->"),
+    ):
         out = tmp_path / f"{name}.npy"
-        rc = main(
-            [
-                "embed",
-                MINILM,
-                "--input",
-                str(tmp_path / name),
-                "--output",
-                str(out),
-                "--pooling",
-                "mean",
-                "--normalize",
-                "--batch-size",
-                "2",
-            ]
-        )
+        args = ["--output", str(out), "--pooling", "mean", "--normalize", "--batch-size", "2"]
+        rc = main(["embed", MINILM, "--input", str(tmp_path / name), *args])
         assert rc == 0, capsys.readouterr().err
-        assert "embedded 3 texts" in capsys.readouterr().out
-        assert np.abs(np.load(out) - want).max() <= 1e-6
+        assert said in capsys.readouterr().out
+        assert np.abs(np.load(out) - bert.embed(want, pooling="mean", normalize=True)).max() <= 1e-6
+    # Not the vector of a neighbouring line: the blank lines' rows differ from every text's.
+    got = np.load(tmp_path / "in.txt.npy")
+    assert np.abs(got[2] - got[[0, 1, 3]]).max(axis=1).min() > 0.1
 
 
 @pytest.mark.parametrize(

@@ -253,7 +253,8 @@ def test_sequence_labels_best_model_and_predict(tiny, tmp_path, capsys):
     best = json.load(open(out / "best.json"))
     want = max(evals[1:], key=lambda r: r["eval_f1"])  # the first of equal values, as the strict > keeps it
     assert best == {"step": want["step"], "metric": "eval_f1", "value": want["eval_f1"]}
-    texts = ["what a wonderful camera", "the hotel was not good", "honestly, a dreadful meal"]
+    # A blank line is a text of its own (an output line per input line: none shifts onto its neighbour's).
+    texts = ["what a wonderful camera", "", "the hotel was not good", "honestly, a dreadful meal"]
     (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
     assert (
         main(
@@ -272,6 +273,7 @@ def test_sequence_labels_best_model_and_predict(tiny, tmp_path, capsys):
     )
     got = [json.loads(line) for line in open(tmp_path / "p.jsonl")]
     want = jaxbert.load(out / "final").classify(texts)
+    assert len(got) == len(texts)
     assert [g["label"] for g in got] == [w["label"] for w in want] and {g["label"] for g in got} <= {
         "negative",
         "positive",
