@@ -208,7 +208,8 @@ def answer(
 ) -> list[dict]:
     """The top_k answers [{answer, score, start, end}] (character offsets into `context`), best first, over all
     windows of a long context: transformers' question-answering pipeline's results and defaults (windows of
-    min(384, the model's limit) tokens, stride min(half of it, 128), answers aligned to whole words)."""
+    min(384, the model's limit) tokens, stride min(half of it, 128), answers aligned to whole words, equal
+    answers merged: tests/fixtures/golden/qa_pipeline, written by transformers 4.57)."""
     from jaxbert.inputs import positive_int
     from jaxbert.tokenizer import Encoded
 
@@ -224,13 +225,20 @@ def answer(
     stride = min(length // 2, 128) if doc_stride is None else int(doc_stride)
     w = windows(bert.tokenizer, [question], [context], length, stride)
     enc = Encoded(w.ids, w.type_ids, w.offsets, [[]] * len(w.ids), [[]] * len(w.ids))
-    found = []
+    found: dict[str, dict] = {}  # by lower-cased answer text, in the order first found
     for idx, batch in bert.batches(enc, batch_size):
         out = bert(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
         starts, ends = np.asarray(out.start_logits), np.asarray(out.end_logits)
         for row, f in enumerate(idx):
             n = len(w.ids[f])
-            for s, e, score in pipeline_spans(starts[row, :n], ends[row, :n], w.offsets[f], top_k, max_answer_len):
+            # As the pipeline (transformers 4.57): 2 top_k + 10 spans a window, since widening to whole words
+            # makes several spans one answer; an answer found again (the same text, in any case, from another
+            # span or window) adds its probability to the first one's, which keeps its place in the context.
+            spans = pipeline_spans(starts[row, :n], ends[row, :n], w.offsets[f], 2 * top_k + 10, max_answer_len)
+            for s, e, score in spans:
                 a, b = word_span(w.encodings[f], s, e)
-                found.append({"answer": context[a:b], "score": score, "start": int(a), "end": int(b)})
-    return sorted(found, key=lambda x: x["score"], reverse=True)[:top_k]
+                seen = found.setdefault(
+                    context[a:b].lower(), {"answer": context[a:b], "score": 0.0, "start": a, "end": b}
+                )
+                seen["score"] += score
+    return sorted(found.values(), key=lambda x: x["score"], reverse=True)[:top_k]

@@ -28,6 +28,11 @@ decoder:
         decoder_input_ids are the labels shifted right; only the pt fixture stores `in.labels` and `out.loss`.
     pt_EncoderDecoder_proj: a decoder of another hidden size (20; encoder 24, one layer) and vocabulary (71),
         so transformers adds enc_to_dec_proj.
+qa:
+    qa_pipeline: a BertForQuestionAnswering with a small WordPiece vocabulary (words of the texts, some only as
+        pieces, so answers widen to whole words) and `cases.json`: questions over long contexts (several
+        windows), each with the `question-answering` pipeline's settings and its answers (transformers 5 has
+        no such pipeline; 4.57's over-fetches top_k * 2 + 10 spans a window and merges equal answer texts).
 """
 
 import argparse
@@ -296,6 +301,63 @@ def encoder_decoder_cases(root, with_flax):
     save(root, "pt_EncoderDecoder_proj", model, feed, {"logits": logits})
 
 
+QA_CONTEXT = (
+    "Anna Schmidt lives in Paris and works at the Louvre. Every morning Anna walks along the Seine to Paris's "
+    "oldest bridge. Her brother Paul Schmidt plays the violin in Vienna, and in summer Paul visits Paris. "
+    "The Louvre opened in 1793; Paris has been its home ever since, and millions visit it every year. "
+    "Unbelievably, Anna has never climbed the Eiffel Tower, although she can see it from her window in Paris."
+)
+QA_CASES = [  # (question, context, pipeline settings)
+    ("Where does Anna live?", QA_CONTEXT, dict(top_k=1, max_seq_len=48, doc_stride=16)),
+    ("Who plays the violin?", QA_CONTEXT, dict(top_k=3, max_seq_len=48, doc_stride=16)),
+    ("When did the Louvre open?", QA_CONTEXT, dict(top_k=5, max_seq_len=64, doc_stride=24, max_answer_len=6)),
+    ("What can Anna see?", QA_CONTEXT, dict(top_k=4, max_seq_len=40, doc_stride=8)),
+    ("Who?", "Antidisestablishmentarianism supercalifragilistic unbelievably.", dict(top_k=3)),
+]
+
+
+def qa_cases(root):
+    import json
+    import re
+
+    from transformers import BertTokenizerFast, pipeline
+
+    out = os.path.join(root, "qa_pipeline")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    words = sorted({w for q, c, _ in QA_CASES for w in re.findall(r"[a-z]+|[0-9]", (q + " " + c).lower())})
+    pieces = [w for w in words if len(w) > 9]  # these only as pieces: answers over them widen to whole words
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *".,;'?!", *letters, *(f"##{c}" for c in letters)]
+    vocab += (
+        [w for w in words if w not in pieces and w not in vocab]
+        + [w[:5] for w in pieces]
+        + ["##" + w[5:] for w in pieces]
+    )
+    vocab = list(dict.fromkeys(vocab))
+    with open(os.path.join(out, "vocab.txt"), "w") as f:
+        f.write("\n".join(vocab) + "\n")
+    tok = BertTokenizerFast(os.path.join(out, "vocab.txt"), do_lower_case=True)
+    os.remove(os.path.join(out, "vocab.txt"))
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        **{**SIZES, "vocab_size": len(vocab), "max_position_embeddings": 64}, architectures=["BertForQuestionAnswering"]
+    )
+    model = transformers.BertForQuestionAnswering(config).eval()
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    qa = pipeline("question-answering", model=model, tokenizer=tok, device="cpu")
+    cases = []
+    for question, context, settings in QA_CASES:
+        got = qa(question=question, context=context, **settings)
+        cases.append(
+            {"question": question, "context": context, **settings, "answers": got if isinstance(got, list) else [got]}
+        )
+    with open(os.path.join(out, "cases.json"), "w") as f:
+        json.dump(cases, f, indent=1)
+    print("qa_pipeline:", [[a["answer"] for a in c["answers"]] for c in cases])
+
+
 def decoder_cases(root, with_flax):
     causal_lm_cases(root)
     encoder_decoder_cases(root, with_flax)
@@ -308,9 +370,9 @@ if __name__ == "__main__":
     parser.add_argument("root", nargs="?", default="tests/fixtures/golden")
     parser.add_argument(
         "--only",
-        choices=("encoder", "decoder"),
+        choices=("encoder", "decoder", "qa"),
         help="write only these cases (encoder: relative positions, head mask, pruning, FlaxBert; "
-        "decoder: causal LM, cross-attention, KV cache, bert2bert); default both",
+        "decoder: causal LM, cross-attention, KV cache, bert2bert; qa: the question-answering pipeline); default all",
     )
     args = parser.parse_args()
     try:  # needs jax + flax in the same environment (e.g. jax==0.4.38 flax==0.10.2)
@@ -326,3 +388,5 @@ if __name__ == "__main__":
             flax_cases(args.root)
     if args.only in (None, "decoder"):
         decoder_cases(args.root, with_flax)
+    if args.only in (None, "qa"):
+        qa_cases(args.root)

@@ -1,10 +1,12 @@
 """Extractive QA around the model (jaxbert/qa.py) against transformers' reference logic, re-implemented here from
 its sources because transformers 5 ships neither: run_qa.py's prepare_train_features / prepare_validation_features
 (with transformers' BertTokenizerFast over the same vocabulary), utils_qa.postprocess_qa_predictions, and the
-question-answering pipeline (transformers 4.x) on the same random PyTorch BertForQuestionAnswering."""
+question-answering pipeline (transformers 4.57) on the same random PyTorch BertForQuestionAnswering; and that
+pipeline itself, run by transformers 4.57, through the golden fixture tests/fixtures/golden/qa_pipeline."""
 
 import collections
 import json
+import os
 
 import numpy as np
 import pytest
@@ -269,8 +271,9 @@ def _decode_spans(start, end, topk, max_answer_len, undesired_tokens):
 
 
 def _reference_pipeline(model, hf, question, context, top_k, max_answer_len, max_seq_len, doc_stride):
-    """transformers 4.x QuestionAnsweringPipeline (fast tokenizer, question first): preprocess, forward one span
-    at a time, postprocess with select_starts_ends / decode_spans and answers aligned to words."""
+    """transformers 4.57's QuestionAnsweringPipeline (fast tokenizer, question first): preprocess, forward one span
+    at a time, postprocess with select_starts_ends / decode_spans over 2 top_k + 10 spans a window, answers aligned
+    to words, and an answer found again (same text, any case) adding its score to the first one's."""
     enc = hf(text=question, text_pair=context, padding="do_not_pad", truncation="only_second",
              max_length=max_seq_len, stride=doc_stride, return_token_type_ids=True, return_overflowing_tokens=True,
              return_offsets_mapping=True, return_special_tokens_mask=True)  # fmt: skip
@@ -292,13 +295,17 @@ def _reference_pipeline(model, hf, question, context, top_k, max_answer_len, max
         end = end / end.sum()
         start[0, 0] = end[0, 0] = 0.0
         e = enc[span]
-        for s, t, score in zip(*_decode_spans(start, end, top_k, max_answer_len, undesired_tokens)):
+        for s, t, score in zip(*_decode_spans(start, end, top_k * 2 + 10, max_answer_len, undesired_tokens)):
             try:
                 a = e.word_to_chars(e.token_to_word(s), sequence_index=1)[0]
                 b = e.word_to_chars(e.token_to_word(t), sequence_index=1)[1]
             except Exception:  # noqa: BLE001
                 a, b = e.offsets[s][0], e.offsets[t][1]
-            answers.append({"score": score.item(), "start": a, "end": b, "answer": context[a:b]})
+            same = next((x for x in answers if x["answer"].lower() == context[a:b].lower()), None)
+            if same:
+                same["score"] += score.item()
+            else:
+                answers.append({"score": score.item(), "start": a, "end": b, "answer": context[a:b]})
     return sorted(answers, key=lambda x: x["score"], reverse=True)[:top_k]
 
 
@@ -326,6 +333,24 @@ def test_answer_matches_pipeline(qa_model, tokenizers, top_k):
         assert [(g["answer"], g["start"], g["end"]) for g in got] == [(x["answer"], x["start"], x["end"]) for x in want]
         np.testing.assert_allclose([g["score"] for g in got], [x["score"] for x in want], rtol=1e-4)
         assert all(CONTEXT[g["start"] : g["end"]] == g["answer"] for g in got)
+
+
+GOLDEN_QA = os.path.join(os.path.dirname(__file__), "fixtures", "golden", "qa_pipeline")
+
+
+def test_answer_equals_the_transformers_4_57_pipeline():
+    """transformers 4.57's own pipeline on its own checkpoint (scripts/make_golden.py --only qa): long contexts in
+    several windows, answers over words the vocabulary holds only as pieces, top_k 1-5; the same answers in the
+    same order and places, with the pipeline's scores (merged answers' summed)."""
+    bert = jaxbert.load(GOLDEN_QA)
+    cases = json.load(open(os.path.join(GOLDEN_QA, "cases.json")))
+    for case in cases:
+        settings = {k: case[k] for k in ("top_k", "max_seq_len", "doc_stride", "max_answer_len") if k in case}
+        got = bert.answer(case["question"], case["context"], **settings)
+        want = case["answers"]
+        assert [(g["answer"], g["start"], g["end"]) for g in got] == [(w["answer"], w["start"], w["end"]) for w in want]
+        np.testing.assert_allclose([g["score"] for g in got], [w["score"] for w in want], rtol=1e-4)
+    assert sum(len(c["answers"]) for c in cases) == 16  # every case asked for top_k answers and got them
 
 
 def test_answer_cli_prints_json(qa_model, capsys):
