@@ -6,8 +6,11 @@ Expected errors (bad paths, bad files, bad configs) become one line on stderr an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import signal
 import sys
+import threading
 import traceback
 import warnings
 
@@ -295,21 +298,44 @@ def main(argv: list[str] | None = None) -> int:
         malloc.rerun_with_huge_pages()  # the process's own command line only; returns when it changes nothing
     if args.command in ("train", "train-mlm") and args.dtype == "bfloat16":
         cpu.bf16_matmuls()  # before JAX starts: the run's matmuls on the CPU's bfloat16 units (see cpu.py)
+    terminated: list[int] = []  # SIGTERM, once it came
     try:
-        with warnings.catch_warnings():  # restores showwarning for a caller that runs main in its process
+        with warnings.catch_warnings(), _terminate_as_interrupt(terminated):
             warnings.showwarning = functools.partial(_show_warning, args.command, warnings.showwarning)
             return args.func(args) or 0
     except EXPECTED_ERRORS as e:  # one line, no traceback
         print(f"jaxbert {args.command}: error: {one_line(e)}", file=sys.stderr)
         return _leave(1)
     except KeyboardInterrupt:  # writers clean up on the way out (files.atomic_*), so nothing is half-written
-        print(f"jaxbert {args.command}: interrupted", file=sys.stderr)
-        return _leave(130)
+        print(f"jaxbert {args.command}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return _leave(143 if terminated else 130)
     except BaseException:
         if _failed_alone():
             traceback.print_exc()
             _leave(1)
         raise
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt(came: list[int]):
+    """SIGTERM (what `kill`, `timeout`, a scheduler or `docker stop` send) handled as Ctrl-C is while the command
+    runs: a KeyboardInterrupt, so writers remove their temporaries on the way out (files.atomic_*) instead of the
+    process dying with a half-written `.DST.*.partial` beside its output; `came` gets the signal. The previous
+    handler comes back afterwards (main also runs inside other programs and tests). Training defers both signals
+    to the end of its current step (train/interrupt.py)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        came.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def _show_warning(command: str, show, message, category, *args, **kwargs) -> None:

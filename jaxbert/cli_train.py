@@ -72,7 +72,8 @@ def _add_config_flags(parser, skip: tuple[str, ...] = ()) -> None:
 
 
 def _train(args) -> int:
-    """Exit 1 on errors (one line), 130 on Ctrl-C (naming the step and the checkpoint to continue from)."""
+    """Exit 1 on errors (one line), 130 on Ctrl-C and 143 on SIGTERM (naming the step and the checkpoint to
+    continue from)."""
     from jaxbert.files import one_line
     from jaxbert.train.config import TrainConfig
     from jaxbert.train.loop import Interrupted, TrainingError, train
@@ -82,7 +83,7 @@ def _train(args) -> int:
         train(TrainConfig(**values))
     except Interrupted as e:
         print(f"jaxbert {args.command}: {one_line(e)}", file=sys.stderr)
-        return 130
+        return 128 + e.signum
     except TrainingError as e:
         print(f"jaxbert {args.command}: error: {one_line(e)}", file=sys.stderr)
         return 1

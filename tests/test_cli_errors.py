@@ -4,8 +4,10 @@ no traceback, and nothing left on disk (neither DST nor a partial temporary dire
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -161,3 +163,21 @@ def test_module_entry_point_exit_status(tmp_path):
         [sys.executable, "-m", "jaxbert", "info", str(tmp_path)], capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "config.json not found" in proc.stderr
+
+
+def test_sigterm_during_convert_exits_143_and_leaves_nothing(src, tmp_path, capsys, monkeypatch):
+    """SIGTERM (`kill`, `timeout`, `docker stop`) while DST is being written: the temporary directory is removed as
+    for Ctrl-C, one line, exit 128 + 15; the process's SIGTERM handler is what it was before."""
+    import jaxbert.transfer
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)  # the handler runs here
+        raise AssertionError("SIGTERM did not stop the write")
+
+    monkeypatch.setattr(jaxbert.transfer, "write_msgpack", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["convert", str(src), str(tmp_path / "dst")]) == 143
+    assert capsys.readouterr().err == "jaxbert convert: terminated\n"
+    assert os.listdir(tmp_path) == ["src"]  # neither DST nor .dst.*.partial
+    assert signal.getsignal(signal.SIGTERM) is before

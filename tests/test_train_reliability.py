@@ -391,7 +391,10 @@ def test_resume_names_a_malformed_metrics_line(tiny, trained, tmp_path, capsys):
 # 6. Ctrl-C.
 
 
-def test_sigint_stops_after_the_step_and_resumes(tiny, child_env, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_sigint_stops_after_the_step_and_resumes(tiny, child_env, tmp_path, signum):
+    """Ctrl-C, or SIGTERM (a scheduler's preemption, `timeout`, `docker stop`): the step in progress finishes,
+    the run stops naming the checkpoint to continue from, exit 128 + the signal."""
     out = tmp_path / "out"
     args = _args(tiny, out, *STEPS)
     proc = _start(child_env, *args, SLOW_STEP="0.3")
@@ -407,21 +410,24 @@ def test_sigint_stops_after_the_step_and_resumes(tiny, child_env, tmp_path):
             else []
         )
         if done and done[-1] >= 3:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signum)
             break
         time.sleep(0.05)
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + signum, err
+    how = "interrupted" if signum == signal.SIGINT else "terminated"
     line = _one_line(err).strip()
-    step = int(line.split("interrupted at step ")[1].split(";")[0])
+    step = int(line.split(f"{how} at step ")[1].split(";")[0])
     saved = step - step % 2
     assert 3 <= step <= 6 and line == (
-        f"jaxbert train-mlm: interrupted at step {step}; last checkpoint: step "
+        f"jaxbert train-mlm: {how} at step {step}; last checkpoint: step "
         f"{saved} in {out / 'checkpoints'} (continue with --resume auto)"
     )
     assert [r["step"] for r in _records(out) if "loss" in r] == list(range(1, step + 1))  # the step finished
     assert not (out / "final").exists() and not (out / lock.LOCK_NAME).exists()
     checkpoints.verify(str(out / "checkpoints" / str(saved)))
+    if signum == signal.SIGTERM:  # resuming is the same after either
+        return
     with open(out / "metrics.jsonl", "a") as f:
         f.write('{"step": 99, "lo')  # as a kill -9 mid-write would leave it
     rc, printed, err = _run(child_env, *args, "--resume", "auto")
@@ -430,17 +436,18 @@ def test_sigint_stops_after_the_step_and_resumes(tiny, child_env, tmp_path):
     assert [r["step"] for r in _records(out) if "loss" in r] == list(range(1, 7))
 
 
-def test_second_sigint_interrupts_at_once_and_the_handler_is_restored():
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_second_sigint_interrupts_at_once_and_the_handler_is_restored(signum):
     inherited = signal.signal(signal.SIGINT, signal.default_int_handler)  # a background run inherits it ignored
-    before = signal.getsignal(signal.SIGINT)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     with deferred_sigint() as stop:
-        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signum)
         time.sleep(0.01)
-        assert stop.requested
+        assert stop.requested and stop.signum == signum
         with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signum)
             time.sleep(1)
-    assert signal.getsignal(signal.SIGINT) is before
+    assert {s: signal.getsignal(s) for s in before} == before
     signal.signal(signal.SIGINT, inherited)
 
 

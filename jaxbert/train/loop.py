@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import signal
 import time
 
 import jax
@@ -38,7 +39,12 @@ class TrainingError(RuntimeError):
 
 
 class Interrupted(TrainingError):
-    """Ctrl-C: the run stopped between steps; the message names the step and the checkpoint to resume from."""
+    """Ctrl-C or SIGTERM: the run stopped between steps; the message names the step and the checkpoint to resume
+    from, `signum` the signal."""
+
+    def __init__(self, message: str, signum: int = signal.SIGINT):
+        super().__init__(message)
+        self.signum = signum
 
 
 def _compile(run, tx, sched, state_sh, mesh):
@@ -247,7 +253,8 @@ def _loop(run, state, start: int, step_fn, eval_fn, own, metrics, last_good, sto
             break
     bar.close()
     if stopping or distributed.any_process(stop.requested):  # or a Ctrl-C during the last step
-        raise Interrupted(f"interrupted at step {done}; last checkpoint: {_where(last_good, own)}")
+        how = "terminated" if stop.signum == signal.SIGTERM else "interrupted"
+        raise Interrupted(f"{how} at step {done}; last checkpoint: {_where(last_good, own)}", stop.signum)
     return state, result, last_good
 
 
