@@ -124,6 +124,7 @@ def atomic_directory(dst: str, force: bool = False, sources: tuple[str, ...] = (
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.", suffix=".partial", dir=parent)
     try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would keep DST from everyone else
         yield tmp
         if os.path.lexists(dst):  # --force: swap, then drop the old one
             old = tmp + ".old"
@@ -139,6 +140,21 @@ def atomic_directory(dst: str, force: bool = False, sources: tuple[str, ...] = (
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         _raise_named(e, dst)
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (os.umask can only set it, and setting
+    it to read it races with other threads creating files)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _raise_named(e: BaseException, path: str):
@@ -167,6 +183,8 @@ def atomic_file(path: str, suffix: str = ""):
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".partial" + suffix, dir=parent)
     os.close(fd)
     try:
+        # mkstemp's 0600 would keep the output from everyone else: a replaced file's own mode, else the umask's.
+        os.chmod(tmp, os.stat(path).st_mode & 0o7777 if os.path.isfile(path) else 0o666 & ~_umask())
         yield tmp
         os.replace(tmp, path)
     except BaseException as e:

@@ -206,3 +206,22 @@ def test_a_full_disk_ends_in_one_line_and_leaves_nothing(src, tmp_path, command)
     assert not (tmp_path / "dst").exists() and not (tmp_path / "dst.npy").exists()
     assert not _leftovers(tmp_path)
     assert np.all(np.isfinite(load_file(src / "model.safetensors")["embeddings.word_embeddings.weight"]))
+
+
+def test_outputs_get_the_umask_s_mode_or_the_replaced_file_s(src, tmp_path, capsys):
+    """Written through a temporary (mkstemp: 0600, mkdtemp: 0700), outputs still get the mode a plain write would
+    give them: others can read a converted model or an embedding file under the usual umask 022."""
+    old = os.umask(0o027)
+    try:
+        assert main(["convert", str(src), str(tmp_path / "dst")]) == 0
+        assert os.stat(tmp_path / "dst").st_mode & 0o777 == 0o750
+        assert {os.stat(tmp_path / "dst" / f).st_mode & 0o777 for f in os.listdir(tmp_path / "dst")} == {0o640}
+        (tmp_path / "in.txt").write_text("a text\n")
+        out = tmp_path / "e.npy"
+        assert main(["embed", str(tmp_path / "dst"), "--input", str(tmp_path / "in.txt"), "--output", str(out)]) == 0
+        assert os.stat(out).st_mode & 0o777 == 0o640
+        os.chmod(out, 0o604)  # a file replaced keeps its own mode
+        assert main(["embed", str(tmp_path / "dst"), "--input", str(tmp_path / "in.txt"), "--output", str(out)]) == 0
+        assert os.stat(out).st_mode & 0o777 == 0o604
+    finally:
+        os.umask(old)
