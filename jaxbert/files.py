@@ -70,6 +70,8 @@ def read_json(path: str, expect: type = dict):
         raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except RecursionError:
         raise ValueError(f"{path}: JSON nested too deeply") from None
+    except ValueError as e:  # Python's own limits, e.g. an integer of more than 4,300 digits
+        raise ValueError(f"{path}: unreadable JSON ({e})") from None
     if not isinstance(value, expect):
         raise ValueError(
             f"{path}: expected a JSON {_JSON_NAMES.get(expect, expect.__name__)}, "

@@ -41,6 +41,8 @@ def test_src_missing(tmp_path, capsys):
 def test_config_missing_or_invalid(src, tmp_path, capsys):
     (src / "config.json").write_text("{oops")
     fails(capsys, tmp_path, "convert", src, match="config.json: invalid JSON")
+    (src / "config.json").write_text('{"hidden_size": ' + "7" * 5000 + "}")  # past Python's int digits limit
+    fails(capsys, tmp_path, "convert", src, match="config.json: unreadable JSON (Exceeds the limit (4300 digits)")
     (src / "config.json").unlink()
     fails(capsys, tmp_path, "convert", src, match="config.json: config.json not found")
 
