@@ -119,11 +119,13 @@ def test_minilm_int8_embeddings_within_cosine_0_99(tmp_path):
     lines = [line.strip() for line in open(CORPUS, encoding="utf-8") if line.strip()]
     rng = np.random.default_rng(0)
     texts = [" ".join(rng.choice(lines, rng.integers(1, 8))) for _ in range(64)] + ["short", "北京"]
+    tiny = ["", "   ", "ok", "I", "x", "a", "yes", "Hi!"]  # a few rows, nothing to average the rounding away
     f32, int8 = jaxbert.load(MINILM), jaxbert.load(MINILM, dtype="int8")
     for kwargs in ({}, {"pooling": "cls", "normalize": False}):
-        a, b = f32.embed(texts, **kwargs), int8.embed(texts, **kwargs)
+        a, b = f32.embed(texts + tiny, **kwargs), int8.embed(texts + tiny, **kwargs)
         cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
-        assert cos.min() >= 0.99, (kwargs, cos.min())
+        assert cos[: len(texts)].min() >= 0.99, (kwargs, cos[: len(texts)].min())
+        assert cos[len(texts) :].min() >= 0.975, (kwargs, cos[len(texts) :].min())  # README: 0.979-0.99
     # The CLI on a file of the corpus's first lines (not the whole corpus: the same code path, a fraction of the
     # time) gives the API's embeddings.
     (tmp_path / "lines.txt").write_text("\n".join(lines[:96]) + "\n", encoding="utf-8")
