@@ -7,6 +7,8 @@ the value and its position.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from jaxbert.config import BertConfig
@@ -19,6 +21,26 @@ def positive_int(name: str, value, upper: int | None = None) -> int:
     if value < 1 or (upper is not None and value > upper):
         raise ValueError(f"{name} {value}: must be in [1, {upper}]" if upper else f"{name} {value}: must be ≥ 1")
     return int(value)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_unicode(texts: list[str], name: str = "texts") -> None:
+    """A ValueError naming the first text (index; the text itself when it is the only one) holding a surrogate
+    code point, and where: such a str is not Unicode text, and the tokenizers library refuses it with a message
+    naming neither. Python makes them of undecodable bytes (surrogateescape: the command line's byte 0xff
+    becomes \\udcff) and of JSON's "\\ud800" escapes. A scan, so call it only once the fast path has failed."""
+    for i, text in enumerate(texts):
+        found = _SURROGATE.search(text)
+        if found is None:
+            continue
+        code = ord(found.group())
+        hint = f"; invalid UTF-8 byte 0x{code - 0xDC00:02x} on the command line?" if 0xDC80 <= code <= 0xDCFF else ""
+        shown = f" {(text if len(text) <= 60 else text[:60] + '...')!r}" if len(texts) == 1 else ""
+        raise ValueError(
+            f"{name}[{i}]{shown}: not valid Unicode (a lone surrogate \\u{code:04x} at character {found.start()}{hint})"
+        )
 
 
 def _integer_array(name: str, value, allow_bool: bool = False) -> np.ndarray:

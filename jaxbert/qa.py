@@ -16,6 +16,8 @@ import weakref
 
 import numpy as np
 
+from jaxbert.inputs import check_unicode
+
 NO_SPAN = (-1, -1)  # offsets of tokens that are not in the context (question, [CLS], [SEP], padding)
 
 _lock = threading.Lock()
@@ -55,6 +57,8 @@ def windows(tok, questions: list[str], contexts: list[str], max_length: int, str
     try:
         encs = wtok.encode_batch(pairs)
     except Exception:  # noqa: BLE001 - the tokenizers library raises plain Exception; find the culprit
+        check_unicode(questions, "questions")  # a lone surrogate: the library names neither text nor place
+        check_unicode(contexts, "contexts")
         for i, pair in enumerate(pairs):
             try:
                 wtok.encode(*pair)

@@ -3,9 +3,10 @@ SentenceTransformer(dir) reads (modules.json, the Pooling module's config.json, 
 
 A directory is a pipeline of modules: the Transformer (BERT at the directory's root), then Pooling (cls / mean /
 max / mean of the square root of the length, concatenated in the configured order when several), then optionally
-Normalize. `max_seq_length` truncates the tokens (special tokens included) and `do_lower_case` lower-cases the texts
-first. A module jaxbert does not run (a Dense projection, weighted-mean pooling, ...) is kept as `unsupported`, so
-`embed` refuses to pretend to be the pipeline instead of silently returning something else.
+Normalize. `max_seq_length` truncates the tokens (special tokens included), capped at the model's positions, and
+`do_lower_case` lower-cases the texts first. A module jaxbert does not run (a Dense projection, weighted-mean
+pooling, ...) is kept as `unsupported`, so `embed` refuses to pretend to be the pipeline instead of silently
+returning something else.
 """
 
 from __future__ import annotations
@@ -56,6 +57,17 @@ def _module_type(path: str, module: dict) -> tuple[str, str]:
     return module["type"].rsplit(".", 1)[-1], module.get("path", "")
 
 
+def _capped(directory: str, length: int) -> int:
+    """max_seq_length, at most the model's max_position_embeddings. sentence-transformers 6.2 gives a longer one
+    to the tokenizer unchecked: texts that fit the positions embed as if it were capped, longer ones crash in the
+    model. Capping gives the same vectors for the former and truncates the latter, as max_seq_length asks."""
+    from jaxbert.config import BertConfig
+
+    if existing_file(directory, "config.json") is None:
+        return length
+    return min(length, BertConfig.from_pretrained(directory).max_position_embeddings)
+
+
 def read(directory: str) -> SentenceDefaults | None:
     """The embedding defaults of a sentence-transformers directory; None when `directory` is not one."""
     modules_path = existing_file(directory, "modules.json")
@@ -88,6 +100,8 @@ def read(directory: str) -> SentenceDefaults | None:
     length = settings.get("max_seq_length")
     if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
         raise ValueError(f"{settings_path}: max_seq_length {length!r} is not a positive integer")
+    if length is not None:
+        length = _capped(directory, length)
     prompts_path = existing_file(directory, "config_sentence_transformers.json")
     if prompts_path and read_json(prompts_path).get("default_prompt_name") and unsupported is None:
         unsupported = f"{prompts_path}: a default prompt is not implemented by jaxbert"

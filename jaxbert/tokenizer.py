@@ -15,7 +15,7 @@ from tokenizers import AddedToken, Tokenizer
 from tokenizers.implementations import BertWordPieceTokenizer
 
 from jaxbert.files import existing_file, read_json
-from jaxbert.inputs import positive_int
+from jaxbert.inputs import check_unicode, positive_int
 
 _NO_LIMIT = 10**6  # transformers writes model_max_length ~1e30 for "no limit"; the model's positions decide
 
@@ -59,6 +59,25 @@ def _read_config(directory: str) -> tuple[dict, str]:
     return (read_json(path), path) if path else ({}, "tokenizer_config.json")
 
 
+def _max_length(config: dict, path: str) -> int:
+    """tokenizer_config.json's model_max_length: a whole number of tokens, or transformers' huge "no limit"."""
+    value = _setting(config, path, "model_max_length", (int, float), 512)
+    if isinstance(value, float) and not value.is_integer():  # 0.5 would become 0 tokens; NaN, inf
+        raise ValueError(f"{path}: model_max_length={value!r} must be a whole number of tokens")
+    if value < 1:
+        raise ValueError(f"{path}: model_max_length={value!r} must be positive")
+    return 512 if value > _NO_LIMIT else int(value)
+
+
+def _with_unknown(path: str, tok: Tokenizer) -> Tokenizer:
+    """`tok`, once its model's unknown token is known to be in its vocabulary: otherwise WordPiece (and
+    WordLevel) fail on the first text with a character outside the vocabulary, long after loading."""
+    unk = getattr(tok.model, "unk_token", None)  # None: a model with no unknown token (BPE may have none)
+    if unk is not None and unk not in tok.get_vocab(with_added_tokens=False):
+        raise ValueError(f"{path}: the unknown token {unk!r} is not in the vocabulary")
+    return tok
+
+
 def _load(path: str, build):
     """Build a tokenizer from `path`; the tokenizers library raises many types for a corrupt file."""
     try:
@@ -85,13 +104,10 @@ class WordPiece:
     @classmethod
     def from_dir(cls, directory: str) -> WordPiece:
         config, config_path = _read_config(directory)
-        max_len = _setting(config, config_path, "model_max_length", (int, float), 512)
-        if not max_len > 0:
-            raise ValueError(f"{config_path}: model_max_length={max_len!r} must be positive")
-        max_len = 512 if max_len > _NO_LIMIT else int(max_len)
+        max_len = _max_length(config, config_path)
         path = existing_file(directory, "tokenizer.json")
         if path:
-            return cls(_load(path, lambda: Tokenizer.from_file(path)), max_len)
+            return cls(_with_unknown(path, _load(path, lambda: Tokenizer.from_file(path))), max_len)
         vocab = existing_file(directory, "vocab.txt")
         if not vocab:
             raise FileNotFoundError(f"{directory}: no tokenizer (looked for tokenizer.json, vocab.txt)")
@@ -102,6 +118,7 @@ class WordPiece:
         )
         never_split = _setting(config, config_path, "never_split", (list, type(None)), None) or []
         tok = _load(vocab, lambda: BertWordPieceTokenizer(vocab, clean_text=True, **options)._tokenizer)
+        tok = _with_unknown(vocab, tok)
         never_split = [t for t in never_split if isinstance(t, str) and t in tok.get_vocab()]
         if never_split:  # whole tokens, matched before normalization, never split into word pieces
             tok.add_tokens([AddedToken(t, single_word=True, normalized=False) for t in never_split])
@@ -148,7 +165,12 @@ class WordPiece:
                 raise ValueError(f"{len(texts)} texts but {len(pairs)} pairs")
         limit = self.model_max_length if max_length is None else positive_int("max_length", max_length)
         tok = self._truncated(limit) if truncation else self._tok
-        encs = tok.encode_batch(list(zip(texts, pairs)) if pairs is not None else texts)
+        try:
+            encs = tok.encode_batch(list(zip(texts, pairs)) if pairs is not None else texts)
+        except TypeError:  # the library's only word on a lone surrogate: "TextEncodeInput must be Union[...]"
+            check_unicode(texts)
+            check_unicode(pairs or [], "pairs")
+            raise
         for i, enc in enumerate(encs):
             if len(enc.ids) > limit:
                 raise ValueError(
@@ -168,7 +190,13 @@ class WordPiece:
         labels align to them; longer sequences are truncated to `max_length` tokens."""
         for i, w in enumerate(words):
             _check_texts(w, f"words[{i}]")
-        encs = self._truncated(positive_int("max_length", max_length)).encode_batch(words, is_pretokenized=True)
+        tok = self._truncated(positive_int("max_length", max_length))
+        try:
+            encs = tok.encode_batch(words, is_pretokenized=True)
+        except TypeError:  # a lone surrogate in a word (see encode)
+            for i, w in enumerate(words):
+                check_unicode(w, f"words[{i}]")
+            raise
         return Encoded(
             [e.ids for e in encs],
             [e.type_ids for e in encs],

@@ -369,3 +369,15 @@ def test_predict_writes_the_best_answers(qa_model, tmp_path, capsys):
     bert = jaxbert.load(qa_model)
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert written == json.loads(json.dumps([bert.answer(r["question"], r["context"])[0] for r in rows]))
+
+
+def test_answer_names_a_text_that_is_not_unicode():
+    """A lone surrogate (invalid UTF-8 on a command line) in the question or the context: one line naming which
+    text and where, not the tokenizers library's type error."""
+    bert = jaxbert.load(GOLDEN_QA)
+    with pytest.raises(ValueError, match=r"questions\[0\] 'Who\\udcff\?': not valid Unicode .* at character 3"):
+        bert.answer("Who\udcff?", "Anna lives here.")
+    with pytest.raises(
+        ValueError, match=r"contexts\[0\] .*: not valid Unicode \(a lone surrogate \\ud800 at character 5"
+    ):
+        bert.answer("Who?", "Anna \ud800 lives here.")

