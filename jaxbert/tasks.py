@@ -194,8 +194,8 @@ def embed(bert, texts, pooling, normalize, batch_size: int, max_length, show, pa
     if "pooler" in modes and not bert.has_pooler:
         raise ValueError(f"pooling='pooler': this {bert.head} checkpoint has no pooler")
     batch_size = positive_int("batch_size", batch_size)
-    texts = [t.lower() for t in texts] if lower and all(isinstance(t, str) for t in texts) else texts
-    enc = bert.tokenizer.encode(texts, max_length=bert.max_length(max_length))
+    tok = bert.tokenizer.lowercased() if lower else bert.tokenizer
+    enc = tok.encode(texts, max_length=bert.max_length(max_length))
     out = np.zeros((len(enc), bert.config.hidden_size * len(modes)), np.float32)
     if packing:
         for rows, b in packed(bert, enc, batch_size, show):

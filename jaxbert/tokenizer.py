@@ -100,6 +100,7 @@ class WordPiece:
         self._lock = threading.Lock()
         self.model_max_length = model_max_length
         self.vocab = tokenizer.get_vocab()
+        self._lower: WordPiece | None = None  # see lowercased
 
     @classmethod
     def from_dir(cls, directory: str) -> WordPiece:
@@ -123,6 +124,25 @@ class WordPiece:
         if never_split:  # whole tokens, matched before normalization, never split into word pieces
             tok.add_tokens([AddedToken(t, single_word=True, normalized=False) for t in never_split])
         return cls(tok, max_len)
+
+    def lowercased(self) -> WordPiece:
+        """This tokenizer lower-casing texts first, as sentence-transformers' do_lower_case does: a Lowercase
+        normalizer in front of the model's own (none added if it has one), so special tokens written in a text
+        ("[SEP]", "[MASK]") are still matched as they are, where lower-casing the text itself broke them. Built
+        once."""
+        from tokenizers.normalizers import Lowercase, Sequence
+
+        with self._lock:
+            if self._lower is None:
+                old = self._tok.normalizer
+                parts = list(old) if isinstance(old, Sequence) else [] if old is None else [old]
+                if any(isinstance(n, Lowercase) for n in parts):
+                    self._lower = self
+                else:
+                    tok = Tokenizer.from_str(self._tok.to_str())
+                    tok.normalizer = Sequence([Lowercase(), *parts])
+                    self._lower = WordPiece(tok, self.model_max_length)
+            return self._lower
 
     def _truncated(self, limit: int) -> Tokenizer:
         with self._lock:

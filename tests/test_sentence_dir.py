@@ -100,6 +100,22 @@ def test_other_pooling_modes_truncation_and_lower_case(tmp_path, pooling, settin
     _assert_same(got, _reference(directory))
 
 
+def test_lower_case_over_a_cased_tokenizer_keeps_special_tokens_written_in_texts(tmp_path):
+    """do_lower_case with a tokenizer that does not lower-case itself: sentence-transformers puts a Lowercase
+    normalizer in front of the tokenizer's, so "[SEP]" or "[MASK]" written in a text is still that token;
+    lower-casing the text itself made it "[", "sep", "]" (cosine 0.43 against SentenceTransformer.encode)."""
+    directory = _st_dir(tmp_path, {"pooling_mode_mean_tokens": True}, do_lower_case=True)
+    path = os.path.join(directory, "tokenizer.json")
+    with open(path) as f:
+        spec = json.load(f)
+    spec["normalizer"]["lowercase"] = False  # a cased tokenizer
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    texts = ["first [SEP] second", "Paris is the [MASK] of France.", "Someone plays an INSTRUMENT!"]
+    want = st.SentenceTransformer(directory, device="cpu").encode(texts, convert_to_numpy=True)
+    _assert_same(jaxbert.load(directory).embed(texts), want)
+
+
 def test_a_pipeline_jaxbert_cannot_run_is_refused_not_imitated(tmp_path):
     directory = _st_dir(tmp_path, {"pooling_mode_mean_tokens": True}, modules=("Pooling", "Dense", "Normalize"))
     bert = jaxbert.load(directory)
