@@ -4,10 +4,9 @@ SentenceTransformer(dir) reads (modules.json, the Pooling module's config.json, 
 A directory is a pipeline of modules: the Transformer (BERT at the directory's root), then Pooling (cls / mean /
 max / mean of the square root of the length, concatenated in the configured order when several), then optionally
 Normalize. `max_seq_length` truncates the tokens (special tokens included), capped at the model's positions, and
-`do_lower_case` lower-cases the texts first
-(tokenizer.WordPiece.lowercased, as sentence-transformers 6 does). A module jaxbert does not run (a Dense projection, weighted-mean
-pooling, ...) is kept as `unsupported`, so `embed` refuses to pretend to be the pipeline instead of silently
-returning something else.
+`do_lower_case` lower-cases the texts first (tokenizer.WordPiece.lowercased, as sentence-transformers 6 does). A
+module jaxbert does not run (a Dense projection, weighted-mean pooling, ...) is kept as `unsupported`, so `embed`
+refuses to pretend to be the pipeline instead of silently returning something else.
 """
 
 from __future__ import annotations
