@@ -330,7 +330,7 @@ def normalize_head_mask(config: BertConfig, head_mask) -> Float[Array, "N H"] | 
         return None
     head_mask = jnp.asarray(head_mask, dtype=jnp.float32)
     shape = (config.num_hidden_layers, config.num_attention_heads)
-    if head_mask.ndim == 1:
+    if head_mask.shape == shape[1:]:
         head_mask = jnp.broadcast_to(head_mask, shape)
     if head_mask.shape != shape:
         raise ValueError(f"head_mask shape {head_mask.shape}: expected ({shape[1]},) or {shape}")

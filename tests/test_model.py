@@ -133,6 +133,8 @@ def test_head_mask_shapes():
     assert_close(ones, M.bert(params, CONFIG, **feed).last_hidden_state, "all-ones head mask")
     with pytest.raises(ValueError, match=r"head_mask shape \(2, 4\)"):
         M.bert(params, CONFIG, **feed, head_mask=jnp.ones((2, 4)))
+    with pytest.raises(ValueError, match=r"head_mask shape \(3,\): expected \(4,\) or"):  # not JAX's broadcast error
+        M.bert(params, CONFIG, **feed, head_mask=jnp.ones(3))
 
 
 def test_output_attentions_are_probabilities_over_real_keys():
