@@ -11,12 +11,13 @@ import shutil
 import struct
 import warnings
 
+import ml_dtypes
 import msgpack
 import numpy as np
 from flax import serialization
 
 from jaxbert.config import BertConfig
-from jaxbert.convert import ConversionReport, flax_to_torch_any, torch_to_flax
+from jaxbert.convert import ConversionReport, flax_to_torch_any, one_float_dtype, torch_to_flax
 from jaxbert.files import checkpoint_file, existing_file, read_json
 
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -36,20 +37,51 @@ def find_weights(directory: str) -> str:
     raise FileNotFoundError(f"{directory}: no weights file found (looked for {', '.join(WEIGHT_FILES)})")
 
 
-def _read_safetensors(path: str) -> dict[str, np.ndarray]:
+# What numpy (with ml_dtypes' bfloat16) holds, complex aside (never a parameter); float8/6/4 tensors and the like
+# are refused by name, from a safetensors header before any data is read.
+_SAFETENSORS_DTYPES = ("F16", "BF16", "F32", "F64", "I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64", "BOOL")
+_TORCH_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16")
+_TORCH_DTYPES += ("uint32", "uint64", "bool")
+
+
+def _unsupported(path: str, key: str, dtype: str, floats: str) -> ValueError:
+    return ValueError(f"{path}: {key!r} has unsupported dtype {dtype} (parameters must be {floats})")
+
+
+class SafetensorsTensor:
+    """One tensor of a safetensors file, read when `np.asarray` asks for it. Its shape comes from the header, so
+    the converter checks names and shapes against the config before any data is read: a header may declare a
+    64 GiB tensor that must be refused, not allocated."""
+
+    def __init__(self, path: str, key: str, shape: list[int]):
+        self.path, self.key, self.shape = path, key, tuple(shape)
+
+    def __array__(self, dtype=None, copy=None):
+        from safetensors import SafetensorError, safe_open
+
+        try:  # Reopened per tensor: the mapped pages of tensors already copied would otherwise count twice in
+            # the peak RSS (load_file would hold the whole file twice).
+            with safe_open(self.path, framework="np") as f:
+                value = f.get_tensor(self.key)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ValueError(f"{self.path}: {self.key!r} not readable ({e})") from None
+        return value if dtype is None else value.astype(dtype)
+
+
+def _read_safetensors(path: str) -> dict[str, SafetensorsTensor]:
+    """The header alone: every tensor's dtype checked, each tensor read later, one at a time."""
     from safetensors import SafetensorError, safe_open
 
-    try:  # Memory-mapped, one tensor at a time (load_file would hold the whole file twice). Reopened per tensor:
-        # the mapped pages of tensors already copied would otherwise count twice in the peak RSS.
+    try:
         with safe_open(path, framework="np") as f:
-            keys = list(f.keys())
-        state = {}
-        for key in keys:
-            with safe_open(path, framework="np") as f:
-                state[key] = f.get_tensor(key)
-        return state
+            views = {key: f.get_slice(key) for key in f.keys()}
+            header = {key: (view.get_dtype(), view.get_shape()) for key, view in views.items()}
     except (SafetensorError, OSError, ValueError) as e:
         raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
+    for key, (dtype, _) in header.items():
+        if dtype not in _SAFETENSORS_DTYPES:
+            raise _unsupported(path, key, dtype, "F16, BF16, F32 or F64")
+    return {key: SafetensorsTensor(path, key, shape) for key, (_, shape) in header.items()}
 
 
 def _read_torch_bin(path: str) -> dict[str, np.ndarray]:
@@ -65,8 +97,25 @@ def _read_torch_bin(path: str) -> dict[str, np.ndarray]:
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"{path}: refused or unreadable PyTorch checkpoint ({first_line})") from None
     _check_tensor_dict(path, state, lambda v: isinstance(v, torch.Tensor))
-    # numpy has no bfloat16: widen it (exact); other dtypes are kept.
-    return {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() for k, v in state.items()}
+    return {key: _torch_to_numpy(path, key, value) for key, value in state.items()}
+
+
+def _torch_to_numpy(path: str, key: str, tensor) -> np.ndarray:
+    """A tensor of a `.bin` as numpy, sharing its memory. nn.Parameter values (saved with requires_grad) are
+    detached; sparse, meta and float8 tensors have no numpy form and are named instead."""
+    import torch
+
+    if tensor.layout != torch.strided:
+        raise ValueError(f"{path}: {key!r} is a {tensor.layout} tensor, not a dense one (save it .to_dense())")
+    if tensor.is_meta:
+        raise ValueError(f"{path}: {key!r} is a meta tensor: it holds no data")
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if dtype not in _TORCH_DTYPES:
+        raise _unsupported(path, key, dtype, "float16, bfloat16, float32 or float64")
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16; ml_dtypes' has the same bits (as safetensors gives)
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
 
 
 def _check_tensor_dict(path: str, state, is_tensor) -> None:
@@ -99,8 +148,9 @@ def _read_sharded(index_path: str, read_one) -> dict[str, np.ndarray]:
     return state
 
 
-def read_state_dict(path: str) -> dict[str, np.ndarray]:
-    """A PyTorch-named state dict from a safetensors / .bin file or a shard index."""
+def read_state_dict(path: str) -> dict[str, np.ndarray | SafetensorsTensor]:
+    """A PyTorch-named state dict from a safetensors / .bin file or a shard index. safetensors values are read
+    by `np.asarray` (`np.shape` reads nothing); `torch_to_flax` reads each once its name and shape fit."""
     name = os.path.basename(path)
     if name == SAFETENSORS_INDEX:
         return _read_sharded(path, _read_safetensors)
@@ -133,8 +183,12 @@ def load_params(
     if getattr(config, "is_encoder_decoder", False):
         from jaxbert import seq2seq
 
-        return seq2seq.torch_to_flax(state, config)
-    return torch_to_flax(state, config, head, allow_missing_head=allow_missing_head)
+        # seq2seq checks its projection as arrays; each side's BERT goes through torch_to_flax, read lazily.
+        state = {k: np.asarray(v) if k.startswith("enc_to_dec_proj.") else v for k, v in state.items()}
+        params, report = seq2seq.torch_to_flax(state, config)
+    else:
+        params, report = torch_to_flax(state, config, head, allow_missing_head=allow_missing_head)
+    return one_float_dtype(params), report
 
 
 # -- writing ---------------------------------------------------------------------------------------------------

@@ -114,22 +114,30 @@ def check_cast(params, dtype) -> None:
             check_fits(path, x, dtype)
 
 
-def torch_to_flax(
-    state_dict: dict[str, np.ndarray], config: BertConfig, head: str | None = None, *, allow_missing_head: bool = False
-) -> tuple[dict, ConversionReport]:
-    """Map a transformers BERT state dict onto the Flax tree for `head`.
+def one_float_dtype(params: dict) -> dict:
+    """A model holds one float dtype, as transformers builds it. A checkpoint mixing them (one float16 tensor
+    among float32) is widened, exactly, to the widest it holds (float32 for float16 with bfloat16), so a
+    converted directory's config names one dtype."""
+    dtypes = {x.dtype for x in traverse_util.flatten_dict(params).values()}
+    if len(dtypes) < 2:
+        return params
+    widest = np.float64 if np.dtype(np.float64) in dtypes else np.float32
 
-    Raises ValueError naming the key for unknown keys, duplicates, shape mismatches and missing parameters.
-    With `allow_missing_head`, parameters of the task head (not of the base model) may be absent; they are
-    listed in `report.missing` for the caller to initialize.
-    """
-    head = resolve_head(head, config)
-    _check_layer_count(state_dict, config)
+    def widen(tree: dict) -> dict:  # in place, so each narrower leaf is freed as its copy is made
+        for key, value in tree.items():
+            tree[key] = widen(value) if isinstance(value, dict) else value.astype(widest, copy=False)
+        return tree
+
+    return widen(params)
+
+
+def _route(state_dict, config: BertConfig, head: str, report: ConversionReport) -> dict[str, tuple[str, tuple]]:
+    """Source key -> (parameter name, Flax path) for every key that becomes a parameter, from names and shapes
+    alone (`np.shape` of a lazily read tensor reads nothing): a checkpoint declaring an unknown or misshapen
+    tensor fails before its data is read. Ignored keys go to `report`."""
     expected = expected_keys(config, head)
-    report, found, sources = ConversionReport(), {}, {}
-    others = None
+    routes, sources, others = {}, {}, None
     for key in sorted(state_dict):
-        value = np.asarray(state_dict[key])
         name = canonical_key(key, head)
         if name.endswith(_BUFFERS):
             report.ignored[key] = "buffer, not a parameter"
@@ -144,19 +152,33 @@ def torch_to_flax(
                 continue
             raise ValueError(f"unknown key {key!r}: not a parameter of {head} with this config")
         path, shape = expected[name]
-        if tuple(value.shape) != tuple(shape):
-            raise ValueError(
-                f"{key}: shape {tuple(value.shape)} in the checkpoint, expected {tuple(shape)} from the config"
-            )
-        check_tensor(key, value)
-        if name in sources:
-            if name == "cls.predictions.bias" and np.array_equal(found[path], value):
-                report.ignored[key] = f"duplicate of {sources[name]}"
-                continue
+        have = tuple(np.shape(state_dict[key]))
+        if have != tuple(shape):
+            raise ValueError(f"{key}: shape {have} in the checkpoint, expected {tuple(shape)} from the config")
+        if name in sources and name != "cls.predictions.bias":  # that one may be stored twice; compared on reading
             raise ValueError(f"duplicate key {key!r}: maps to {name!r} like {sources[name]!r}")
-        sources[name] = key
-        found[path] = value.T if path[-1] == "kernel" else value
-    missing = sorted(name for name in expected if name not in sources)
+        sources.setdefault(name, key)
+        routes[key] = (name, path)
+    return routes
+
+
+def torch_to_flax(
+    state_dict: dict[str, np.ndarray], config: BertConfig, head: str | None = None, *, allow_missing_head: bool = False
+) -> tuple[dict, ConversionReport]:
+    """Map a transformers BERT state dict onto the Flax tree for `head`.
+
+    Raises ValueError naming the key for unknown keys, duplicates, shape mismatches and missing parameters.
+    With `allow_missing_head`, parameters of the task head (not of the base model) may be absent; they are
+    listed in `report.missing` for the caller to initialize. Values may be anything `np.asarray` reads (the
+    lazily read tensors of checkpoint.py): each is read once, after every name and shape has been checked.
+    """
+    head = resolve_head(head, config)
+    _check_layer_count(state_dict, config)
+    expected = expected_keys(config, head)
+    report = ConversionReport()
+    routes = _route(state_dict, config, head, report)
+    routed = {name for name, _ in routes.values()}
+    missing = sorted(name for name in expected if name not in routed)
     if head == "BertModel" and {n for n in expected if n.startswith("pooler.")} <= set(missing):
         # A base model read from a pooler-less (e.g. MLM) checkpoint: no pooler, pooler_output is None.
         report.absent.append("pooler")
@@ -168,6 +190,17 @@ def torch_to_flax(
     if not TABLE[head].pooler and not any(canonical_key(k, head).startswith("bert.pooler.") for k in state_dict):
         report.absent.append("pooler")  # as in transformers, this head is built without one
     report.missing = missing
+    found, sources = {}, {}
+    for key, (name, path) in routes.items():  # one tensor read at a time
+        value = np.asarray(state_dict[key])
+        check_tensor(key, value)
+        if name in sources:  # cls.predictions.bias, stored again as the tied decoder's bias
+            if not np.array_equal(found[path], value):
+                raise ValueError(f"duplicate key {key!r}: maps to {name!r} like {sources[name]!r}")
+            report.ignored[key] = f"duplicate of {sources[name]}"
+            continue
+        sources[name] = key
+        found[path] = value.T if path[-1] == "kernel" else value
     return traverse_util.unflatten_dict(found), report
 
 

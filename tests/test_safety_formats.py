@@ -1,9 +1,12 @@
 """Malformed files end in one line naming the file and the problem, never a traceback: `.bin` files that are not
-a tensor dict, deeply nested JSON, a msgpack that is not a map, broken tokenizer files, a config declaring far
-more layers than the weights hold, control characters in names, and an interrupted command."""
+a tensor dict, tensors numpy cannot hold (float8, sparse, meta), safetensors headers declaring huge unknown or
+misshapen tensors (refused before any data is read), deeply nested JSON, a msgpack that is not a map, broken
+tokenizer files, a config declaring far more layers than the weights hold, control characters in names, and an
+interrupted command."""
 
 import json
 import os
+import struct
 
 import numpy as np
 import pytest
@@ -14,6 +17,8 @@ from jaxbert.cli import main
 from jaxbert.files import MAX_MESSAGE
 
 torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+KEY = "encoder.layer.1.attention.self.query.weight"  # [32, 32] in conftest's sizes
 
 
 @pytest.fixture
@@ -44,6 +49,98 @@ def _as_bin(src, content):
 def test_a_bin_that_is_not_a_dict_of_tensors(src, tmp_path, capsys, content, why):
     _as_bin(src, content)
     cli_fails(capsys, tmp_path, "convert", src, match=f"pytorch_model.bin: {why}")
+
+
+@pytest.mark.parametrize(
+    "make,why",
+    [
+        (lambda t: t.to(torch.float8_e4m3fn), "has unsupported dtype float8_e4m3fn (parameters must be float16, "),
+        (lambda t: t.to(torch.complex64), "has unsupported dtype complex64"),
+        (lambda t: t.to_sparse(), "is a torch.sparse_coo tensor, not a dense one"),
+        (lambda t: torch.empty(t.shape, device="meta"), "is a meta tensor: it holds no data"),
+    ],
+)
+def test_a_bin_tensor_numpy_cannot_hold_is_named(src, tmp_path, capsys, make, why):
+    state = safetensors_torch.load_file(src / "model.safetensors")
+    state[KEY] = make(state[KEY])
+    _as_bin(src, state)
+    cli_fails(capsys, tmp_path, "convert", src, match=f"pytorch_model.bin: {KEY!r} {why}")
+
+
+def _declare(path, key, dtype, shape, nbytes):
+    """One more tensor in a safetensors header, its data a hole at the end of a sparse file: a header may declare
+    gigabytes that cost no disk."""
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header, size = json.loads(raw[8 : 8 + n]), len(raw) - 8 - n
+    header[key] = {"dtype": dtype, "shape": list(shape), "data_offsets": [size, size + nbytes]}
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head + raw[8 + n :])
+        f.truncate(8 + len(head) + size + nbytes)
+
+
+@pytest.fixture
+def header_only(monkeypatch):
+    """safetensors files whose tensors cannot be read: what fails must fail from the header alone."""
+    import safetensors
+
+    real = safetensors.safe_open
+
+    class HeaderOnly:
+        def __init__(self, *args, **kwargs):
+            self.file = real(*args, **kwargs)
+
+        def __enter__(self):
+            self.opened = self.file.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.file.__exit__(*exc)
+
+        def keys(self):
+            return self.opened.keys()
+
+        def get_slice(self, key):
+            return self.opened.get_slice(key)
+
+        def get_tensor(self, key):
+            raise AssertionError(f"{key!r} read before the header was checked")
+
+    monkeypatch.setattr(safetensors, "safe_open", HeaderOnly)
+
+
+def _without(path, key):
+    state = safetensors_torch.load_file(path)
+    del state[key]
+    safetensors_torch.save_file(state, path, metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize(
+    "dtype,nbytes",
+    [("F8_E4M3", 1024), ("F8_E5M2", 1024), ("F8_E8M0", 1024), ("F6_E2M3", 768), ("F4", 512), ("C64", 8192)],
+)
+def test_a_safetensors_dtype_numpy_cannot_hold_is_named(src, tmp_path, capsys, header_only, dtype, nbytes):
+    _without(src / "model.safetensors", KEY)
+    _declare(src / "model.safetensors", KEY, dtype, (32, 32), nbytes)
+    why = f"model.safetensors: {KEY!r} has unsupported dtype {dtype} (parameters must be F16, BF16, F32 or F64)"
+    cli_fails(capsys, tmp_path, "convert", src, match=why)
+
+
+@pytest.mark.parametrize("command", ["info", "convert"])
+@pytest.mark.parametrize(
+    "key,why",
+    [
+        ("zzz.unknown", "unknown key 'zzz.unknown': not a parameter of BertModel with this config"),
+        (KEY, f"{KEY}: shape (1048576, 1024) in the checkpoint, expected (32, 32) from the config"),
+    ],
+)
+def test_a_huge_declared_tensor_is_refused_from_the_header(src, tmp_path, capsys, header_only, command, key, why):
+    if key == KEY:
+        _without(src / "model.safetensors", KEY)
+    _declare(src / "model.safetensors", key, "F32", (2**20, 2**10), 2**32)  # 4 GiB, none of it on disk
+    cli_fails(capsys, tmp_path, command, src, match=why)
 
 
 def _deep(n=100_000):
