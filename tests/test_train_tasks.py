@@ -361,3 +361,26 @@ def test_early_stopping(tiny, tmp_path, capsys):
     steps = [json.loads(line)["step"] for line in open(out / "metrics.jsonl")]
     assert max(steps) == 6 and (out / "final" / "flax_model.msgpack").exists()
     assert "6" in os.listdir(out / "checkpoints")
+    # Resumed, the run ends where it ended: no step 7, final/ and metrics.jsonl as they were (each resume used to
+    # run one more step and replace final/).
+    final, records = (out / "final" / "flax_model.msgpack").read_bytes(), (out / "metrics.jsonl").read_text()
+    args = ["--max-steps", 20, "--eval-steps", 2, "--early-stopping-patience", 2, "--learning-rate", "1e-12"]
+    assert _train(tiny, out, "sequence-classification", REVIEWS, *args, "--resume", "auto") == 0
+    assert "early stopping at step 6 (as the run resumed had)" in capsys.readouterr().out
+    assert (out / "final" / "flax_model.msgpack").read_bytes() == final
+    assert (out / "metrics.jsonl").read_text() == records and "7" not in os.listdir(out / "checkpoints")
+
+
+def test_loss_as_the_metric_for_the_best_model(tiny, tmp_path, capsys):
+    """The validation loss (lower is better) chooses OUT/best; shown beside the training loss, not in its place
+    (the progress line had two 'loss' values and the run failed at its first evaluation)."""
+    out = tmp_path / "out"
+    args = ("--max-steps", 4, "--eval-steps", 2, "--metric-for-best-model", "loss")
+    assert _train(tiny, out, "sequence-classification", REVIEWS, *args) == 0, capsys.readouterr().err
+    evals = [json.loads(line) for line in open(out / "metrics.jsonl") if "eval_loss" in line]
+    want = min(evals[1:], key=lambda r: r["eval_loss"])
+    assert json.load(open(out / "best.json")) == {
+        "step": want["step"],
+        "metric": "eval_loss",
+        "value": want["eval_loss"],
+    }

@@ -212,6 +212,10 @@ def _loop(run, state, start: int, step_fn, eval_fn, own, metrics, last_good, sto
     batch_sh = sharding.batch_sharding(_mesh(state), batch_axis=1)  # as _compile's
     tick, tokens, result, done, shown = time.perf_counter(), 0, {}, start, {}
     stopping = False
+    if best.stop:  # restored from a run that had stopped early (best.py): it ends where that run ended
+        run.say(f"early stopping at step {start} (as the run resumed had): no step run")
+        last = next((r for r in reversed(metrics.records) if best.key in r), {})
+        return state, {k: v for k, v in last.items() if k != "step"}, last_good
     for step in range(start, total):
         # All processes ask at every step boundary (one tiny collective; with one process, the flag): a Ctrl-C
         # reaching any one of them stops all after the same step, none left waiting in the next step's collectives.
@@ -241,7 +245,7 @@ def _loop(run, state, start: int, step_fn, eval_fn, own, metrics, last_good, sto
             tick, tokens = now, 0
         if (cfg.eval_steps and done % cfg.eval_steps == 0) or done == total:
             result = evaluate(run, state, done, eval_fn, metrics, best)
-            shown = {best.metric: f"{result[best.key]:.4f}"} if best.metric else {}
+            shown = {best.key: f"{result[best.key]:.4f}"} if best.metric else {}  # eval_loss beside the loss
         if done % cfg.save_steps == 0 or done == total or best.stop:
             last_good = _save(run, state, done, own, last_good)
         bar.update(1)
