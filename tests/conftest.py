@@ -22,6 +22,10 @@ import jax  # noqa: E402
 
 # GPU/TPU default to reduced-precision float32 matmuls; parity is defined at full precision.
 jax.config.update("jax_default_matmul_precision", "highest")
+# The backend started now, in every process of the run: a test running `jaxbert train --dtype bfloat16`
+# in-process as a worker's first JAX work would otherwise turn oneDNN's bfloat16 math on for the whole worker
+# through the environment (cpu.bf16_matmuls), its later float32 tests and CLI subprocesses included.
+jax.devices()
 
 import jaxbert  # noqa: E402
 

@@ -3,6 +3,7 @@ non-finite loss, bad inputs, and the final directory round-tripping to transform
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -197,3 +198,9 @@ def test_final_directory_exports_to_transformers(tiny, tmp_path, capsys):
     assert "has checkpoints up to step 2: pass --resume" in capsys.readouterr().err
     assert main(again + ["--resume", "auto"]) == 0
     assert sorted(os.listdir(out / "cache")) == cached  # tokenized once, reused
+    # Its checkpoints deleted (to save space), the run's outputs are still not replaced by a new run's.
+    shutil.rmtree(out / "checkpoints")
+    final = (out / "final" / "flax_model.msgpack").read_bytes()
+    assert main(again) == 1
+    assert f"{out} holds another run's final, metrics.jsonl: choose a new --output-dir" in capsys.readouterr().err
+    assert (out / "final" / "flax_model.msgpack").read_bytes() == final

@@ -288,6 +288,25 @@ def test_resume_refuses_a_checkpoint_of_another_model(tiny, trained, tmp_path, c
     assert "was made for a different model: " + message in err, err
 
 
+def test_resume_refuses_other_data_or_optimizer_settings(tiny, trained, tmp_path, capsys):
+    """The same number of training rows with other contents, or another optimizer / loss setting: a resumed
+    run would not take the steps the run would have taken, so the checkpoint is refused naming the field."""
+    out = _copy(trained, tmp_path)
+    lines = open(CORPUS, encoding="utf-8").read().splitlines()
+    edited = tmp_path / "corpus.txt"
+    edited.write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n", encoding="utf-8")  # two lines swapped
+    for extra, field in (
+        (("--train-file", edited), "train_file_sha256="),
+        (("--weight-decay", "0.5"), "weight_decay=0.0"),
+        (("--adam-epsilon", "1e-6"), "adam_epsilon=1e-08"),
+        (("--max-grad-norm", "2.0"), "max_grad_norm=1.0"),
+    ):
+        capsys.readouterr()
+        assert main(_args(tiny, out, *STEPS, *extra, "--resume", "auto")) == 1
+        err = _one_line(capsys.readouterr().err)
+        assert f"was made with {field}" in err, err
+
+
 # 3. Non-finite parameters are never saved.
 
 

@@ -159,6 +159,12 @@ def model_fields(config) -> dict:
     return {f.name: out[f.name] for f in dataclasses.fields(config) if f.name in out}
 
 
+RUN_OUTPUTS = ("final", "best", "best.json", "metrics.jsonl")  # what a run writes in OUT beside its checkpoints
+# Meta keys that checkpoints of earlier jaxbert versions lack: checked only where stored.
+LATER_KEYS = ("train_file_sha256", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm")
+LATER_KEYS += ("label_smoothing",)
+
+
 def check_meta(meta: dict, expected: dict, where: str) -> None:
     """Refuse a checkpoint made for another model or another data/schedule, naming the first difference."""
     stored, model = meta.get("model_config"), json.loads(json.dumps(expected["model_config"]))
@@ -171,6 +177,8 @@ def check_meta(meta: dict, expected: dict, where: str) -> None:
                 f"{model[key]!r} in --model"
             )
     for key, value in expected.items():
+        if key in LATER_KEYS and key not in meta:
+            continue
         if key not in ("step", "epoch", "offset", "model_config") and meta.get(key) != value:
             raise ValueError(f"--resume: {where} was made with {key}={meta.get(key)!r}, this run has {value!r}")
 
@@ -192,6 +200,14 @@ def resume_point(cfg, own: ocp.CheckpointManager, expected_meta, say):
             raise ValueError(
                 f"{cfg.output_dir} has checkpoints up to step {own.latest_step()}: pass --resume auto "
                 "to continue, or choose a new --output-dir"
+            )
+        # A run's outputs without its checkpoints (deleted to save space, or a run stopped before its first):
+        # a new run would replace them without a word.
+        left = [name for name in RUN_OUTPUTS if os.path.lexists(os.path.join(cfg.output_dir, name))]
+        if left:
+            raise FileExistsError(
+                f"{cfg.output_dir} holds another run's {', '.join(left)}: choose a new --output-dir, remove them, "
+                "or pass --resume auto to continue that run"
             )
         return None
     root, step = resume_location(cfg.resume, cfg.output_dir)

@@ -147,6 +147,13 @@ class TrainConfig:
         "warmup_ratio",
         "dtype",
         "pack",
+        # the optimizer's and the loss's: a step with others is not the step the run would have taken
+        "weight_decay",
+        "adam_beta1",
+        "adam_beta2",
+        "adam_epsilon",
+        "max_grad_norm",
+        "label_smoothing",
     )
 
 
