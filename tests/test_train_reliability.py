@@ -307,6 +307,27 @@ def test_resume_refuses_other_data_or_optimizer_settings(tiny, trained, tmp_path
         assert f"was made with {field}" in err, err
 
 
+def test_a_checkpoint_that_cannot_be_written_names_it_and_the_last_good_one(tiny, tmp_path, capsys, monkeypatch):
+    """A full disk while checkpoint 4 is written: one line naming it and where to continue from (was the bare
+    '[Errno 28] No space left on device')."""
+    import errno
+
+    save = checkpoints.save
+
+    def full_at_4(mgr, step, state, meta):
+        if step == 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return save(mgr, step, state, meta)
+
+    monkeypatch.setattr(checkpoints, "save", full_at_4)
+    out = tmp_path / "out"
+    assert main(_args(tiny, out, *STEPS)) == 1
+    assert _one_line(capsys.readouterr().err) == (
+        f"jaxbert train-mlm: error: writing checkpoint 4 in {out / 'checkpoints'} failed (No space left on device); "
+        f"last good checkpoint: step 2 in {out / 'checkpoints'} (continue with --resume auto)\n"
+    )
+
+
 # 3. Non-finite parameters are never saved.
 
 

@@ -161,7 +161,8 @@ def _train(cfg: TrainConfig) -> dict:
         run.say(f"step 0: {run.describe(before)}")
     with deferred_sigint() as stop:
         state, result, last_good = _loop(run, state, start, step_fn, eval_fn, own, metrics, last_good, stop, best)
-    return _finish(run, state, metrics, own, last_good, result)
+        # OUT/final is written whole under the same deferral (a second signal stops at once, leaving none).
+        return _finish(run, state, metrics, own, last_good, result)
 
 
 def _build(run):
@@ -199,7 +200,13 @@ def _save(run, state, done, own, last_good):
             f"non-finite parameters after step {done}; stopped without saving them, last good "
             f"checkpoint: {_where(last_good, own)}"
         )
-    checkpoints.save(own, done, state, _meta(run, done))
+    try:
+        checkpoints.save(own, done, state, _meta(run, done))
+    except OSError as e:  # a full disk: what failed, and where to continue from
+        raise TrainingError(
+            f"writing checkpoint {done} in {own.directory.as_posix()} failed ({e.strerror or e}); last good "
+            f"checkpoint: {_where(last_good, own)}"
+        ) from None
     return done, own.directory.as_posix()
 
 
