@@ -70,6 +70,10 @@ def predict(
     check_output_file(output)  # before any work
     bert = jaxbert.load(directory)
     if bert.head == "BertForSequenceClassification":
+        if pair_column is None and not input_path.endswith(".txt"):
+            from jaxbert.train.task_table import trained_pair_column
+
+            pair_column = trained_pair_column(bert.config)  # trained on pairs: fed pairs
         results = bert.classify(*_inputs(input_path, text_column, pair_column), batch_size=batch_size)
     elif bert.head == "BertForTokenClassification":
         results = [
@@ -132,6 +136,10 @@ def evaluate(
     if head != task.head:
         raise ValueError(f"{directory}: a {head} checkpoint; --task {task_name} needs a {task.head}")
     rows = read_rows(path, "--file")
+    if pair_column is None and head == "BertForSequenceClassification":
+        from jaxbert.train.task_table import trained_pair_column
+
+        pair_column = trained_pair_column(config)  # trained on pairs: evaluated on pairs
     cols = columns(
         task, SimpleNamespace(text_column=text_column, text_pair_column=pair_column, label_column=label_column)
     )

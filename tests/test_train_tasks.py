@@ -181,6 +181,26 @@ def test_one_step_equals_pytorch(kind, tmp_path, capsys):
     initial = _initial(model, head)
     moved = min(float(np.abs(theirs[k] - initial[k]).max()) for k in strict)
     assert moved > LR / 10  # every tensor took the step (a frozen one would pass the comparison trivially)
+    if kind == "single":
+        _pairs_stay_pairs(out / "final", records, data, tmp_path, capsys)
+
+
+def _pairs_stay_pairs(final, records, data, tmp_path, capsys):
+    """A model trained on (text, text_pair): predict and evaluate feed it pairs without --text-pair-column (fed
+    the first texts alone, it scored them without a word)."""
+    assert json.load(open(final / "config.json"))["jaxbert_text_columns"] == {"text": "text", "pair": "text_pair"}
+    want = jaxbert.load(final).classify([r["text"] for r in records], [r["text_pair"] for r in records])
+    assert main(["predict", str(final), "--input", str(data), "--output", str(tmp_path / "p.jsonl")]) == 0
+    got = [json.loads(line) for line in open(tmp_path / "p.jsonl")]
+    for g, w in zip(got, want, strict=True):
+        assert g["label"] == w["label"] and np.allclose(list(g["scores"].values()), list(w["scores"].values()))
+    results = []
+    for flags in ([], ["--text-pair-column", "text_pair"]):
+        out = tmp_path / f"m{len(flags)}.json"
+        args = ["evaluate", str(final), "--task", "sequence-classification", "--file", str(data), "--output", str(out)]
+        assert main([*args, *flags]) == 0, capsys.readouterr().err
+        results.append(json.load(open(out)))
+    assert results[0] == results[1]
 
 
 def _initial(model, head):

@@ -26,7 +26,7 @@ from jaxbert.train.step import task_eval_step
 from jaxbert.train.task_data import read_rows
 from jaxbert.train.task_init import task_params
 from jaxbert.train.task_labels import LabelMismatch, Labels, model_labels
-from jaxbert.train.task_table import TASKS, Task, columns, metric_name
+from jaxbert.train.task_table import COLUMNS_KEY, TASKS, Task, columns, metric_name
 
 
 @dataclasses.dataclass
@@ -82,7 +82,11 @@ class TaskRun:
         )
 
     def final_config(self) -> BertConfig:
-        return self.config.replace(extra={**self.config.extra, "num_labels": self.config.num_labels})
+        # The text columns trained on: `evaluate` and `predict` default to them, so a pair model is not fed its
+        # first texts alone (it scores them without a word) when --text-pair-column is left out.
+        text, pair, _ = columns(self.task, self.cfg)
+        extra = {"num_labels": self.config.num_labels, COLUMNS_KEY: {"text": text, "pair": pair}}
+        return self.config.replace(extra={**self.config.extra, **extra})
 
     def meta(self) -> dict:
         return {"labels": list(self.labels.names), "resolved_problem_type": self.labels.problem_type}

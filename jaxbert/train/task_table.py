@@ -148,9 +148,19 @@ TASKS: dict[str, Task] = {
 }
 
 
+# The key of a fine-tuned model's config.json holding the text columns it was trained on ({"text", "pair"}).
+COLUMNS_KEY = "jaxbert_text_columns"
+
+
 def columns(task: Task, cfg) -> tuple[str, str | None, str]:
     text, pair, label = task.columns
     return cfg.text_column or text, cfg.text_pair_column or pair, cfg.label_column or label
+
+
+def trained_pair_column(config) -> str | None:
+    """The second-text column a sequence classifier was trained with (see COLUMNS_KEY), or None."""
+    saved = (config.extra or {}).get(COLUMNS_KEY)
+    return saved.get("pair") if isinstance(saved, dict) and isinstance(saved.get("pair"), str) else None
 
 
 def metric_name(name: str | None, known: tuple[str, ...]) -> str:
