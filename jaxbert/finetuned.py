@@ -26,6 +26,14 @@ def _inputs(path: str, text_column: str, pair_column: str | None):
     return [r.text(text_column) for r in rows], [r.text(pair_column) for r in rows] if pair_column else None
 
 
+def _pair_column(config, given: str | None) -> str | None:
+    """--text-pair-column, else the one a sequence classifier was trained with (task_table.COLUMNS_KEY): fed its
+    first texts alone, a pair model scores them without a word."""
+    from jaxbert.train.task_table import trained_pair_column
+
+    return given if given is not None else trained_pair_column(config)
+
+
 def _choose(bert, path: str, context: str, options: str, batch_size: int) -> list[dict]:
     """Multiple choice: per example {label: index of the best option, scores: softmax over the options}. Examples
     with the same number of options run `batch_size` at a time, longest first, in (batch, length) buckets."""
@@ -70,10 +78,7 @@ def predict(
     check_output_file(output)  # before any work
     bert = jaxbert.load(directory)
     if bert.head == "BertForSequenceClassification":
-        if pair_column is None and not input_path.endswith(".txt"):
-            from jaxbert.train.task_table import trained_pair_column
-
-            pair_column = trained_pair_column(bert.config)  # trained on pairs: fed pairs
+        pair_column = pair_column if input_path.endswith(".txt") else _pair_column(bert.config, pair_column)
         results = bert.classify(*_inputs(input_path, text_column, pair_column), batch_size=batch_size)
     elif bert.head == "BertForTokenClassification":
         results = [
@@ -136,10 +141,8 @@ def evaluate(
     if head != task.head:
         raise ValueError(f"{directory}: a {head} checkpoint; --task {task_name} needs a {task.head}")
     rows = read_rows(path, "--file")
-    if pair_column is None and head == "BertForSequenceClassification":
-        from jaxbert.train.task_table import trained_pair_column
-
-        pair_column = trained_pair_column(config)  # trained on pairs: evaluated on pairs
+    if head == "BertForSequenceClassification":
+        pair_column = _pair_column(config, pair_column)
     cols = columns(
         task, SimpleNamespace(text_column=text_column, text_pair_column=pair_column, label_column=label_column)
     )

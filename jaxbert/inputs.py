@@ -7,8 +7,6 @@ the value and its position.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from jaxbert.config import BertConfig
@@ -23,23 +21,30 @@ def positive_int(name: str, value, upper: int | None = None) -> int:
     return int(value)
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+def lone_surrogate(text: str) -> int | None:
+    """Where `text` holds a lone surrogate (a str that is not Unicode text: Python makes them of undecodable bytes,
+    surrogateescape turning the command line's byte 0xff into \\udcff, and of JSON's "\\ud800" escapes), or None.
+    The encoder finds it, in C."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
 
 
 def check_unicode(texts: list[str], name: str = "texts") -> None:
-    """A ValueError naming the first text (index; the text itself when it is the only one) holding a surrogate
-    code point, and where: such a str is not Unicode text, and the tokenizers library refuses it with a message
-    naming neither. Python makes them of undecodable bytes (surrogateescape: the command line's byte 0xff
-    becomes \\udcff) and of JSON's "\\ud800" escapes. A scan, so call it only once the fast path has failed."""
+    """A ValueError naming the first text (index; the text itself when it is the only one) holding a lone
+    surrogate, and where: the tokenizers library refuses such a text with a message naming neither. A pass over
+    the texts, so call it only once the fast path has failed."""
     for i, text in enumerate(texts):
-        found = _SURROGATE.search(text)
-        if found is None:
+        at = lone_surrogate(text)
+        if at is None:
             continue
-        code = ord(found.group())
+        code = ord(text[at])
         hint = f"; invalid UTF-8 byte 0x{code - 0xDC00:02x} on the command line?" if 0xDC80 <= code <= 0xDCFF else ""
         shown = f" {(text if len(text) <= 60 else text[:60] + '...')!r}" if len(texts) == 1 else ""
         raise ValueError(
-            f"{name}[{i}]{shown}: not valid Unicode (a lone surrogate \\u{code:04x} at character {found.start()}{hint})"
+            f"{name}[{i}]{shown}: not valid Unicode (a lone surrogate \\u{code:04x} at character {at}{hint})"
         )
 
 

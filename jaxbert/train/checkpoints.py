@@ -9,6 +9,7 @@ a step without it is incomplete), and a step is verified before anything is rest
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ import orbax.checkpoint as ocp
 
 from jaxbert import distributed
 from jaxbert.files import atomic_file, checkpoint_file, read_json
+from jaxbert.train.config import OPTIMIZER_KEYS
 
 DIGESTS = "jaxbert_digests.json"
 ASIDE = ".damaged"  # suffix of a damaged step moved out of orbax's sight (its step number is free again)
@@ -47,6 +49,19 @@ def save(mgr: ocp.CheckpointManager, step: int, state, meta: dict) -> None:
     if distributed.is_primary():  # every process saved its shards (orbax syncs them); one seals the step
         write_digests(step_dir(mgr, step))
     distributed.barrier(f"jaxbert-digests-{step}")
+
+
+def file_sha256(path: str) -> str:
+    """sha256 of a file, computed once per (path, size, modification time): a checkpoint's meta names the training
+    data by it, so a resumed run refuses an edited training file (the same number of rows, labels changed)."""
+    st = os.stat(path)
+    return _sha256(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _digest(path: str) -> dict:
@@ -161,8 +176,7 @@ def model_fields(config) -> dict:
 
 RUN_OUTPUTS = ("final", "best", "best.json", "metrics.jsonl")  # what a run writes in OUT beside its checkpoints
 # Meta keys that checkpoints of earlier jaxbert versions lack: checked only where stored.
-LATER_KEYS = ("train_file_sha256", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm")
-LATER_KEYS += ("label_smoothing",)
+LATER_KEYS = ("train_file_sha256", *OPTIMIZER_KEYS)
 
 
 def check_meta(meta: dict, expected: dict, where: str) -> None:

@@ -11,6 +11,9 @@ import dataclasses
 import math
 import numbers
 
+# The optimizer's and the loss's settings: a resumed step with others is not the step the run would have taken.
+OPTIMIZER_KEYS = ("weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "label_smoothing")
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
@@ -147,13 +150,7 @@ class TrainConfig:
         "warmup_ratio",
         "dtype",
         "pack",
-        # the optimizer's and the loss's: a step with others is not the step the run would have taken
-        "weight_decay",
-        "adam_beta1",
-        "adam_beta2",
-        "adam_epsilon",
-        "max_grad_norm",
-        "label_smoothing",
+        *OPTIMIZER_KEYS,
     )
 
 

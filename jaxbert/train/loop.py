@@ -90,7 +90,7 @@ def _meta(run, step: int) -> dict:
         "step": step,
         **run.train.position(step),
         "train_sequences": len(run.train.blocks),
-        "train_file_sha256": outputs.file_digest(run.cfg.train_file),  # the same data, not only as many
+        "train_file_sha256": checkpoints.file_sha256(run.cfg.train_file),  # the same data, not only as many
         "global_batch_size": run.train.batch_size,
         "model_config": checkpoints.model_fields(run.config),
         "clip_gradients": run.cfg.max_grad_norm > 0,  # shapes the optimizer state (--max-grad-norm 0: none)

@@ -2,28 +2,10 @@
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import os
 
 from jaxbert.files import atomic_file
-
-
-def file_digest(path: str) -> str:
-    """sha256 of a file's bytes, computed once per (path, size, modification time): a checkpoint names the data it
-    was trained on, so a resumed run refuses an edited training file (the same number of rows, labels changed)."""
-    st = os.stat(path)
-    return _digest(os.path.abspath(path), st.st_size, st.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=8)
-def _digest(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_metrics(path: str) -> list[dict]:

@@ -16,6 +16,8 @@ import io
 import json
 import os
 
+from jaxbert.inputs import lone_surrogate
+
 FORMATS = {".jsonl": "json", ".csv": ",", ".tsv": "\t", ".json": "squad"}  # .json: SQuAD JSON (task_qa.py)
 
 
@@ -44,16 +46,13 @@ class Row:
         that cannot be encoded would otherwise fail far away, in the tokenizer, naming no file."""
         if isinstance(value, list):
             return [self.unicode(column, v, i) for i, v in enumerate(value)]
-        if not isinstance(value, str):
-            return value
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as e:
-            at = f"item {item}, " if item is not None else ""
+        at = lone_surrogate(value) if isinstance(value, str) else None
+        if at is not None:
+            item = f"item {item}, " if item is not None else ""
             raise ValueError(
-                f"{self.where(column)}: {at}character {e.start + 1}: U+{ord(value[e.start]):04X} is a lone surrogate, "
+                f"{self.where(column)}: {item}character {at + 1}: U+{ord(value[at]):04X} is a lone surrogate, "
                 "not valid Unicode"
-            ) from None
+            )
         return value
 
     def text(self, column: str) -> str:
