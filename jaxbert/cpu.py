@@ -1,4 +1,11 @@
-"""bfloat16 matmuls on the CPU's matrix units: XLA:CPU's oneDNN path with oneDNN's bfloat16 math mode.
+"""oneDNN inside XLA:CPU: float32 matmuls of large calls (onednn_jit), and bfloat16 matmuls on the CPU's matrix units
+with oneDNN's bfloat16 math mode (bf16_matmuls).
+
+Float32: on a Sapphire Rapids-class Xeon (AMX) oneDNN's float32 kernels beat XLA:CPU's own by about 10% at a
+thousand tokens a call and more (bert-base inference 8 x 128 and 8 x 512, the bert-base MLM step 8 x 128), and
+lose below (1 x 128: 0.88x), so a jitted entry point compiles its large calls with XLA's per-compilation options
+for oneDNN and keeps XLA's kernels for the small ones (figures at ONEDNN_MIN_TOKENS). On an AMD EPYC Zen 4 the
+oneDNN path left float32's rate unchanged; there, and on CPUs not measured, XLA's kernels stay.
 
 XLA:CPU's own bfloat16 matmuls (its YNNPACK path: bfloat16 operands, float32 sums, about 790 GFLOP/s at
 1024 x 768 x 3072 on two Sapphire Rapids cores, against about 230 for float32) carry jaxbert's bfloat16 training
@@ -15,7 +22,7 @@ train --dtype bfloat16` turns it on; library users call `bf16_matmuls()` before 
 Training only: in inference the weights are constants, and oneDNN would repack them on every call (XLA keeps no
 packed copy), which cost more than it saved in one measurement here (bert-base 8 x 128 bfloat16: about 27
 sequences/s with every matmul through oneDNN, 36 through XLA's own kernels).
-JAXBERT_ONEDNN=0 in the environment keeps XLA's own kernels.
+JAXBERT_ONEDNN=0 in the environment keeps XLA's own kernels (for float32 too: onednn_jit).
 
 AMX only: on a CPU with AVX-512 BF16 but no AMX (an AMD EPYC, Zen 4, here) the same flags and mode leave float32
 matmuls exactly as they were, in value and in speed (1024 x 768 x 3072: 215 GFLOP/s either way), so there the
@@ -25,6 +32,7 @@ mode is not turned on and a run's log does not claim it.
 from __future__ import annotations
 
 import os
+import warnings
 
 FLAGS = ("--xla_cpu_use_onednn=true", "--xla_cpu_experimental_onednn_fusion_type=dot")
 MATH_MODE = ("ONEDNN_DEFAULT_FPMATH_MODE", "BF16")
@@ -141,3 +149,57 @@ def label(dtype: str) -> str:
     if slow_dtype(dtype):
         return f"{dtype} (emulated: this CPU has no {dtype} instructions, float32 would be faster)"
     return f"{dtype} (oneDNN matmuls)" if dtype == "bfloat16" and active() else dtype
+
+
+# Float32 matmuls of one program through oneDNN, asked per compilation (XLA's debug options as compiler options),
+# so nothing else of the process changes; oneDNN's default math mode is exact float32.
+ONEDNN_F32 = {"xla_cpu_use_onednn": True, "xla_cpu_experimental_onednn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
+# Below about this many tokens a call, oneDNN's float32 kernels lose to XLA's (they repack the weights each call):
+# bert-base inference 1 x 128 0.88x, 4 x 128 1.03x, 8 x 128 and more 1.09-1.12x; a bert-base MLM step 2 x 128
+# 0.94x, 4 x 128 1.04x, 8 x 128 1.10x; MiniLM 1 x 128 0.84x, 8 x 128 1.03-1.05x (inference, training).
+ONEDNN_MIN_TOKENS = 1024
+
+
+def onednn_f32() -> dict:
+    """ONEDNN_F32 where it has been measured to win: JAX on a CPU with AMX tiles (a Sapphire Rapids-class Xeon;
+    elsewhere unmeasured, so XLA's own kernels stay), JAXBERT_ONEDNN not 0, and oneDNN's math mode exact (under
+    bf16_matmuls it is BF16 and these options would round float32 inputs; that mode routes them anyway). {} else."""
+    import jax
+
+    if (
+        os.environ.get("JAXBERT_ONEDNN", "1") == "0"
+        or os.environ.get(MATH_MODE[0], "STRICT").upper() != "STRICT"
+        or not has_amx_bf16()
+        or jax.default_backend() != "cpu"
+    ):
+        return {}
+    return dict(ONEDNN_F32)
+
+
+def onednn_jit(fn, tokens, enabled: bool = True, **jit_kwargs):
+    """jax.jit(fn, **jit_kwargs), except that calls of ONEDNN_MIN_TOKENS or more tokens (`tokens(*args)`, from the
+    arguments' shapes, so every process of a run picks the same program) run one compiled with onednn_f32()'s
+    options (none where it gives {} or `enabled` is false). `.pick(*args)` is the jitted function a call runs;
+    `.lower(*args)` lowers it."""
+    import jax
+
+    small = jax.jit(fn, **jit_kwargs)
+    options = onednn_f32() if enabled else {}
+    if options:  # XLA cannot serialize these programs yet: JAX's persistent cache keeps none, without a warning
+        warnings.filterwarnings("ignore", "Error writing persistent compilation cache entry .*onednn", UserWarning)
+    large = jax.jit(fn, compiler_options=options, **jit_kwargs) if options else small
+
+    def pick(*args):
+        return large if tokens(*args) >= ONEDNN_MIN_TOKENS else small
+
+    def call(*args, **kwargs):
+        return pick(*args)(*args, **kwargs)
+
+    call.pick = pick
+    call.lower = lambda *args, **kwargs: pick(*args).lower(*args, **kwargs)  # as jax.jit's (AOT, HLO inspection)
+    return call
+
+
+def batch_tokens(params, batch, *_) -> int:
+    """onednn_jit's `tokens` for functions of (params, batch holding "input_ids", ...): the batch's positions."""
+    return int(batch["input_ids"].size)

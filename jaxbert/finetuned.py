@@ -7,10 +7,9 @@ import functools
 import json
 import os
 
-import jax
 import numpy as np
 
-from jaxbert import batching
+from jaxbert import batching, cpu
 from jaxbert.files import atomic_file, check_output_file
 
 
@@ -161,11 +160,13 @@ def evaluate(
         opts = dict(config.extra.get("question_answering") or {})
         trained = opts.pop("max_seq_length", 384)
         limit = min(max_length or trained, limit)
-        eval_fn = jax.jit(functools.partial(task_qa.eval_step, config=config, head=head))
+        eval_fn = cpu.onednn_jit(
+            functools.partial(task_qa.eval_step, config=config, head=head), tokens=cpu.batch_tokens
+        )
     data = task.encode(tok, rows, cols, labels, limit, **opts)[1]()
     params, _ = load_params(directory, config, head)
     if task_name not in ("embedding", "question-answering"):
-        eval_fn = jax.jit(functools.partial(task_eval_step, config=config, head=head))
+        eval_fn = cpu.onednn_jit(functools.partial(task_eval_step, config=config, head=head), tokens=cpu.batch_tokens)
     result = evaluate_examples(
         eval_fn, params, data, task, labels, batch_size, batching.length_buckets(limit), 1, config.pad_token_id
     )

@@ -58,6 +58,11 @@ def _to_devices(tree, place):
     return traverse_util.unflatten_dict(flat, sep="\0")
 
 
+def _tokens(weights, input_ids, *_) -> int:
+    """The tokens of a call to one of Bert's jitted entry points (weights first, then the [B, L] token ids)."""
+    return int(np.size(input_ids))
+
+
 class Bert:
     """A loaded checkpoint: `config`, `params`, `head`, `tokenizer`, jitted entry points.
 
@@ -117,12 +122,17 @@ class Bert:
             compute, lambda a: as_bits(a) if mesh is not None else jax.device_put(as_bits(a), replicated)
         )
         self._tokenizer = None
-        self._forward = jax.jit(
+        # Float32 models' large calls compile with oneDNN's matmuls where they win (cpu.onednn_jit).
+        f32 = dtype != "int8" and all(
+            d == jnp.float32 for d in jax.tree_util.tree_leaves(self._dtypes) if jnp.issubdtype(d, jnp.floating)
+        )
+        jit = functools.partial(cpu.onednn_jit, tokens=_tokens, enabled=f32)
+        self._forward = jit(
             self._counted(self._forward_impl), static_argnames=("output_hidden_states", "output_attentions")
         )
-        self._embed = jax.jit(self._counted(self._embed_impl), static_argnames=("pooling", "normalize"))
-        self._embed_packed = jax.jit(self._counted(self._embed_packed_impl), static_argnames=("pooling", "normalize"))
-        self._mask_top_k = jax.jit(self._counted(self._mask_top_k_impl), static_argnames=("k",))
+        self._embed = jit(self._counted(self._embed_impl), static_argnames=("pooling", "normalize"))
+        self._embed_packed = jit(self._counted(self._embed_packed_impl), static_argnames=("pooling", "normalize"))
+        self._mask_top_k = jit(self._counted(self._mask_top_k_impl), static_argnames=("k",))
         self._apart = None  # (weights, the decoding copy of them): see layers_apart
         generate = jax.jit(self._counted(self._generate_impl), static_argnames=("search", "bound"))
         self._generate = lambda weights, *arrays, **static: generate(self.layers_apart(weights), *arrays, **static)

@@ -48,6 +48,7 @@ def _jax_train(dtype: str, remat: bool, measure_only: bool = False) -> dict:
     import numpy as np
 
     import jaxbert
+    from jaxbert.train.loop import micro_batch_tokens
     from jaxbert.train.masking import default_max_predictions
     from jaxbert.train.state import OptimConfig, init_state, optimizer, schedule
     from jaxbert.train.step import train_step
@@ -67,13 +68,14 @@ def _jax_train(dtype: str, remat: bool, measure_only: bool = False) -> dict:
         "positions": positions[None],
         "labels": np.take_along_axis(labels, positions, 1)[None],
     }
-    fn = jax.jit(
+    fn = jaxbert.cpu.onednn_jit(  # as the training loop compiles its step (oneDNN's float32 matmuls on AMX CPUs)
         lambda s, b, r: train_step(
             s, b, r, config=config, tx=tx, schedule=schedule(opt), dtype=jnp.dtype(dtype), remat=remat
         ),
+        tokens=micro_batch_tokens,
         donate_argnums=0,
     )
-    compiled = fn.lower(state, batch, jax.random.key(1)).compile()
+    compiled = fn.pick(state, batch, None).lower(state, batch, jax.random.key(1)).compile()
     temp_mb = compiled.memory_analysis().temp_size_in_bytes / 2**20
     if measure_only:
         return {"compiled_temp_mb": temp_mb}

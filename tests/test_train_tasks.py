@@ -12,6 +12,7 @@ from conftest import model_dir, train_args
 from flax import serialization
 
 import jaxbert
+from jaxbert import cpu
 from jaxbert.cli import main
 from jaxbert.convert import flax_to_torch
 
@@ -159,13 +160,39 @@ def after_one_step(out, pt, head: str, loss: float, norm: float):
 
 @pytest.mark.parametrize("kind", list(CASES))
 def test_one_step_equals_pytorch(kind, tmp_path, capsys):
+    _one_step_equals_pytorch(kind, tmp_path, capsys)
+
+
+@pytest.mark.skipif(not cpu.onednn_f32(), reason="float32 matmuls go to oneDNN only on CPUs with AMX (cpu.py)")
+@pytest.mark.parametrize("kind", ["single", "tokens"])
+def test_one_step_through_onednn_equals_pytorch(kind, tmp_path, capsys, monkeypatch):
+    """A step of 128 examples packed into rows of 64 (over cpu.ONEDNN_MIN_TOKENS tokens) runs the program whose
+    float32 matmuls are oneDNN's, and still equals PyTorch's step."""
+    large, real = set(), cpu.onednn_jit
+
+    def spy(fn, tokens, **kwargs):
+        jitted = real(fn, tokens, **kwargs)
+
+        def call(*args, **kw):
+            if tokens(*args) >= cpu.ONEDNN_MIN_TOKENS:
+                large.add(getattr(fn, "__name__", "partial"))
+            return jitted(*args, **kw)
+
+        return call
+
+    monkeypatch.setattr(cpu, "onednn_jit", spy)
+    _one_step_equals_pytorch(kind, tmp_path, capsys, examples=128, length=64)
+    assert "step" in large, large  # the training step (train/loop.py) ran the oneDNN program
+
+
+def _one_step_equals_pytorch(kind, tmp_path, capsys, examples: int = 8, length: int = 32):
     task, head, overrides, flags = CASES[kind]
     model = model_dir(tmp_path / "model", head, **SMALL, **overrides)
-    records = _records(kind)
+    records = _records(kind, examples)
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "out"
-    common = ["--max-seq-length", 32, "--global-batch-size", 8, "--max-steps", 1, "--learning-rate", LR]
+    common = ["--max-seq-length", length, "--global-batch-size", examples, "--max-steps", 1, "--learning-rate", LR]
     common += ["--weight-decay", DECAY, "--max-grad-norm", CLIP, "--logging-steps", 1]
     rc = main(train_args(task, model, data, out, *common, *flags))
     assert rc == 0, capsys.readouterr().err

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from tqdm.auto import tqdm
 
-from jaxbert import distributed, failures, hub, sharding
+from jaxbert import cpu, distributed, failures, hub, sharding
 from jaxbert.files import check_disjoint
 from jaxbert.train import checkpoints, lock, outputs, plan, task_plan
 from jaxbert.train.best import Best, write_model
@@ -47,6 +47,12 @@ class Interrupted(TrainingError):
         self.signum = signum
 
 
+def micro_batch_tokens(state, batch, rng) -> int:
+    """The token positions of one micro-batch of a step's batch ([accum, batch, ...] arrays)."""
+    ids = batch["input_ids"]
+    return ids.size // ids.shape[0]
+
+
 def _compile(run, tx, sched, state_sh, mesh):
     cfg, dtype = run.cfg, DTYPES[run.cfg.dtype]
     batch_sh = sharding.batch_sharding(mesh, batch_axis=1)  # [accum, batch, ...]: split the batch axis
@@ -67,10 +73,18 @@ def _compile(run, tx, sched, state_sh, mesh):
             loss_fn=getattr(run, "loss_fn", None),
         )
 
-    step_fn = jax.jit(step, in_shardings=(state_sh, batch_sh, rep), out_shardings=(state_sh, rep), donate_argnums=0)
+    step_fn = cpu.onednn_jit(  # float32 matmuls of large steps through oneDNN where that wins (cpu.py)
+        step,
+        tokens=micro_batch_tokens,
+        in_shardings=(state_sh, batch_sh, rep),
+        out_shardings=(state_sh, rep),
+        donate_argnums=0,
+    )
     step_fn = sharding.under(mesh, step_fn)
     eval_sh = sharding.batch_sharding(mesh)
-    eval_jit = jax.jit(run.eval_fn(dtype), in_shardings=(state_sh.params, eval_sh), out_shardings=rep)
+    eval_jit = cpu.onednn_jit(
+        run.eval_fn(dtype), tokens=cpu.batch_tokens, in_shardings=(state_sh.params, eval_sh), out_shardings=rep
+    )
     # Validation batches are built whole on every process (they are small); each device takes its rows.
     return step_fn, lambda params, batch: eval_jit(params, sharding.from_host(batch, eval_sh))
 

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
-from jaxbert import metrics
+from jaxbert import cpu, metrics
 from jaxbert.model import bert
 from jaxbert.pooling import pool
 from jaxbert.train import task_encode as E
@@ -142,7 +142,7 @@ def directory_eval(directory: str, config, limit: int | None):
     if len(modes) != 1 or modes[0] not in ("cls", "mean", "max"):
         raise ValueError(f"{directory}: pooling {'+'.join(modes)}; --task embedding evaluates cls, mean or max")
     step = functools.partial(eval_step, config=config, pooling=modes[0], normalize=normalize)
-    return jax.jit(step), limit or length
+    return cpu.onednn_jit(step, tokens=cpu.batch_tokens), limit or length
 
 
 # -- the run ---------------------------------------------------------------------------------------------------
