@@ -183,9 +183,7 @@ def load_params(
     if getattr(config, "is_encoder_decoder", False):
         from jaxbert import seq2seq
 
-        # seq2seq checks its projection as arrays; each side's BERT goes through torch_to_flax, read lazily.
-        state = {k: np.asarray(v) if k.startswith("enc_to_dec_proj.") else v for k, v in state.items()}
-        params, report = seq2seq.torch_to_flax(state, config)
+        params, report = seq2seq.torch_to_flax(state, config)  # as lazily: shapes first (seq2seq.py)
     else:
         params, report = torch_to_flax(state, config, head, allow_missing_head=allow_missing_head)
     return one_float_dtype(params), report

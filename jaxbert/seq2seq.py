@@ -159,10 +159,10 @@ def torch_to_flax(state_dict: dict, config: EncoderDecoderConfig):
             f"hidden size {config.encoder.hidden_size}, decoder {config.decoder.hidden_size})"
         )
     for name, shape in want.items():
-        value = proj[name]
-        if tuple(value.shape) != shape:
-            raise ValueError(f"enc_to_dec_proj.{name}: shape {tuple(value.shape)}, expected {shape}")
-        check_tensor(f"enc_to_dec_proj.{name}", value)
+        if tuple(proj[name].shape) != shape:  # from a safetensors header: before any of its data is read
+            raise ValueError(f"enc_to_dec_proj.{name}: shape {tuple(proj[name].shape)}, expected {shape}")
+        proj[name] = np.asarray(proj[name])
+        check_tensor(f"enc_to_dec_proj.{name}", proj[name])
     if want:
         params["enc_to_dec_proj"] = {"kernel": proj["weight"].T, "bias": proj["bias"]}
     return params, report

@@ -81,14 +81,13 @@ def _declare(path, key, dtype, shape, nbytes):
         f.truncate(8 + len(head) + size + nbytes)
 
 
-@pytest.fixture
-def header_only(monkeypatch):
-    """safetensors files whose tensors cannot be read: what fails must fail from the header alone."""
+def _refuse_reads(monkeypatch, refused=lambda key: True):
+    """safetensors files whose tensors named by `refused` cannot be read: what fails must fail from the header."""
     import safetensors
 
     real = safetensors.safe_open
 
-    class HeaderOnly:
+    class Guarded:
         def __init__(self, *args, **kwargs):
             self.file = real(*args, **kwargs)
 
@@ -106,9 +105,15 @@ def header_only(monkeypatch):
             return self.opened.get_slice(key)
 
         def get_tensor(self, key):
-            raise AssertionError(f"{key!r} read before the header was checked")
+            assert not refused(key), f"{key!r} read before the header was checked"
+            return self.opened.get_tensor(key)
 
-    monkeypatch.setattr(safetensors, "safe_open", HeaderOnly)
+    monkeypatch.setattr(safetensors, "safe_open", Guarded)
+
+
+@pytest.fixture
+def header_only(monkeypatch):
+    _refuse_reads(monkeypatch)
 
 
 def _without(path, key):
@@ -230,3 +235,23 @@ def test_an_interrupted_command_exits_130_in_one_line_and_leaves_nothing(src, tm
     assert main(["convert", str(src), str(tmp_path / "dst")]) == 130
     assert capsys.readouterr().err == "jaxbert convert: interrupted\n"
     assert os.listdir(tmp_path) == ["src"]
+
+
+def test_a_bert2bert_projection_is_refused_from_the_header(tmp_path, capsys, monkeypatch):
+    """enc_to_dec_proj's shape is checked before its data is read (it was read whole first, whatever it declared)."""
+    transformers = pytest.importorskip("transformers")
+    src = tmp_path / "s2s"
+    model_dir(src)  # the tokenizer files; the weights are replaced below
+    sizes = dict(vocab_size=30522, num_hidden_layers=1, intermediate_size=37, max_position_embeddings=40)
+    enc = transformers.BertConfig(hidden_size=32, num_attention_heads=4, **sizes)
+    dec = transformers.BertConfig(
+        hidden_size=24, num_attention_heads=3, is_decoder=True, add_cross_attention=True, **sizes
+    )
+    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(enc, dec, decoder_start_token_id=101)
+    transformers.EncoderDecoderModel(config=config).save_pretrained(src)
+    capsys.readouterr()  # transformers' progress bars
+    key = "enc_to_dec_proj.weight"
+    _without(src / "model.safetensors", key)
+    _declare(src / "model.safetensors", key, "F32", (2**20, 2**10), 2**32)  # 4 GiB, none of it on disk
+    _refuse_reads(monkeypatch, lambda name: name == key)  # the rest reads as usual
+    cli_fails(capsys, tmp_path, "convert", src, match=f"{key}: shape (1048576, 1024), expected (24, 32)")
