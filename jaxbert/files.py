@@ -10,11 +10,13 @@ files link to `../../blobs/HASH`), inside that model's cache entry (`…/models-
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
 import shutil
 import tempfile
+import time
 
 # Errors a command expects (bad input, a missing file or extra): reported in one line, without a traceback.
 EXPECTED_ERRORS = (ValueError, OSError, ImportError, TypeError)
@@ -80,6 +82,35 @@ def read_json(path: str, expect: type = dict):
     return value
 
 
+def json_line(line: str, where: str):
+    """One JSON Lines record's value; every failure a ValueError starting with `where` (file:line). An object
+    holding a key twice is refused, naming it: Python's json keeps the last value without a word, and pyarrow's
+    reader (behind `datasets`) refuses it too."""
+    try:
+        return json.loads(line, object_pairs_hook=_once_each)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: invalid JSON ({e.msg}, column {e.colno})") from None
+    except RecursionError:
+        raise ValueError(f"{where}: JSON nested too deeply") from None
+    except _RepeatedKey as e:
+        raise ValueError(f"{where}: the key {e.args[0]!r} appears twice in one object") from None
+    except ValueError as e:  # Python's own limits, e.g. an integer of more than 4,300 digits
+        raise ValueError(f"{where}: unreadable JSON ({e})") from None
+
+
+class _RepeatedKey(Exception):
+    pass
+
+
+def _once_each(pairs: list[tuple[str, object]]) -> dict:
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise _RepeatedKey(key)
+        out[key] = value
+    return out
+
+
 _JSON_NAMES = {
     dict: "object",
     list: "array",
@@ -124,7 +155,9 @@ def atomic_directory(dst: str, force: bool = False, sources: tuple[str, ...] = (
         raise FileExistsError(f"{dst}: already exists (use --force to replace it)")
     parent = os.path.dirname(dst)
     os.makedirs(parent, exist_ok=True)
+    sweep_partials(dst)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.", suffix=".partial", dir=parent)
+    held = _hold(tmp)
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would keep DST from everyone else
         yield tmp
@@ -142,6 +175,8 @@ def atomic_directory(dst: str, force: bool = False, sources: tuple[str, ...] = (
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         _raise_named(e, dst)
+    finally:
+        _release(held)
 
 
 def _umask() -> int:
@@ -182,8 +217,9 @@ def atomic_file(path: str, suffix: str = ""):
     only if the block succeeds, and is removed on any failure (a full disk included)."""
     check_output_file(path)
     parent = os.path.dirname(os.path.abspath(path))
+    sweep_partials(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".partial" + suffix, dir=parent)
-    os.close(fd)
+    held = _hold(tmp, fd)
     try:
         # mkstemp's 0600 would keep the output from everyone else: a replaced file's own mode, else the umask's.
         os.chmod(tmp, os.stat(path).st_mode & 0o7777 if os.path.isfile(path) else 0o666 & ~_umask())
@@ -193,6 +229,65 @@ def atomic_file(path: str, suffix: str = ""):
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         _raise_named(e, path)
+    finally:
+        _release(held)
+
+
+# A writer's temporary beside its output: `.NAME.` + tempfile's 8 random characters + `.partial` (+ a suffix such as
+# `.npy`). Not `.partial.old`: the output being replaced, moved aside for an instant (atomic_directory).
+_PARTIAL = r"\.{}\.[a-z0-9_]{{8}}\.partial(\.(?!old$)[^.]+)?"
+STALE_SECONDS = 60  # a writer locks its temporary right after creating it: younger ones are never touched
+
+
+def _hold(path: str, fd: int | None = None) -> int | None:
+    """An exclusive lock on the temporary `path` for as long as the returned descriptor is open (closed by
+    _release; by the kernel when the process dies, however it dies). None where the file system has no locks."""
+    fd = os.open(path, os.O_RDONLY) if fd is None else fd
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _release(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def sweep_partials(output: str) -> list[str]:
+    """Remove the temporaries that writers of `output` left when they were killed outright (kill -9, the OOM
+    killer, a power cut: no handler runs); Ctrl-C and SIGTERM remove their own. A temporary is a dead writer's
+    when no process holds its lock and it is older than STALE_SECONDS; a live writer's (another process writing
+    the same output) stays. Returns the paths removed."""
+    parent, name = os.path.split(os.path.abspath(output))
+    pattern = re.compile(_PARTIAL.format(re.escape(name)))
+    try:
+        with os.scandir(parent) as entries:
+            stale = [e.path for e in entries if pattern.fullmatch(e.name) and not e.is_symlink() and _dead(e)]
+    except OSError:  # an unreadable directory: the write itself will say what is wrong
+        return []
+    for path in stale:
+        with contextlib.suppress(OSError):  # another sweeper was first
+            _remove(path)
+    return stale
+
+
+def _dead(entry: os.DirEntry) -> bool:
+    try:
+        if time.time() - entry.stat(follow_symlinks=False).st_mtime < STALE_SECONDS:
+            return False
+        fd = os.open(entry.path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # taken: nobody holds it (released when fd closes)
+        return True
+    except OSError:  # held by a live writer, or a file system without locks: left alone
+        return False
+    finally:
+        os.close(fd)
 
 
 def one_line(message: str) -> str:

@@ -4,8 +4,9 @@ errors that name the file and line."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
+
+from jaxbert.files import json_line
 
 
 @dataclasses.dataclass
@@ -33,12 +34,7 @@ def read_text_file(path: str, allow_empty: bool = False, keep_empty: bool = Fals
                 if not keep_empty or path.endswith(".jsonl"):
                     continue
             if path.endswith(".jsonl"):
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: invalid JSON ({e.msg})") from None
-                except RecursionError:
-                    raise ValueError(f"{path}:{n}: JSON nested too deeply") from None
+                record = json_line(line, f"{path}:{n}")
                 if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                     raise ValueError(f'{path}:{n}: expected an object with a string "text" field')
                 line = record["text"]

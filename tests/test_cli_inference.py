@@ -46,6 +46,7 @@ def test_embed_txt_and_jsonl_equal_the_api(tmp_path, capsys):
         (b'{"text": "ok"}\n\xff\xfe broken\n', ":2: not UTF-8"),
         (b'{"text": "fine"}\n{"txt": "no"}\n', ':2: expected an object with a string "text" field'),
         (b'{"text": "fine"}\n{oops\n', ":2: invalid JSON"),
+        (b'{"text": "fine"}\n{"text": "one", "text": "two"}\n', ":2: the key 'text' appears twice in one object"),
     ],
 )
 def test_embed_bad_input_files(tmp_path, capsys, content, match):

@@ -13,6 +13,7 @@ from conftest import cli_fails, model_dir
 from safetensors.numpy import load_file, save_file
 
 import jaxbert
+from jaxbert import files as jfiles
 from jaxbert.cli import main
 
 torch = pytest.importorskip("torch")
@@ -225,3 +226,46 @@ def test_outputs_get_the_umask_s_mode_or_the_replaced_file_s(src, tmp_path, caps
         assert os.stat(out).st_mode & 0o777 == 0o604
     finally:
         os.umask(old)
+
+
+# A writer that is killed outright while it writes: it enters the atomic writer, says so, and waits to be killed.
+_WRITER = """
+import sys, time
+from jaxbert import files
+writer = files.atomic_directory if sys.argv[1] == "directory" else files.atomic_file
+with writer(sys.argv[2]) as tmp:
+    open(tmp + "/weights" if sys.argv[1] == "directory" else tmp, "w").write("half")
+    print(tmp, flush=True)
+    time.sleep(600)
+"""
+
+
+def _aged(path, seconds=jfiles.STALE_SECONDS + 5):
+    past = os.stat(path).st_mtime - seconds
+    os.utime(path, (past, past))
+
+
+@pytest.mark.parametrize("kind", ["directory", "file"])
+def test_a_killed_writer_s_temporary_is_swept_by_the_next_writer_a_live_one_s_is_not(tmp_path, kind):
+    """kill -9 (no handler runs) leaves `.DST.*.partial`; the next write of DST removes it once no process holds
+    its lock, and leaves a live writer's (same output, another process), a young one, and `.partial.old`."""
+    out = tmp_path / ("model" if kind == "directory" else "emb.npy")
+    live = subprocess.Popen([sys.executable, "-c", _WRITER, kind, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        tmp = live.stdout.readline().strip()
+        assert os.path.basename(tmp).startswith(f".{out.name}.") and ".partial" in tmp
+        _aged(tmp)
+        assert jfiles.sweep_partials(str(out)) == [] and os.path.exists(tmp)  # its writer still holds it
+    finally:
+        live.kill()
+        live.wait()
+    young, old = tmp_path / f".{out.name}.abcdefgh.partial", tmp_path / f".{out.name}.abcdefgh.partial.old"
+    young.mkdir()
+    old.mkdir()
+    _aged(old)
+    assert jfiles.sweep_partials(str(out)) == [tmp] and not os.path.exists(tmp)
+    assert young.exists() and old.exists()
+    _aged(young)  # a minute on: nobody holds it, so the next write of the output sweeps it
+    with jfiles.atomic_directory(str(out), force=True) if kind == "directory" else jfiles.atomic_file(str(out)):
+        pass
+    assert sorted(_leftovers(tmp_path)) == [old.name]

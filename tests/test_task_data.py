@@ -222,6 +222,22 @@ BAD = {  # name: (task, training records or raw text, validation records, flags,
         [],
         "train.jsonl:2: invalid JSON (Expecting value, column 10)",
     ),
+    # Python's json keeps the last value of a repeated key: a row whose label was written twice trained on one of
+    # them without a word.
+    "repeated key": (
+        "sequence-classification",
+        '{"text": "a", "label": 1}\n{"text": "b", "label": 0, "label": 1}\n',
+        GOOD,
+        [],
+        "train.jsonl:2: the key 'label' appears twice in one object",
+    ),
+    "5,000-digit label": (
+        "sequence-classification",
+        '{"text": "a", "label": 1}\n{"text": "b", "label": ' + "9" * 5000 + "}\n",
+        GOOD,
+        [],
+        "train.jsonl:2: unreadable JSON (Exceeds the limit (4300 digits) for integer string conversion",
+    ),
     "unknown metric": (
         "sequence-classification",
         GOOD,

@@ -16,6 +16,7 @@ import io
 import json
 import os
 
+from jaxbert.files import json_line
 from jaxbert.inputs import lone_surrogate
 
 FORMATS = {".jsonl": "json", ".csv": ",", ".tsv": "\t", ".json": "squad"}  # .json: SQuAD JSON (task_qa.py)
@@ -140,12 +141,7 @@ def _read_json(path: str) -> list[Row]:
     for n, line in _lines(path):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: invalid JSON ({e.msg}, column {e.colno})") from None
-        except RecursionError:
-            raise ValueError(f"{path}:{n}: JSON nested too deeply") from None
+        record = json_line(line, f"{path}:{n}")
         if not isinstance(record, dict):
             raise ValueError(f"{path}:{n}: expected a JSON object, got {_kind(record)}")
         rows.append(Row(path, n, record, True))
