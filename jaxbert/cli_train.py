@@ -142,7 +142,7 @@ def add_parsers(sub) -> None:
     predict.add_argument("--input", required=True, help=".txt (one text per line), .jsonl, .csv or .tsv")
     predict.add_argument("--output", required=True, help="FILE.jsonl: one JSON line per input, input order")
     predict.add_argument("--batch-size", type=int, default=32)
-    predict.add_argument("--text-column", default="text")
+    predict.add_argument("--text-column", default=None)
     predict.add_argument("--text-pair-column", default=None)
     predict.set_defaults(func=_predict)
     evaluate = sub.add_parser("evaluate", help="a fine-tuned model's validation metrics on a labelled file")

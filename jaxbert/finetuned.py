@@ -11,6 +11,7 @@ import numpy as np
 
 from jaxbert import batching, cpu
 from jaxbert.files import atomic_file, check_output_file
+from jaxbert.inputs import positive_int
 
 
 def _inputs(path: str, text_column: str, pair_column: str | None):
@@ -25,12 +26,13 @@ def _inputs(path: str, text_column: str, pair_column: str | None):
     return [r.text(text_column) for r in rows], [r.text(pair_column) for r in rows] if pair_column else None
 
 
-def _pair_column(config, given: str | None) -> str | None:
-    """--text-pair-column, else the one a sequence classifier was trained with (task_table.COLUMNS_KEY): fed its
-    first texts alone, a pair model scores them without a word."""
-    from jaxbert.train.task_table import trained_pair_column
+def _trained_columns(config, text: str | None, pair: str | None) -> tuple[str | None, str | None]:
+    """--text-column and --text-pair-column, else those a sequence classifier was trained with
+    (task_table.COLUMNS_KEY): fed its first texts alone, a pair model scores them without a word."""
+    from jaxbert.train.task_table import trained_columns
 
-    return given if given is not None else trained_pair_column(config)
+    trained = trained_columns(config)
+    return text or trained[0], pair or trained[1]
 
 
 def _choose(bert, path: str, context: str, options: str, batch_size: int) -> list[dict]:
@@ -64,7 +66,7 @@ def predict(
     input_path: str,
     output: str,
     batch_size: int = 32,
-    text_column: str = "text",
+    text_column: str | None = None,
     pair_column: str | None = None,
 ) -> int:
     """Predictions of the model in `directory` for every input, written to `output` (.jsonl) atomically:
@@ -77,19 +79,22 @@ def predict(
     check_output_file(output)  # before any work
     bert = jaxbert.load(directory)
     if bert.head == "BertForSequenceClassification":
-        pair_column = pair_column if input_path.endswith(".txt") else _pair_column(bert.config, pair_column)
-        results = bert.classify(*_inputs(input_path, text_column, pair_column), batch_size=batch_size)
+        text_column, pair_column = _trained_columns(bert.config, text_column, pair_column)
+        if input_path.endswith(".txt") and pair_column is not None:
+            raise ValueError(
+                f"{input_path}: this model reads text pairs (columns {text_column!r}, {pair_column!r}) and a .txt "
+                "file holds single texts; give a .jsonl, .csv or .tsv file with both columns"
+            )
+        results = bert.classify(*_inputs(input_path, text_column or "text", pair_column), batch_size=batch_size)
     elif bert.head == "BertForTokenClassification":
-        results = [
-            {"words": words} for words in bert.tag(_inputs(input_path, text_column, None)[0], batch_size=batch_size)
-        ]
+        texts = _inputs(input_path, text_column or "text", None)[0]
+        results = [{"words": words} for words in bert.tag(texts, batch_size=batch_size)]
     elif bert.head == "BertForMultipleChoice":
-        context = text_column if text_column != "text" else "context"
-        results = _choose(bert, input_path, context, pair_column or "choices", batch_size)
+        results = _choose(bert, input_path, text_column or "context", pair_column or "choices", batch_size)
     elif bert.head == "BertForQuestionAnswering":  # the best answer of each (question, context) row
         from jaxbert.train.task_data import read_rows
 
-        question = text_column if text_column != "text" else "question"
+        question = text_column or "question"
         results = [
             bert.answer(row.text(question), row.text(pair_column or "context"))[0]
             for row in read_rows(input_path, "--input")
@@ -141,12 +146,14 @@ def evaluate(
         raise ValueError(f"{directory}: a {head} checkpoint; --task {task_name} needs a {task.head}")
     rows = read_rows(path, "--file")
     if head == "BertForSequenceClassification":
-        pair_column = _pair_column(config, pair_column)
+        text_column, pair_column = _trained_columns(config, text_column, pair_column)
     cols = columns(
         task, SimpleNamespace(text_column=text_column, text_pair_column=pair_column, label_column=label_column)
     )
     labels = task.labels(rows, cols, config.problem_type, model_labels(config, head))
     tok = WordPiece.from_dir(directory)
+    if max_length is not None:  # beyond the positions, JAX would clamp their ids: a wrong score, no error
+        positive_int("--max-seq-length", max_length, config.max_position_embeddings)
     limit = max_length or min(config.max_position_embeddings, tok.model_max_length)
     if task_name == "embedding":  # the directory's own pooling, normalization and length (sentence_dir.py)
         from jaxbert.train.task_embedding import directory_eval

@@ -116,9 +116,14 @@ def _logits(bert, enc, batch_size: int) -> list[np.ndarray]:
     return out
 
 
+def _named(names: list[str], values) -> dict[str, float]:
+    return dict(zip(names, map(float, values)))
+
+
 def classify(bert, texts, pairs=None, batch_size: int = 32) -> list[dict]:
     """Sequence classification: per text {label, score, scores: {label: probability}}; for regression
-    {score}; for multi-label {labels: [label with probability > 0.5], scores}."""
+    {score} ({scores: {name: value}} with several outputs); for multi-label {labels: [label with probability >
+    0.5], scores}."""
     _require(bert, ("BertForSequenceClassification",), "classify")
     batch_size = positive_int("batch_size", batch_size)
     enc = bert.tokenizer.encode(texts, pairs, max_length=bert.max_length(None))
@@ -126,17 +131,17 @@ def classify(bert, texts, pairs=None, batch_size: int = 32) -> list[dict]:
     problem = bert.config.problem_type
     results = []
     for logits in _logits(bert, enc, batch_size):
-        if problem == "regression" or (problem is None and len(names) == 1):
-            results.append({"score": float(logits[0])})
+        if problem == "regression" or (problem is None and len(names) == 1):  # several outputs: each by name
+            results.append({"score": float(logits[0])} if len(names) == 1 else {"scores": _named(names, logits)})
             continue
         if problem == "multi_label_classification":
             probs = 1 / (1 + np.exp(-logits.astype(np.float64)))
-            scores = dict(zip(names, map(float, probs)))
+            scores = _named(names, probs)
             results.append({"labels": [n for n, p in scores.items() if p > 0.5], "scores": scores})
             continue
         probs = _softmax(logits)
         best = int(probs.argmax())
-        scores = dict(zip(names, map(float, probs)))
+        scores = _named(names, probs)
         results.append({"label": names[best], "score": float(probs[best]), "scores": scores})
     return results
 

@@ -165,3 +165,39 @@ def test_validation_labels_are_of_the_training_labels_kind(tiny, tmp_path, capsy
 def test_messages_name_the_value_and_where(tiny, tmp_path, capsys, task, train, parts):
     rc, out = _train(tmp_path, tiny, task, train, train)
     _refused(capsys, rc, out, *parts)
+
+
+def test_a_csv_cell_that_is_a_label_name_is_that_name_though_it_reads_as_an_integer(tmp_path):
+    """A model whose labels are named "1", "2", "3": the CSV cell 1 is the name "1" (id 0), as the JSONL string
+    "1" is (it was read as the id 1, the name "2": evaluate scored a perfect model 0.0 on CSV, 1.0 on JSONL);
+    in JSON an integer stays an id."""
+    from jaxbert.train.task_labels import sequence_target
+
+    names = ("1", "2", "3")
+    csv = read_rows(_write(tmp_path / "e.csv", "text,label\na,1\nb,3\nc,2\n"), "--file")
+    jsonl = read_rows(_write(tmp_path / "e.jsonl", [{"text": t, "label": n} for t, n in zip("abc", "132")]), "--file")
+    ids = [0, 2, 1]
+    for rows in (csv, jsonl):
+        labels = sequence_labels(rows, "label", None, names)
+        assert [sequence_target(row, "label", labels) for row in rows] == ids
+    typed = read_rows(_write(tmp_path / "i.jsonl", [{"text": "a", "label": 1}]), "--file")
+    assert sequence_target(typed[0], "label", sequence_labels(typed, "label", None, names)) == 1
+
+
+def test_a_regression_model_of_several_outputs_predicts_each(tmp_path):
+    """problem_type regression with 3 outputs: classify gives each output by name (it gave the first alone)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import jaxbert
+
+    src = model_dir(tmp_path / "reg", "BertForSequenceClassification", num_labels=3, problem_type="regression")
+    texts = ["paris is the capital of france", "berlin"]
+    tok = transformers.AutoTokenizer.from_pretrained(src)
+    model = transformers.BertForSequenceClassification.from_pretrained(src)
+    with torch.no_grad():
+        want = model(**tok(texts, padding=True, return_tensors="pt")).logits
+    got = jaxbert.load(src).classify(texts)
+    assert [sorted(g) for g in got] == [["scores"]] * 2
+    for g, w in zip(got, want.numpy()):
+        assert list(g["scores"]) == ["LABEL_0", "LABEL_1", "LABEL_2"]
+        assert max(abs(a - b) for a, b in zip(g["scores"].values(), w)) < 1e-5

@@ -5,6 +5,7 @@ model and early stopping."""
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -228,6 +229,28 @@ def _pairs_stay_pairs(final, records, data, tmp_path, capsys):
         assert main([*args, *flags]) == 0, capsys.readouterr().err
         results.append(json.load(open(out)))
     assert results[0] == results[1]
+    texts = tmp_path / "texts.txt"  # single texts: refused, not scored alone
+    texts.write_text("".join(r["text"] + "\n" for r in records))
+    assert main(["predict", str(final), "--input", str(texts), "--output", str(tmp_path / "t.jsonl")]) == 1
+    assert "this model reads text pairs (columns 'text', 'text_pair')" in capsys.readouterr().err
+    too_long = ["--max-seq-length", "65"]  # beyond the 64 positions: JAX would clamp their ids, a wrong score
+    assert main([*args, *too_long]) == 1 and "--max-seq-length 65: must be in [1, 64]" in capsys.readouterr().err
+    # Trained on other column names, the model is fed them without flags (predict and evaluate defaulted to text).
+    renamed = tmp_path / "renamed"
+    shutil.copytree(final, renamed)
+    config = json.load(open(renamed / "config.json"))
+    config["jaxbert_text_columns"] = {"text": "premise", "pair": "hypothesis"}
+    json.dump(config, open(renamed / "config.json", "w"))
+    other = tmp_path / "other.jsonl"
+    renamed_records = [{"premise": r["text"], "hypothesis": r["text_pair"], "label": r["label"]} for r in records]
+    other.write_text("".join(json.dumps(r) + "\n" for r in renamed_records))
+    assert main(["predict", str(renamed), "--input", str(other), "--output", str(tmp_path / "o.jsonl")]) == 0
+    assert [json.loads(line) for line in open(tmp_path / "o.jsonl")] == got
+    out = tmp_path / "o.json"
+    args = ["evaluate", str(renamed), "--task", "sequence-classification", "--file", str(other), "--output", str(out)]
+    assert main(args) == 0, capsys.readouterr().err
+    scored = {k: v for k, v in json.load(open(out)).items() if k not in ("model", "file")}
+    assert scored == {k: v for k, v in results[0].items() if k not in ("model", "file")}
 
 
 def _initial(model, head):

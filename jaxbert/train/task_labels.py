@@ -96,7 +96,16 @@ def _listed(names) -> str:
     return ", ".join(map(repr, names[:20])) + (" ..." if len(names) > 20 else "")
 
 
+def _named_cell(row, column: str, value, names) -> object:
+    """A CSV/TSV cell that is one of the label names is that name, though it reads as an integer: for a model named
+    "1", "2", "3" the cell 1 is the name "1", not the id of "2" (JSON keeps its types: 1 is an id, "1" a name)."""
+    if names and not row.typed and type(value) is int and (text := row.get(column).strip()) in names:
+        return text
+    return value
+
+
 def label_id(row, column: str, value, labels: Labels) -> int:
+    value = _named_cell(row, column, value, labels.names)
     _class_label(row, column, value, labels.first)
     if isinstance(value, str):
         if value not in labels.ids:
@@ -123,7 +132,7 @@ def _list(row, column: str, value) -> list:
 
 def sequence_labels(rows, column: str, problem_type: str | None, fixed) -> Labels:
     """The label names and problem type of sequence-classification training rows."""
-    values = [(row, row.label(column)) for row in rows]
+    values = [(row, _named_cell(row, column, row.label(column), fixed)) for row in rows]
     problem = problem_type or _infer(values)
     if problem == "regression":
         for row, value in values:

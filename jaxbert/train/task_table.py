@@ -35,7 +35,9 @@ def _score_sequences(logits, data: E.Encodedset, labels: Labels) -> dict:
         return metrics.regression_metrics(x.reshape(len(x), -1)[:, 0], data.targets.reshape(len(x), -1)[:, 0])
     if labels.problem_type == "multi_label_classification":
         return metrics.multilabel_metrics(x > 0, data.targets > 0.5)
-    return metrics.classification_metrics(x.argmax(-1), data.targets, labels=np.arange(len(labels.names)))
+    # Macro F1 over the classes present in gold or predictions, as sklearn's f1_score(average="macro") and
+    # `evaluate`'s f1: a class absent from both counted as 0 and pulled a perfect score down to 1/3 of 3 classes.
+    return metrics.classification_metrics(x.argmax(-1), data.targets)
 
 
 def _score_tags(logits, data: E.Encodedset, labels: Labels) -> dict:
@@ -157,10 +159,11 @@ def columns(task: Task, cfg) -> tuple[str, str | None, str]:
     return cfg.text_column or text, cfg.text_pair_column or pair, cfg.label_column or label
 
 
-def trained_pair_column(config) -> str | None:
-    """The second-text column a sequence classifier was trained with (see COLUMNS_KEY), or None."""
+def trained_columns(config) -> tuple[str | None, str | None]:
+    """The (text, second-text) columns a sequence classifier was trained with (see COLUMNS_KEY), None unknown."""
     saved = (config.extra or {}).get(COLUMNS_KEY)
-    return saved.get("pair") if isinstance(saved, dict) and isinstance(saved.get("pair"), str) else None
+    saved = saved if isinstance(saved, dict) else {}
+    return tuple(saved.get(k) if isinstance(saved.get(k), str) else None for k in ("text", "pair"))
 
 
 def metric_name(name: str | None, known: tuple[str, ...]) -> str:
