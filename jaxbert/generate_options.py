@@ -32,28 +32,39 @@ KNOBS = {
     "num_return_sequences": 1,
 }
 TOKENS = ("eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id")
-# generation_config.json settings that change what transformers generates and that jaxbert does not implement
+# generation_config.json settings that change what transformers generates and that jaxbert does not implement,
+# with the values that change nothing (transformers' defaults, and the empty ones it treats alike)
 _UNSUPPORTED = {
-    "repetition_penalty": 1.0,
-    "no_repeat_ngram_size": 0,
-    "min_length": 0,
-    "min_new_tokens": None,
-    "bad_words_ids": None,
-    "forced_bos_token_id": None,
-    "forced_eos_token_id": None,
-    "suppress_tokens": None,
-    "begin_suppress_tokens": None,
-    "typical_p": 1.0,
-    "min_p": None,
-    "epsilon_cutoff": 0.0,
-    "eta_cutoff": 0.0,
-    "num_beam_groups": 1,
-    "sequence_bias": None,
-    "exponential_decay_length_penalty": None,
-    "renormalize_logits": False,
-    "stop_strings": None,
-    "encoder_no_repeat_ngram_size": 0,
-    "encoder_repetition_penalty": 1.0,
+    "repetition_penalty": (1.0,),
+    "no_repeat_ngram_size": (0,),
+    "min_length": (0,),
+    "min_new_tokens": (0,),
+    "bad_words_ids": ([],),
+    "forced_bos_token_id": (),
+    "forced_eos_token_id": (),
+    "forced_decoder_ids": ([],),
+    "suppress_tokens": ([],),
+    "begin_suppress_tokens": ([],),
+    "typical_p": (1.0,),
+    "min_p": (),
+    "top_h": (),
+    "epsilon_cutoff": (0.0,),
+    "eta_cutoff": (0.0,),
+    "num_beam_groups": (1,),
+    "diversity_penalty": (0.0,),
+    "sequence_bias": ({},),
+    "exponential_decay_length_penalty": (),
+    "renormalize_logits": (False,),
+    "stop_strings": ([],),
+    "encoder_no_repeat_ngram_size": (0,),
+    "encoder_repetition_penalty": (1.0,),
+    "guidance_scale": (1.0,),  # classifier-free guidance
+    "watermarking_config": ({},),
+    "penalty_alpha": (0.0,),  # contrastive search, DoLa and constraints: transformers 5 moved them to the Hub
+    "dola_layers": (),
+    "force_words_ids": ([],),
+    "constraints": ([],),
+    "max_time": (),  # stops generating after that many seconds
 }
 _READ = (*KNOBS, *TOKENS, *_UNSUPPORTED, "max_length")
 
@@ -73,10 +84,18 @@ def file_settings(directory: str | None) -> dict:
     else:  # transformers then reads config.json's generation keys (`from_pretrained`'s fallback)
         path = existing_file(directory, "config.json") if directory else None
         settings = _from_model_config(read_json(path)) if path else {}
-    for key, default in _UNSUPPORTED.items():
-        if settings.get(key, default) not in (default, None):
+    for key, unchanged in _UNSUPPORTED.items():
+        if settings.get(key) is not None and not any(_same(settings[key], v) for v in unchanged):
             raise ValueError(f"{path}: {key}={settings[key]!r} is not implemented by jaxbert's generate")
     return settings
+
+
+def _same(a, b) -> bool:
+    """Equal JSON values of one kind (1 == 1.0, but true is not 1)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    numbers = isinstance(a, (int, float)) and isinstance(b, (int, float))
+    return (numbers or type(a) is type(b)) and a == b
 
 
 def config_tokens(config) -> dict:
@@ -140,6 +159,14 @@ def _search(o: dict) -> tuple[Search, int]:
     return Search(beams, False, o["eos"], o["pad"], penalty, o["early_stopping"], returned), 1
 
 
+def _warp(o: dict) -> tuple[float, int, float]:
+    """Sampling's temperature, top_k and top_p, checked."""
+    top_k = o["top_k"]
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
+        raise ValueError(f"top_k {top_k!r}: must be an integer ≥ 0 (0 turns it off)")
+    return _number("temperature", o["temperature"], 0.0, math.inf), int(top_k), _number("top_p", o["top_p"], 0, 1)
+
+
 def resolve(config, settings: dict, given: dict) -> Options:
     """`given` (the caller's arguments, None for unset) over `settings` (the generation config) over the model
     config's special tokens (`config_tokens`) over transformers' defaults (KNOBS)."""
@@ -152,14 +179,13 @@ def resolve(config, settings: dict, given: dict) -> Options:
     o["pad"] = _one_token("pad_token_id", pad, V)
     bos = _one_token("bos_token_id", o["bos_token_id"], V)
     start = _one_token("decoder_start_token_id", o["decoder_start_token_id"], V)
-    top_k = o["top_k"]
-    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
-        raise ValueError(f"top_k {top_k!r}: must be an integer ≥ 0 (0 turns it off)")
-    warp = (_number("temperature", o["temperature"], 0.0, math.inf), int(top_k), _number("top_p", o["top_p"], 0, 1))
+    search, expand = _search(o)
+    warp = _warp(o) if search.do_sample else (1.0, 0, 1.0)  # greedy and beams ignore them, as transformers does
     seed = given.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed must be an integer, got {type(seed).__name__} {seed!r}")
-    search, expand = _search(o)
+    if not 0 <= seed < 2**32:  # JAX's keys hold 32 bits: 2**32 + 7 would sample as 7 does
+        raise ValueError(f"seed {seed}: must be in [0, {2**32 - 1}]")
     return Options(search, o["max_new_tokens"], warp, int(seed), bos, expand, bos if start is None else start)
 
 
@@ -173,7 +199,7 @@ def max_new_tokens(
     if n is None:
         n = (
             positive_int("max_length", settings["max_length"]) - prompt_length
-            if "max_length" in settings
+            if settings.get("max_length") is not None  # null: unset, as transformers reads it
             else min(20, limit - prompt_length)
         )
     n = positive_int("max_new_tokens", n)

@@ -179,6 +179,18 @@ def test_defaults_come_from_generation_config_json(models, tmp_path):
     (copy / "generation_config.json").write_text(json.dumps({"repetition_penalty": 1.3}))
     with pytest.raises(ValueError, match="repetition_penalty=1.3 is not implemented"):
         jaxbert.load(copy).generate(ids)
+    # Settings that change transformers' output are refused by name (they were ignored: greedy tokens differed).
+    for key, value in (("guidance_scale", 1.5), ("watermarking_config", {"bias": 2.0}), ("top_h", 0.01),
+                       ("penalty_alpha", 0.6), ("max_time", 1.0)):  # fmt: skip
+        (copy / "generation_config.json").write_text(json.dumps({key: value}))
+        with pytest.raises(ValueError, match=f"{key}={value!r} is not implemented"):
+            jaxbert.load(copy).generate(ids)
+    # Values that change nothing, and sampling settings under greedy search, are ignored as transformers does.
+    greedy = lm.generate(ids, attention_mask=mask, max_new_tokens=6)
+    same = {"min_new_tokens": 0, "suppress_tokens": [], "guidance_scale": 1.0, "max_length": None}
+    same.update(temperature=0.0, top_p=0.0, top_k=-1, do_sample=False, max_new_tokens=6)
+    (copy / "generation_config.json").write_text(json.dumps(same))
+    np.testing.assert_array_equal(jaxbert.load(copy).generate(ids, attention_mask=mask), greedy)
 
 
 def test_the_step_function_is_model_agnostic():
@@ -235,6 +247,10 @@ def test_the_step_function_is_model_agnostic():
         (dict(num_beams=2, early_stopping="soon"), ValueError, "early_stopping 'soon'"),
         (dict(eos_token_id=[3, 97]), ValueError, "eos_token_id \\[3, 97\\]: token ids must be integers in \\[0, vocab"),
         (dict(length_penalty=float("nan"), num_beams=2), ValueError, "length_penalty nan"),
+        # JAX's keys hold 32 bits: 2**32 + 7 sampled as 7 did; 2**63 was an OverflowError traceback
+        (dict(do_sample=True, seed=2**32 + 7), ValueError, "seed 4294967303: must be in \\[0, 4294967295\\]"),
+        (dict(do_sample=True, seed=2**63), ValueError, "seed 9223372036854775808: must be in"),
+        (dict(do_sample=True, seed=-1), ValueError, "seed -1: must be in"),
     ],
 )
 def test_bad_arguments_are_one_line_errors_naming_the_value(models, kwargs, error, match):
