@@ -547,12 +547,11 @@ def test_invalid_inputs_name_the_argument(call, name):
         call()
 
 
-def test_a_task_s_macro_f1_is_over_the_classes_present_as_sklearn():
-    """The sequence-classification score of a 3-class model on a set holding one class, all right: F1 1.0 as
-    sklearn's f1_score(average="macro") (it was 1/3: the two absent classes counted as zeros)."""
+def test_a_task_s_macro_f1_is_over_the_classes_present_as_sklearn(skm):
+    """The sequence-classification score of a 3-class model on a set of one class: macro F1 over the classes
+    present, as sklearn's f1_score(average="macro") (the two classes absent from gold and predictions counted as
+    zeros: a perfect score read 1/3)."""
     from types import SimpleNamespace
-
-    from sklearn.metrics import f1_score
 
     from jaxbert.train.task_labels import Labels
     from jaxbert.train.task_table import _score_sequences
@@ -560,5 +559,5 @@ def test_a_task_s_macro_f1_is_over_the_classes_present_as_sklearn():
     logits = [np.array([2.0, 0.0, -1.0])] * 4 + [np.array([0.0, 3.0, 1.0])]
     gold = np.array([0, 0, 0, 0, 0])
     scores = _score_sequences(logits, SimpleNamespace(targets=gold), Labels(("a", "b", "c")))
-    expected = f1_score(gold, np.stack(logits).argmax(-1), average="macro")
+    expected = skm.f1_score(gold, np.stack(logits).argmax(-1), average="macro")
     assert scores["f1"] == pytest.approx(expected) and expected == pytest.approx(4 / 9)
