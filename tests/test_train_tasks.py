@@ -165,7 +165,7 @@ def test_one_step_equals_pytorch(kind, tmp_path, capsys):
 
 
 @pytest.mark.skipif(not cpu.onednn_f32(), reason="float32 matmuls go to oneDNN only on CPUs with AMX (cpu.py)")
-@pytest.mark.parametrize("kind", ["single", "tokens"])
+@pytest.mark.parametrize("kind", ["tokens"])  # a head over every token (the suite's time: one case)
 def test_one_step_through_onednn_equals_pytorch(kind, tmp_path, capsys, monkeypatch):
     """A step of 128 examples packed into rows of 64 (over cpu.ONEDNN_MIN_TOKENS tokens) runs the program whose
     float32 matmuls are oneDNN's, and still equals PyTorch's step."""
@@ -209,7 +209,7 @@ def _one_step_equals_pytorch(kind, tmp_path, capsys, examples: int = 8, length: 
     initial = _initial(model, head)
     moved = min(float(np.abs(theirs[k] - initial[k]).max()) for k in strict)
     assert moved > LR / 10  # every tensor took the step (a frozen one would pass the comparison trivially)
-    if kind == "single":
+    if kind == "single" and examples == 8:  # once: the columns do not depend on the program
         _pairs_stay_pairs(out / "final", records, data, tmp_path, capsys)
 
 
