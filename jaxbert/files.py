@@ -243,12 +243,20 @@ def _hold(path: str, fd: int | None = None) -> int | None:
     """An exclusive lock on the temporary `path` for as long as the returned descriptor is open (closed by
     _release; by the kernel when the process dies, however it dies). None where the file system has no locks."""
     fd = os.open(path, os.O_RDONLY) if fd is None else fd
+    if _locked(fd):
+        return fd
+    os.close(fd)
+    return None
+
+
+def _locked(fd: int) -> bool:
+    """Whether this process now holds the exclusive lock of `fd` (False: another process holds it, or the file
+    system has no locks)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        os.close(fd)
-        return None
-    return fd
+        return False
+    return True
 
 
 def _release(fd: int | None) -> None:
@@ -282,10 +290,7 @@ def _dead(entry: os.DirEntry) -> bool:
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # taken: nobody holds it (released when fd closes)
-        return True
-    except OSError:  # held by a live writer, or a file system without locks: left alone
-        return False
+        return _locked(fd)  # taken: nobody holds it (released when fd closes); else a live writer's, left alone
     finally:
         os.close(fd)
 
