@@ -66,10 +66,11 @@ def _tokens(weights, input_ids, *_) -> int:
 class Bert:
     """A loaded checkpoint: `config`, `params`, `head`, `tokenizer`, jitted entry points.
 
-    The parameters live on the devices in the compute layout (layers stacked for one scan, query/key/value
-    fused; see layout.py), built once here, 16-bit floats held as their bits (`weights`; see ops.as_bits) and
-    turned back inside the jitted functions, where XLA folds the round trip away. `compute_params` and
-    `params` (the stored layout, transformers' FlaxBert tree) are rebuilt from them on each access.
+    The parameters live on the devices in the compute layout (query/key/value fused; a float32 model's layers held
+    apart, others' stacked for one scan; see layout.py), built once here, 16-bit floats held as their bits
+    (`weights`; see ops.as_bits) and turned back inside the jitted functions, where XLA folds the round trip away.
+    `compute_params` and `params` (the stored layout, transformers' FlaxBert tree) are rebuilt from them on each
+    access.
 
     `compile_count` counts the programs traced so far (each one a compilation): with shape buckets it stays
     within len(length_buckets) × len(batch buckets) per entry point whatever the stream of inputs.
@@ -109,7 +110,13 @@ class Bert:
                 x = x.astype(cast)
             return jax.device_put(x, replicated) if mesh is None else x  # with a mesh: placed by path below
 
-        compute = _to_devices(to_compute(params, config, consume=consume, place=place), place)
+        floats = [x.dtype for x in jax.tree_util.tree_leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)]
+        f32 = dtype != "int8" and all((cast or d) == jnp.float32 for d in floats)
+        # A float32 model's layers are held apart (layout.apart_layers: faster matmuls); 16-bit ones stay stacked,
+        # where the scan's slices of the weights run beside the matmuls and leave them in cache (apart, bfloat16
+        # 1 x 128 ran 5% slower on a Xeon with AMX); a mesh's sharding rules are written for the stacked layout.
+        apart = f32 and mesh is None
+        compute = _to_devices(to_compute(params, config, consume=consume, place=place, apart=apart), place)
         del params
         self._attention = None  # the dtype of attention's products, if not the layers' own
         if dtype == "int8":
@@ -123,9 +130,6 @@ class Bert:
         )
         self._tokenizer = None
         # Float32 models' large calls compile with oneDNN's matmuls where they win (cpu.onednn_jit).
-        f32 = dtype != "int8" and all(
-            d == jnp.float32 for d in jax.tree_util.tree_leaves(self._dtypes) if jnp.issubdtype(d, jnp.floating)
-        )
         jit = functools.partial(cpu.onednn_jit, tokens=_tokens, enabled=f32)
         self._forward = jit(
             self._counted(self._forward_impl), static_argnames=("output_hidden_states", "output_attentions")
@@ -221,8 +225,9 @@ class Bert:
     def layers_apart(self, weights):
         """The parameters decoding runs on, made from `weights` (self.weights) by the first call and kept: the
         encoder's layers as separate arrays, floats as such (not bits), laid out for matmuls of a few rows (see
-        layout.decoding_layout). A generating model so holds its weights twice (bert-base: +340 MB float32, +265 MB
-        bfloat16); other users pay nothing.
+        layout.decoding_layout). A float32 model loaded without a mesh holds its layers so already
+        (layout.apart_layers) and shares them; a 16-bit or sharded one holds its weights twice while it generates
+        (bert-base: +265 MB bfloat16); other users pay nothing.
 
         A decoding step reads every weight once, and XLA:CPU copies what a matmul reads if it is a layer's slice
         of a stacked array (a scan's dynamic slice and an unrolled loop's static one alike: bert-base batch 1,

@@ -14,7 +14,7 @@ import numpy as np
 from jaxbert import decoders, generate_inputs
 from jaxbert.inference import Bert, float_dtype
 from jaxbert.inputs import check_arrays
-from jaxbert.layout import to_stored
+from jaxbert.layout import per_layer
 from jaxbert.seq2seq import EncoderDecoderConfig, Seq2SeqOutput, encoder_decoder
 
 
@@ -88,7 +88,7 @@ class EncoderDecoder:
 
     def _generate_impl(self, enc_weights, dec_weights, proj, *arrays, search, bound):
         params = self._params(enc_weights, dec_weights, proj)
-        params["decoder"] = to_stored(params["decoder"], self.config.decoder)  # see decoders.py: faster steps
+        params["decoder"] = per_layer(params["decoder"], self.config.decoder)  # see decoders.py: faster steps
         return decoders.seq2seq(params, self.config, *arrays, search=search, bound=bound)
 
     @property

@@ -298,11 +298,12 @@ def dense(p: dict, x: Float[Array, "... I"]) -> Float[Array, "... O"]:
     The matmul runs in the kernel's dtype and accumulates in float32 (bfloat16 weights: half the memory traffic,
     float32 sums); the bias is added in float32, so activations between matmuls stay float32.
 
-    A `weight` [out, in] (PyTorch's layout) may stand instead of the kernel: decoding's float32 copy of the
-    weights (inference.Bert.layers_apart) is so, since XLA:CPU multiplies a few rows by it faster (a bert-base
-    decoding step, batch 1: 24.6 -> 22.5 ms; batch 8: 48.1 -> 44.3 ms). An int8 `weight` comes with a
-    `weight_scale` per output (quantize.py): x is quantized per row, the product summed in int32 and scaled back
-    (so are int8 matmuls fastest here too: bert-base's FFN down projection, 128 rows, 0.29 vs 0.59 ms as [in, out])."""
+    A `weight` [out, in] (PyTorch's layout) may stand instead of the kernel: a float32 model's layers are so
+    (layout.apart_layers), since XLA:CPU multiplies a few rows by it faster (a bert-base decoding step, batch 1:
+    24.6 -> 22.5 ms; batch 8: 48.1 -> 44.3 ms; 1 x 128: 1.05x apart in [in, out], 1.22-1.28x in [out, in]).
+    An int8 `weight` comes with a `weight_scale` per output (quantize.py): x is quantized per row, the product
+    summed in int32 and scaled back (so are int8 matmuls fastest here too: bert-base's FFN down projection, 128
+    rows, 0.29 vs 0.59 ms as [in, out])."""
     if "kernel" in p:
         y = matmul(x, p["kernel"])
     elif "weight_scale" in p:

@@ -146,9 +146,10 @@ def matmul(dtype: str, m: str, d: str, f: str) -> dict:
 
 
 # -- compile time against depth --------------------------------------------------------------------------------
-def compile_jax(layers: str, stacked: str) -> dict:
-    """Time to first result of bert-base-width inference at 8 x 128 with `layers` layers: the loaded (stacked,
-    scanned) model, or the stored per-layer tree through model.bert (one traced copy of every layer)."""
+def compile_jax(layers: str, form: str) -> dict:
+    """Time to first result of bert-base-width inference at 8 x 128 with `layers` layers: a loaded model, float32
+    (its layers apart, one traced copy of each) or bfloat16 (layers stacked, one scanned body), or the stored
+    per-layer tree through model.bert (a traced copy of every layer)."""
     import jax
 
     import jaxbert
@@ -158,8 +159,8 @@ def compile_jax(layers: str, stacked: str) -> dict:
     config = jaxbert.BertConfig(num_hidden_layers=int(layers))
     params = jaxbert.init_params(config, jax.random.key(0), "BertModel")
     ids = jax.numpy.asarray(_ids(None, 8, 128))
-    if stacked == "1":
-        run = Bert(config, params, "BertModel", consume=True)
+    if form in ("float32", "bfloat16"):
+        run = Bert(config, params, "BertModel", dtype=form, consume=True)
         fn = lambda: run(ids).last_hidden_state.block_until_ready()  # noqa: E731
     else:
         jitted = jax.jit(lambda p, i: bert(p, config, i).last_hidden_state)

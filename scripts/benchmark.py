@@ -15,8 +15,9 @@ Sections (peers that are not installed are skipped with a note):
            of one multiply-add instruction on every core, float32 FMA / bfloat16 / VNNI int8), of_cpu_peak.
            Median of 5 calls after one call, whose time (compilation included) is first_call_s; peak RSS of the
            process (VmHWM).
-  compile  time to first result of bert-base-width inference at 8x128 for 6, 12, 24 layers: the loaded model
-           (layers stacked, one scan) vs the stored per-layer tree traced layer by layer.
+  compile  time to first result of bert-base-width inference at 8x128 for 6, 12, 24 layers: the loaded model in
+           float32 (layers apart, a traced copy of each) and bfloat16 (layers stacked, one scan) vs the stored
+           per-layer tree traced layer by layer.
   mix      a variable-length mix (--mix-texts runs of sentences of examples/data/geography.txt, default 2,000,
            10-512 tokens) embedded with MiniLM, in useful (non-padding) tokens/s: jaxbert packing texts into rows
            (the default; float32, bfloat16, int8), jaxbert shape buckets, jaxbert padding every batch to 512 (up
@@ -274,7 +275,12 @@ def section_infer(repeats: int, tmp: str, shapes=INFER) -> dict:
 def section_compile(repeats: int, tmp: str) -> dict:
     return {
         f"{n} layers": alternate(
-            {"stacked (scan)": ("compile_jax", n, 1), "per-layer loop": ("compile_jax", n, 0)}, repeats
+            {
+                "loaded float32 (layers apart)": ("compile_jax", n, "float32"),
+                "loaded bfloat16 (stacked, scan)": ("compile_jax", n, "bfloat16"),
+                "stored per-layer tree": ("compile_jax", n, "stored"),
+            },
+            repeats,
         )
         for n in (6, 12, 24)
     }

@@ -25,22 +25,31 @@ def _hf(head="BertModel"):
 
 
 @pytest.mark.parametrize("head", ["BertModel", "BertForMaskedLM", "BertForPreTraining"])
-def test_stack_then_unstack_gives_back_the_stored_tree(head):
+@pytest.mark.parametrize("apart", [False, True], ids=["stacked", "apart"])
+def test_compute_layout_then_back_gives_the_stored_tree(head, apart):
     _, config, params = _hf(head)
-    compute = layout.to_compute(params, config)
+    compute = layout.to_compute(params, config, apart=apart)
     enc = compute["encoder"] if head == "BertModel" else compute["bert"]["encoder"]
-    D, N = config.hidden_size, config.num_hidden_layers
-    assert enc["stacked"]["attention"]["self"]["qkv"]["kernel"].shape == (N, D, 3 * D)
-    assert enc["stacked"]["intermediate"]["dense"]["kernel"].shape == (N, D, config.intermediate_size)
+    D, N, F = config.hidden_size, config.num_hidden_layers, config.intermediate_size
+    if apart:  # one subtree per layer, query/key/value fused, kernels as weights [out, in]
+        assert sorted(enc["layer"], key=int) == [str(i) for i in range(N)]
+        layer = enc["layer"][str(N - 1)]
+        assert layer["attention"]["self"]["qkv"]["weight"].shape == (3 * D, D)
+        assert layer["intermediate"]["dense"]["weight"].shape == (F, D)
+        assert layout.is_apart(enc) and not layout.is_stacked(enc)
+    else:
+        assert enc["stacked"]["attention"]["self"]["qkv"]["kernel"].shape == (N, D, 3 * D)
+        assert enc["stacked"]["intermediate"]["dense"]["kernel"].shape == (N, D, F)
     back = layout.to_stored(compute, config)
     assert jax.tree_util.tree_structure(back) == jax.tree_util.tree_structure(params)
     for a, b in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_consuming_stack_empties_the_source_layers():
+@pytest.mark.parametrize("apart", [False, True], ids=["stacked", "apart"])
+def test_consuming_the_stored_tree_empties_its_layers(apart):
     _, config, params = _hf()
-    layout.to_compute(params, config, consume=True)
+    layout.to_compute(params, config, consume=True, apart=apart)
     assert params["encoder"]["layer"] == {}
 
 
@@ -70,11 +79,12 @@ def test_compute_layout_matches_transformers(head):
         assert_close(g, e.numpy(), f"attentions[{i}]")
 
 
-@pytest.mark.parametrize("stacked", [False, True])
-def test_softmax_free_path_matches_transformers(stacked):
-    """Without requested attentions the softmax is normalized after the value product: same numbers."""
+@pytest.mark.parametrize("form", ["stored", "stacked", "apart"])
+def test_softmax_free_path_matches_transformers(form):
+    """Without requested attentions the softmax is normalized after the value product: same numbers, on each
+    layout a model runs on."""
     hf, config, params = _hf("BertForMaskedLM")
-    params = layout.to_compute(params, config) if stacked else params
+    params = params if form == "stored" else layout.to_compute(params, config, apart=form == "apart")
     feed = padded_batch(6)
     expected = torch_run(hf, feed, output_hidden_states=True)
     got = jaxbert.forward(
@@ -84,6 +94,22 @@ def test_softmax_free_path_matches_transformers(stacked):
     assert_close(got.logits, expected.logits.numpy(), "logits")
     for i, (g, e) in enumerate(zip(got.hidden_states, expected.hidden_states, strict=True)):
         assert_close(g, e.numpy(), f"hidden_states[{i}]")
+
+
+def test_float32_models_hold_their_layers_apart_and_others_stacked():
+    """jaxbert.load picks the layout by dtype: float32 apart (faster matmuls), bfloat16 and int8 stacked (and
+    any model given a mesh, whose sharding rules are the stacked layout's). Generation reuses a float32 model's
+    arrays instead of copying them, and `params` gives back the stored tree either way."""
+    path = os.path.join(GOLDEN, "unpruned")
+    f32, bf16 = jaxbert.load(path), jaxbert.load(path, dtype="bfloat16")
+    enc = lambda tree: tree["bert"]["encoder"] if "bert" in tree else tree["encoder"]  # noqa: E731
+    assert layout.is_apart(enc(f32.weights)) and layout.is_stacked(enc(bf16.weights))
+    assert layout.is_stacked(enc(jaxbert.load(path, dtype="int8").weights))
+    qkv = lambda tree: enc(tree)["layer"]["0"]["attention"]["self"]["qkv"]["weight"]  # noqa: E731
+    assert qkv(f32.layers_apart(f32.weights)) is qkv(f32.weights)
+    for a, b in zip(jax.tree_util.tree_leaves(f32.params), jax.tree_util.tree_leaves(bf16.params), strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b.astype(jnp.float32)), atol=0.02, rtol=0.01)
 
 
 def test_fused_attention_path_matches_transformers(monkeypatch):
@@ -102,16 +128,16 @@ def test_fused_attention_path_matches_transformers(monkeypatch):
 
 
 def test_relative_positions_on_both_layouts_without_attentions():
-    """test_golden asks for attentions (the softmax path); here the stored tree's loop and the loaded, stacked
-    model run without them, against the same transformers 4.57 fixture."""
+    """test_golden asks for attentions (the softmax path); here the stored tree's loop and the loaded model
+    (float32: its layers apart) run without them, against the same transformers 4.57 fixture."""
     data = np.load(os.path.join(GOLDEN, "relative_key_query", "io.npz"))
     bert = jaxbert.load(os.path.join(GOLDEN, "relative_key_query"))
     inputs = {k[3:]: jnp.asarray(data[k]) for k in data.files if k.startswith("in.")}
     got = jaxbert.forward(bert.params, bert.config, bert.head, **inputs)
     assert "layer" in bert.params["bert"]["encoder"]
     assert_close(got.prediction_logits, data["out.prediction_logits"], "prediction_logits")
-    stacked = bert(**inputs)  # the loaded (stacked) model, without attentions: the softmax-free path
-    assert_close(stacked.prediction_logits, data["out.prediction_logits"], "prediction_logits (stacked)")
+    loaded = bert(**inputs)  # the loaded model, without attentions: the softmax-free path
+    assert_close(loaded.prediction_logits, data["out.prediction_logits"], "prediction_logits (loaded)")
 
 
 def _dots_in_program(layers: int) -> int:
@@ -123,7 +149,8 @@ def _dots_in_program(layers: int) -> int:
 
 
 def test_compiled_program_does_not_grow_with_depth():
-    """One scanned layer body whatever the depth: the compile time of bert-base does not scale with layers."""
+    """One scanned layer body whatever the depth: the compile time of a stacked bert-base does not scale with
+    layers (a float32 model's layers apart do, for faster matmuls: layout.apart_layers)."""
     assert _dots_in_program(2) == _dots_in_program(12) > 0
 
 
