@@ -43,6 +43,9 @@ def _choose(bert, path: str, context: str, options: str, batch_size: int) -> lis
 
     rows = read_rows(path, "--input")
     pairs = [(row.text(context), row.texts(options)) for row in rows]
+    for row, (_, opts) in zip(rows, pairs):
+        if not opts:
+            raise ValueError(f"{row.where(options)}: no options to choose from")
     out: list[dict | None] = [None] * len(rows)
     for count in sorted({len(opts) for _, opts in pairs}):
         group = [i for i, (_, opts) in enumerate(pairs) if len(opts) == count]
@@ -61,6 +64,21 @@ def _choose(bert, path: str, context: str, options: str, batch_size: int) -> lis
     return out
 
 
+def _answers(bert, path: str, question: str, context: str, batch_size: int) -> list[dict]:
+    """A model fine-tuned here answers as its validation scored it (its windows, answer length and SQuAD v2 null
+    answers, kept in its config: qa.trained_answers), so `predict` and `evaluate` agree; others as transformers'
+    question-answering pipeline with its defaults (Bert.answer)."""
+    from jaxbert import qa
+    from jaxbert.train.task_data import read_rows
+
+    rows = read_rows(path, "--input")
+    trained = bert.config.extra.get("question_answering")
+    if isinstance(trained, dict):
+        pairs = [row.text(question) for row in rows], [row.text(context) for row in rows]
+        return qa.trained_answers(bert, *pairs, trained, batch_size)
+    return [bert.answer(row.text(question), row.text(context), batch_size=batch_size)[0] for row in rows]
+
+
 def predict(
     directory: str,
     input_path: str,
@@ -71,7 +89,7 @@ def predict(
 ) -> int:
     """Predictions of the model in `directory` for every input, written to `output` (.jsonl) atomically:
     classify's dicts (sequence classification), {"words": tag's list} (token classification), {label, scores}
-    (multiple choice). Returns the number of inputs."""
+    (multiple choice), {answer, score, start, end} (question answering: _answers). Returns the number of inputs."""
     import jaxbert
 
     if not output.endswith(".jsonl"):
@@ -92,13 +110,7 @@ def predict(
     elif bert.head == "BertForMultipleChoice":
         results = _choose(bert, input_path, text_column or "context", pair_column or "choices", batch_size)
     elif bert.head == "BertForQuestionAnswering":  # the best answer of each (question, context) row
-        from jaxbert.train.task_data import read_rows
-
-        question = text_column or "question"
-        results = [
-            bert.answer(row.text(question), row.text(pair_column or "context"))[0]
-            for row in read_rows(input_path, "--input")
-        ]
+        results = _answers(bert, input_path, text_column or "question", pair_column or "context", batch_size)
     else:
         raise ValueError(
             f"{directory}: predict needs a sequence classification, token classification, multiple choice "
@@ -123,18 +135,20 @@ def evaluate(
     max_length: int | None = None,
 ) -> dict:
     """The task's metrics of the model in `directory` on the labelled file `path` (labels named through the
-    model's label2id), written to `output` (.json) atomically and returned."""
+    model's label2id) at `max_length` tokens (default: the length it was trained with, else the model's), written
+    to `output` (.json) atomically and returned."""
     from types import SimpleNamespace
 
     from jaxbert.checkpoint import load_params
     from jaxbert.heads import resolve_head
     from jaxbert.seq2seq import load_config
     from jaxbert.tokenizer import WordPiece
+    from jaxbert.train import task_qa
     from jaxbert.train.step import task_eval_step
     from jaxbert.train.task_data import read_rows
     from jaxbert.train.task_labels import model_labels
     from jaxbert.train.task_plan import evaluate_examples
-    from jaxbert.train.task_table import TASKS, columns
+    from jaxbert.train.task_table import TASKS, columns, trained_length
 
     if not output.endswith(".json"):
         raise ValueError(f"--output {output}: expected a .json file")
@@ -154,7 +168,7 @@ def evaluate(
     tok = WordPiece.from_dir(directory)
     if max_length is not None:  # beyond the positions, JAX would clamp their ids: a wrong score, no error
         positive_int("--max-seq-length", max_length, config.max_position_embeddings)
-    limit = max_length or min(config.max_position_embeddings, tok.model_max_length)
+    limit = max_length or min(config.max_position_embeddings, trained_length(config) or tok.model_max_length)
     if task_name == "embedding":  # the directory's own pooling, normalization and length (sentence_dir.py)
         from jaxbert.train.task_embedding import directory_eval
 
@@ -162,18 +176,14 @@ def evaluate(
         limit = min(limit or config.max_position_embeddings, config.max_position_embeddings, tok.model_max_length)
     opts = {}
     if task_name == "question-answering":  # the options it was trained with (task_qa.QARun.final_config)
-        from jaxbert.train import task_qa
-
         opts = dict(config.extra.get("question_answering") or {})
         trained = opts.pop("max_seq_length", 384)
         limit = min(max_length or trained, limit)
-        eval_fn = cpu.onednn_jit(
-            functools.partial(task_qa.eval_step, config=config, head=head), tokens=cpu.batch_tokens
-        )
     data = task.encode(tok, rows, cols, labels, limit, **opts)[1]()
     params, _ = load_params(directory, config, head)
-    if task_name not in ("embedding", "question-answering"):
-        eval_fn = cpu.onednn_jit(functools.partial(task_eval_step, config=config, head=head), tokens=cpu.batch_tokens)
+    if task_name != "embedding":
+        step = task_qa.eval_step if task_name == "question-answering" else task_eval_step
+        eval_fn = cpu.onednn_jit(functools.partial(step, config=config, head=head), tokens=cpu.batch_tokens)
     result = evaluate_examples(
         eval_fn, params, data, task, labels, batch_size, batching.length_buckets(limit), 1, config.pad_token_id
     )
@@ -185,7 +195,8 @@ def evaluate(
                     "model": os.path.abspath(directory),
                     "task": task_name,
                     "file": os.path.abspath(path),
-                    "examples": len(data),
+                    # QA's set holds windows, several per question when contexts are long
+                    "examples": len(data) if task_name != "question-answering" else len(set(data.extra["example"])),
                     **result,
                 },
                 f,

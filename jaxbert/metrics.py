@@ -16,7 +16,16 @@ import numpy as np
 import scipy.stats
 from jaxtyping import ArrayLike, Bool, Num, Shaped
 
-from jaxbert.metrics_text import _tag_lists, iob2_spans, span_prf, squad_exact, squad_f1, squad_normalize, squad_scores  # noqa: F401  (re-exported: one namespace for every metric)
+from jaxbert.metrics_text import (  # noqa: F401  (re-exported: one namespace for every metric)
+    _tag_lists,
+    chunk_tags,
+    iob2_spans,
+    span_prf,
+    squad_exact,
+    squad_f1,
+    squad_normalize,
+    squad_scores,
+)
 
 GREATER_IS_BETTER = {
     "accuracy": True,

@@ -20,6 +20,16 @@ def _tag_lists(tags, name: str) -> list[list[str]]:
     return out
 
 
+_CHUNK_TAG = re.compile(r"[BIES]-.")
+
+
+def chunk_tags(names: Sequence[str]) -> bool:
+    """Whether tag names form a chunk scheme that entity metrics read (IOB1, IOB2, IOE, IOBES: B-PER, I-PER, O):
+    some name has a B-, I-, E- or S- prefix. Otherwise (LABEL_0, LABEL_1 for tags given as ids; bare PER, LOC)
+    seqeval reads every run of one tag, the outside tag's included, as an entity: its F1 means nothing."""
+    return any(_CHUNK_TAG.match(name) for name in names)
+
+
 def iob2_spans(tags: Sequence[str]) -> set[tuple[str, int, int]]:
     """Entity spans (type, start, end) with end INCLUSIVE, exactly as seqeval's get_entities (default mode).
 

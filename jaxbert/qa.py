@@ -49,9 +49,13 @@ class Windows:
     encodings: list  # tokenizers.Encoding of each window (words, for the pipeline's word-aligned answers)
 
 
-def windows(tok, questions: list[str], contexts: list[str], max_length: int, stride: int) -> Windows:
+FLAGS = ("--max-seq-length", "--doc-stride")  # training's names of windows' length and stride
+
+
+def windows(tok, questions: list[str], contexts: list[str], max_length: int, stride: int, names=FLAGS) -> Windows:
     """Every example's windows, in example order. Questions lose their leading whitespace (run_qa.py: some
-    SQuAD questions start with many spaces, which would eat the context's room)."""
+    SQuAD questions start with many spaces, which would eat the context's room). `names` name the length and
+    stride where a question leaves no room (the caller's flags or arguments)."""
     wtok = _window_tokenizer(tok, max_length, stride)
     pairs = [(q.lstrip(), c) for q, c in zip(questions, contexts)]
     try:
@@ -66,7 +70,7 @@ def windows(tok, questions: list[str], contexts: list[str], max_length: int, str
                 n = len(tok._tok.encode(pair[0]).ids)
                 raise ValueError(
                     f"example {i}: its question ({n} tokens with [CLS] and [SEP]) leaves too little room for the "
-                    f"context in --max-seq-length {max_length} with --doc-stride {stride} "
+                    f"context in {names[0]} {max_length} with {names[1]} {stride} "
                     f"({str(e).strip().splitlines()[0]})"
                 ) from None
         raise
@@ -120,8 +124,8 @@ def best_answers(
     tokens, scored by start + end logit; for SQuAD v2 the lowest [CLS] score over the windows is the null
     answer, chosen when it beats the best span by more than `null_score_diff_threshold`.
 
-    Returns (answer text, n-best list of {text, start_logit, end_logit, probability}, null score difference
-    (v2) or None)."""
+    Returns (answer text, n-best list of {text, start_logit, end_logit, start, end, probability}, null score
+    difference (v2) or None); start and end are the text's characters in the context (0, 0 for none)."""
     null = None
     prelim = []
     for start, end, offs in zip(start_logits, end_logits, offsets):
@@ -156,7 +160,7 @@ def best_answers(
     probs = np.exp(scores - scores.max())
     probs /= probs.sum()
     for p, prob in zip(preds, probs):
-        p.pop("offsets", None)
+        p["start"], p["end"] = (int(x) for x in p.pop("offsets", (0, 0)))  # characters of the context
         p["probability"] = float(prob)
     if not version_2_with_negative:
         return preds[0]["text"], preds, None
@@ -215,7 +219,6 @@ def answer(
     min(384, the model's limit) tokens, stride min(half of it, 128), answers aligned to whole words, equal
     answers merged: tests/fixtures/golden/qa_pipeline, written by transformers 4.57)."""
     from jaxbert.inputs import positive_int
-    from jaxbert.tokenizer import Encoded
 
     if bert.head != "BertForQuestionAnswering":
         raise ValueError(f"answer needs a BertForQuestionAnswering checkpoint; this one is {bert.head}")
@@ -227,22 +230,53 @@ def answer(
     length = bert.max_length(None if max_seq_len is None else positive_int("max_seq_len", max_seq_len))
     length = length if max_seq_len is not None else min(length, 384)
     stride = min(length // 2, 128) if doc_stride is None else int(doc_stride)
-    w = windows(bert.tokenizer, [question], [context], length, stride)
-    enc = Encoded(w.ids, w.type_ids, w.offsets, [[]] * len(w.ids), [[]] * len(w.ids))
+    w = windows(bert.tokenizer, [question], [context], length, stride, ("max_seq_len", "doc_stride"))
     found: dict[str, dict] = {}  # by lower-cased answer text, in the order first found
+    for f, (start, end) in enumerate(window_logits(bert, w, batch_size)):
+        # As the pipeline (transformers 4.57): 2 top_k + 10 spans a window, since widening to whole words makes
+        # several spans one answer; an answer found again (the same text, in any case, from another span or
+        # window) adds its probability to the first one's, which keeps its place in the context.
+        for s, e, score in pipeline_spans(start, end, w.offsets[f], 2 * top_k + 10, max_answer_len):
+            a, b = word_span(w.encodings[f], s, e)
+            seen = found.setdefault(context[a:b].lower(), {"answer": context[a:b], "score": 0.0, "start": a, "end": b})
+            seen["score"] += score
+    return sorted(found.values(), key=lambda x: x["score"], reverse=True)[:top_k]
+
+
+def window_logits(bert, w: Windows, batch_size: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each window's (start, end) logits over its own tokens, `batch_size` windows a call, in window order."""
+    from jaxbert.tokenizer import Encoded
+
+    enc = Encoded(w.ids, w.type_ids, w.offsets, [[]] * len(w.ids), [[]] * len(w.ids))
+    logits: list = [None] * len(w.ids)
     for idx, batch in bert.batches(enc, batch_size):
         out = bert(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
         starts, ends = np.asarray(out.start_logits), np.asarray(out.end_logits)
         for row, f in enumerate(idx):
-            n = len(w.ids[f])
-            # As the pipeline (transformers 4.57): 2 top_k + 10 spans a window, since widening to whole words
-            # makes several spans one answer; an answer found again (the same text, in any case, from another
-            # span or window) adds its probability to the first one's, which keeps its place in the context.
-            spans = pipeline_spans(starts[row, :n], ends[row, :n], w.offsets[f], 2 * top_k + 10, max_answer_len)
-            for s, e, score in spans:
-                a, b = word_span(w.encodings[f], s, e)
-                seen = found.setdefault(
-                    context[a:b].lower(), {"answer": context[a:b], "score": 0.0, "start": a, "end": b}
-                )
-                seen["score"] += score
-    return sorted(found.values(), key=lambda x: x["score"], reverse=True)[:top_k]
+            logits[f] = (starts[row, : len(w.ids[f])], ends[row, : len(w.ids[f])])
+    return logits
+
+
+def trained_answers(bert, questions: list[str], contexts: list[str], options: dict, batch_size: int = 32) -> list:
+    """The best answer to each (question, context) as `jaxbert train --task question-answering` scored the model:
+    its windows (`options`' max_seq_length and doc_stride, kept in its config) and best_answers with its n-best
+    size, answer length and, for SQuAD v2, null answers. [{answer, score (n-best probability), start, end}];
+    a null answer is "" at 0-0, as the pipeline's handle_impossible_answer gives it."""
+    opts = {k: options[k] for k in ("n_best_size", "max_answer_length", "version_2_with_negative") if k in options}
+    opts["null_score_diff_threshold"] = float(options.get("null_score_diff_threshold", 0.0))
+    length = min(bert.max_length(None), int(options.get("max_seq_length", 384)))
+    stride = int(options.get("doc_stride", min(length // 2, 128)))
+    w = windows(bert.tokenizer, questions, contexts, length, stride, ("the trained length", "stride"))
+    logits = window_logits(bert, w, batch_size)
+    feats: dict[int, list[int]] = {}
+    for f, e in enumerate(w.example):
+        feats.setdefault(e, []).append(f)
+    out = []
+    for e, context in enumerate(contexts):
+        fs = feats[e]
+        text, preds, _ = best_answers(
+            [logits[f][0] for f in fs], [logits[f][1] for f in fs], [w.offsets[f] for f in fs], context, **opts
+        )
+        best = next(p for p in preds if p["text"] == text)
+        out.append({"answer": text, "score": best["probability"], "start": best["start"], "end": best["end"]})
+    return out

@@ -205,6 +205,16 @@ def test_span_prf_matches_seqeval(seqeval):
             assert got["accuracy"] == pytest.approx(sm.accuracy_score(gold, pred), abs=1e-12)
 
 
+def test_chunk_tags_are_told_from_tags_that_mark_no_entities():
+    """Entity metrics need a chunk scheme. Tags given as ids (LABEL_i) read as entities of their own, the outside
+    tag's included: a tagger that never finds an entity would score entity F1 1.0 on an all-outside set."""
+    for names in (["O", "B-PER", "I-PER"], ["O", "S-LOC", "E-LOC"], ["B-MISC", "I-MISC", "O", "X"]):
+        assert M.chunk_tags(names), names
+    for names in (["LABEL_0", "LABEL_1"], ["O", "PER", "LOC"], ["O"], ["BERT", "IBM"]):
+        assert not M.chunk_tags(names), names
+    assert M.span_prf([["LABEL_0"] * 3], [["LABEL_0"] * 3])["f1"] == 1.0  # why: nothing found, "perfect" F1
+
+
 def test_sentence_boundaries_and_the_dot_quirk():
     # The "." tag keeps the previous start, which seqeval takes from the joined stream, across the sentence break.
     assert M.span_prf([["B-PER"], [".-PER", "E-PER"]], [["B-PER"], [".-PER", "E-PER"]])["f1"] == 1.0

@@ -371,6 +371,12 @@ def test_predict_writes_the_best_answers(qa_model, tmp_path, capsys):
     assert written == json.loads(json.dumps([bert.answer(r["question"], r["context"])[0] for r in rows]))
 
 
+def test_a_question_that_leaves_no_room_names_the_arguments_answer_has():
+    bert = jaxbert.load(GOLDEN_QA)
+    with pytest.raises(ValueError, match=r"example 0: its question \(\d+ tokens .* max_seq_len 16 with doc_stride 4"):
+        bert.answer("Who " * 20 + "lives here?", "Anna lives here.", max_seq_len=16, doc_stride=4)
+
+
 def test_answer_names_a_text_that_is_not_unicode():
     """A lone surrogate (invalid UTF-8 on a command line) in the question or the context: one line naming which
     text and where, not the tokenizers library's type error."""

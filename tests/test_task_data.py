@@ -288,6 +288,39 @@ def test_bad_input_is_one_line_naming_file_line_column(name, tiny, tmp_path, cap
     assert not out.exists()  # checked before anything is written (no cache, no checkpoints, no lock)
 
 
+def test_tags_given_as_ids_are_scored_by_token_accuracy(tiny, tmp_path):
+    """ner_tags as ids have no names (LABEL_0, LABEL_1): entity F1 would read every run of one tag as an entity, so
+    the run reports token accuracy alone, picks its best checkpoint by it and says why; an explicit
+    --metric-for-best-model f1 is refused with that reason. Named tags keep entity F1 first."""
+    from jaxbert.train.config import TrainConfig
+    from jaxbert.train.task_plan import prepare
+
+    def run(tags, **options):
+        rows = [{"tokens": ["a", "b", "c"], "ner_tags": tags[:3]}, {"tokens": ["b", "a"], "ner_tags": tags[3:]}]
+        _jsonl(tmp_path / "t.jsonl", rows)
+        files = {"train_file": str(tmp_path / "t.jsonl"), "validation_file": str(tmp_path / "t.jsonl")}
+        task = {"task": "token-classification", "global_batch_size": 2}
+        cfg = TrainConfig(tiny, output_dir=str(tmp_path / "o"), **task, **files, **options)
+        return prepare(cfg)
+
+    ids = run([0, 1, 1, 0, 0], max_seq_length=32)
+    assert ids.labels.names == ("LABEL_0", "LABEL_1") and ids.metric == "accuracy"
+    assert any("no B-, I-, E- or S- prefixes" in line for line in ids.log), ids.log
+
+    def scored(r, guess):  # the task's scores of predicting guess(gold tag ids) at every position
+        data, n = r.val, len(r.labels.names)
+        gold = [data.tags[data.starts[e] : data.starts[e + 1]] for e in range(len(data))]
+        return r.task.score([np.eye(n)[guess(np.maximum(g, 0))] for g in gold], data, r.labels)
+
+    assert scored(ids, lambda g: g) == {"accuracy": 1.0}
+    assert scored(ids, np.zeros_like) == {"accuracy": 0.6}  # LABEL_0 everywhere
+    with pytest.raises(ValueError, match=r"known: accuracy, loss \(the tags \(LABEL_0, LABEL_1\) have no B-"):
+        run([0, 1, 1, 0, 0], max_seq_length=32, metric_for_best_model="f1")
+    named = run(["O", "B-PER", "I-PER", "O", "O"], max_seq_length=32)
+    assert named.metric == "f1" and not any("prefixes" in line for line in named.log)
+    assert scored(named, lambda g: g) == {"precision": 1.0, "recall": 1.0, "f1": 1.0, "accuracy": 1.0}
+
+
 def test_a_fixed_head_keeps_its_labels(classifier, tmp_path, capsys):
     """Ids within its 3 labels: the checkpoint's mapping and classifier (other labels: tests/test_train_heads.py)."""
     _jsonl(tmp_path / "t.jsonl", [{"text": "a", "label": 1}, {"text": "b", "label": 2}])
@@ -349,3 +382,10 @@ def test_predict_and_evaluate_refuse_bad_requests(tiny, tmp_path, capsys):
         in capsys.readouterr().err
     )
     assert not os.path.exists(tmp_path / "p.jsonl") and not os.path.exists(tmp_path / "m.json")
+    choice = model_dir(tmp_path / "mc", "BertForMultipleChoice", max_position_embeddings=64, num_hidden_layers=2)
+    capsys.readouterr()
+    _jsonl(tmp_path / "c.jsonl", [{"context": "a", "choices": ["b", "c"]}, {"context": "d", "choices": []}])
+    assert main(["predict", choice, "--input", str(tmp_path / "c.jsonl"), "--output", str(tmp_path / "p.jsonl")]) == 1
+    err = capsys.readouterr().err
+    assert "c.jsonl:2: column 'choices': no options to choose from" in err and len(err.splitlines()) == 1, err
+    assert not os.path.exists(tmp_path / "p.jsonl")

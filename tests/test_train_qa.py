@@ -13,6 +13,7 @@ from test_qa import MAX_LEN, STRIDE, _reference_train_features
 from test_train_tasks import CLIP, DECAY, LR, SMALL, ZERO_GRADIENT, _torch_step, after_one_step
 
 import jaxbert
+from jaxbert import metrics
 from jaxbert.cli import main
 from jaxbert.train.task_data import read_rows
 
@@ -94,6 +95,22 @@ def test_one_step_equals_pytorch(tmp_path, capsys):
     written = json.loads((tmp_path / "eval.json").read_text())
     for key in ("exact_match", "f1", "HasAns_f1", "NoAns_f1"):
         assert written[key] == pytest.approx(final[f"eval_{key}"], abs=1e-6), key
+    assert written["examples"] == len(records)  # questions, not their windows
+    # predict answers as evaluate scored: the trained windows and SQuAD v2 null answers ("" at 0-0)
+    assert main(["predict", str(out / "final"), "--input", str(data), "--output", str(tmp_path / "p.jsonl")]) == 0
+    answers = [json.loads(line) for line in open(tmp_path / "p.jsonl")]
+    golds = {i: r["answers"]["text"] for i, r in enumerate(records)}
+    scores = metrics.squad_scores({i: a["answer"] for i, a in enumerate(answers)}, golds)
+    assert scores == pytest.approx({k: written[k] for k in ("exact_match", "f1")}, abs=1e-9)
+    assert all(r["context"][a["start"] : a["end"]] == a["answer"] for r, a in zip(records, answers, strict=True))
+    # a threshold every span falls short of: the model abstains on every question, as evaluate would score it
+    config_file = out / "final" / "config.json"
+    saved = json.loads(config_file.read_text())
+    saved["question_answering"]["null_score_diff_threshold"] = -1e9
+    config_file.write_text(json.dumps(saved))
+    assert main(["predict", str(out / "final"), "--input", str(data), "--output", str(tmp_path / "n.jsonl")]) == 0
+    nulls = [json.loads(line) for line in open(tmp_path / "n.jsonl")]
+    assert [(a["answer"], a["start"], a["end"]) for a in nulls] == [("", 0, 0)] * len(records)
 
 
 def test_minilm_learns_the_reading_task(tmp_path, capsys):

@@ -210,13 +210,14 @@ def _one_step_equals_pytorch(kind, tmp_path, capsys, examples: int = 8, length: 
     moved = min(float(np.abs(theirs[k] - initial[k]).max()) for k in strict)
     assert moved > LR / 10  # every tensor took the step (a frozen one would pass the comparison trivially)
     if kind == "single" and examples == 8:  # once: the columns do not depend on the program
-        _pairs_stay_pairs(out / "final", records, data, tmp_path, capsys)
+        _pairs_stay_pairs(out / "final", records, data, tmp_path, capsys, length)
 
 
-def _pairs_stay_pairs(final, records, data, tmp_path, capsys):
+def _pairs_stay_pairs(final, records, data, tmp_path, capsys, length):
     """A model trained on (text, text_pair): predict and evaluate feed it pairs without --text-pair-column (fed
     the first texts alone, it scored them without a word)."""
-    assert json.load(open(final / "config.json"))["jaxbert_text_columns"] == {"text": "text", "pair": "text_pair"}
+    saved = json.load(open(final / "config.json"))["jaxbert_text_columns"]
+    assert saved == {"text": "text", "pair": "text_pair", "max_seq_length": length}
     want = jaxbert.load(final).classify([r["text"] for r in records], [r["text_pair"] for r in records])
     assert main(["predict", str(final), "--input", str(data), "--output", str(tmp_path / "p.jsonl")]) == 0
     got = [json.loads(line) for line in open(tmp_path / "p.jsonl")]
@@ -391,9 +392,7 @@ def test_token_labels_predict_and_evaluate(tiny, tmp_path, capsys):
                 "--file",
                 str(tmp_path / "val.jsonl"),
                 "--output",
-                str(tmp_path / "m.json"),
-                "--max-seq-length",
-                "32",
+                str(tmp_path / "m.json"),  # at the trained --max-seq-length (32; the model has 64 positions)
             ]
         )
         == 0
@@ -404,6 +403,16 @@ def test_token_labels_predict_and_evaluate(tiny, tmp_path, capsys):
     assert written["examples"] == 40
     for name in ("loss", "f1", "precision", "recall", "accuracy"):
         assert abs(written[name] - last[f"eval_{name}"]) <= 1e-5, name
+    # a sentence longer than the trained 32 tokens: cut there by default, as the training log's numbers are
+    long = json.loads(head.splitlines()[0])
+    long = {k: v * 6 for k, v in long.items() if k in ("tokens", "ner_tags")}
+    (tmp_path / "long.jsonl").write_text(head + json.dumps(long) + "\n")
+    scored = []
+    for flags in ([], ["--max-seq-length", "32"], ["--max-seq-length", "64"]):
+        args = ["--task", "token-classification", "--file", str(tmp_path / "long.jsonl"), "--output"]
+        assert main(["evaluate", str(out / "final"), *args, str(tmp_path / "l.json"), *flags]) == 0
+        scored.append({k: v for k, v in json.load(open(tmp_path / "l.json")).items() if k != "model"})
+    assert scored[0] == scored[1] and scored[0]["loss"] != scored[2]["loss"]
 
 
 def test_early_stopping(tiny, tmp_path, capsys):

@@ -15,7 +15,7 @@ import os
 import jax
 import numpy as np
 
-from jaxbert import batching, cpu, distributed, malloc
+from jaxbert import batching, cpu, distributed, malloc, metrics
 from jaxbert.config import BertConfig
 from jaxbert.train import data as D
 from jaxbert.train import task_encode as E
@@ -83,9 +83,11 @@ class TaskRun:
 
     def final_config(self) -> BertConfig:
         # The text columns trained on: `evaluate` and `predict` default to them, so a pair model is not fed its
-        # first texts alone (it scores them without a word) when --text-pair-column is left out.
+        # first texts alone (it scores them without a word) when --text-pair-column is left out. `evaluate` also
+        # defaults to the trained length, so its numbers are the training log's.
         text, pair, _ = columns(self.task, self.cfg)
-        extra = {"num_labels": self.config.num_labels, COLUMNS_KEY: {"text": text, "pair": pair}}
+        trained = {"text": text, "pair": pair, "max_seq_length": self.cfg.max_seq_length}  # task_table.trained_*
+        extra = {"num_labels": self.config.num_labels, COLUMNS_KEY: trained}
         return self.config.replace(extra={**self.config.extra, **extra})
 
     def meta(self) -> dict:
@@ -136,6 +138,16 @@ def _names(names) -> str:
     return f"{', '.join(names[:8])}{', ...' * (len(names) > 8)}"
 
 
+def _plain_tags(task: Task, labels: Labels) -> str | None:
+    """Why a token-classification run reports token accuracy alone (task_table._tag_metrics), or None."""
+    if task.name != "token-classification" or metrics.chunk_tags(labels.names):
+        return None
+    return (
+        f"the tags ({_names(labels.names)}) have no B-, I-, E- or S- prefixes, so entity precision, recall and F1 "
+        "would mean nothing: token accuracy only (name the tags, e.g. B-PER, I-PER, O, for entity scores)"
+    )
+
+
 def task_labels(task: Task, rows, cols, problem_type, fixed) -> tuple[Labels, str | None]:
     """The run's labels: the checkpoint's when the data fit them, else the data's, with why the checkpoint's
     classifier cannot be reused (its outputs would mean other labels)."""
@@ -177,7 +189,8 @@ def prepare(cfg: TrainConfig) -> TaskRun:
         raise ValueError(
             f"--label-smoothing {cfg.label_smoothing}: applies to classes, not to {labels.problem_type} labels"
         )
-    metric = metric_name(cfg.metric_for_best_model, task.metrics(labels))
+    plain = _plain_tags(task, labels)
+    metric = metric_name(cfg.metric_for_best_model, task.metrics(labels), plain)
     tok = WordPiece.from_dir(cfg.model)
     key = [D.tokenizer_key(cfg.model), task.name, cfg.max_seq_length, labels.names, labels.problem_type]
 
@@ -204,6 +217,8 @@ def prepare(cfg: TrainConfig) -> TaskRun:
         f"{', ' + labels.problem_type if labels.problem_type else ''}; "
         f"{named if labels.names else f'{train.choices} {_unit(task)} each'})"
     )
+    if plain:
+        run.say(f"metrics: {plain}")
     if train.truncated or val.truncated:
         run.say(
             f"data: {train.truncated} training and {val.truncated} validation words beyond --max-seq-length "

@@ -40,8 +40,15 @@ def _score_sequences(logits, data: E.Encodedset, labels: Labels) -> dict:
     return metrics.classification_metrics(x.argmax(-1), data.targets)
 
 
+def _tag_metrics(labels: Labels) -> tuple[str, ...]:
+    """Entity F1 first where the tag names are a chunk scheme (B-PER, I-PER, O); token accuracy alone where not
+    (tags given as ids, or bare types), since entity spans would be read from names that do not mark any."""
+    return ("f1", "precision", "recall", "accuracy") if metrics.chunk_tags(labels.names) else ("accuracy",)
+
+
 def _score_tags(logits, data: E.Encodedset, labels: Labels) -> dict:
-    """Entity-level P/R/F1 (seqeval's default mode) over the labelled first sub-tokens."""
+    """Entity-level P/R/F1 (seqeval's default mode) and token accuracy over the labelled first sub-tokens (see
+    _tag_metrics)."""
     pred, gold = [], []
     for e, x in enumerate(logits):
         a, b = data.starts[e], data.starts[e + 1]
@@ -49,7 +56,8 @@ def _score_tags(logits, data: E.Encodedset, labels: Labels) -> dict:
         keep = tags != E.IGNORE
         gold.append([labels.names[i] for i in tags[keep]])
         pred.append([labels.names[i] for i in np.asarray(x)[: b - a].argmax(-1)[keep]])
-    return metrics.token_metrics(pred, gold)
+    scores = metrics.token_metrics(pred, gold)
+    return {k: v for k, v in scores.items() if k in _tag_metrics(labels)}
 
 
 def _score_choices(logits, data: E.Encodedset, labels: Labels) -> dict:
@@ -113,7 +121,7 @@ TASKS: dict[str, Task] = {
             _tag_label_names,
             E.encode_tags,
             _score_tags,
-            lambda labels: ("f1", "precision", "recall", "accuracy"),
+            _tag_metrics,
         ),
         # The head scores each (context, option) sequence with one output: no label names.
         Task(
@@ -159,6 +167,14 @@ def columns(task: Task, cfg) -> tuple[str, str | None, str]:
     return cfg.text_column or text, cfg.text_pair_column or pair, cfg.label_column or label
 
 
+def trained_length(config) -> int | None:
+    """The --max-seq-length a task model was trained with (see COLUMNS_KEY), None unknown: `evaluate` defaults to
+    it, so its numbers are the training log's."""
+    saved = (config.extra or {}).get(COLUMNS_KEY)
+    length = saved.get("max_seq_length") if isinstance(saved, dict) else None
+    return length if type(length) is int and length > 0 else None
+
+
 def trained_columns(config) -> tuple[str | None, str | None]:
     """The (text, second-text) columns a sequence classifier was trained with (see COLUMNS_KEY), None unknown."""
     saved = (config.extra or {}).get(COLUMNS_KEY)
@@ -166,10 +182,14 @@ def trained_columns(config) -> tuple[str | None, str | None]:
     return tuple(saved.get(k) if isinstance(saved.get(k), str) else None for k in ("text", "pair"))
 
 
-def metric_name(name: str | None, known: tuple[str, ...]) -> str:
-    """--metric-for-best-model NAME (with or without eval_; default the task's first metric), checked."""
+def metric_name(name: str | None, known: tuple[str, ...], why: str | None = None) -> str:
+    """--metric-for-best-model NAME (with or without eval_; default the task's first metric), checked; `why` says
+    why the known metrics are fewer than the task's usual ones."""
     known = (*known, "loss")
     name = (name or known[0]).removeprefix("eval_")
     if name not in known:
-        raise ValueError(f"--metric-for-best-model {name}: not a metric of this task; known: {', '.join(known)}")
+        raise ValueError(
+            f"--metric-for-best-model {name}: not a metric of this task; known: {', '.join(known)}"
+            + (f" ({why})" if why else "")
+        )
     return name
