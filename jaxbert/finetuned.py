@@ -72,6 +72,10 @@ def _answers(bert, path: str, question: str, context: str, batch_size: int) -> l
     from jaxbert.train.task_data import read_rows
 
     rows = read_rows(path, "--input")
+    for row in rows:
+        for column in (question, context):
+            if not row.text(column).strip():
+                raise ValueError(f"{row.where(column)}: empty text; each row needs a question and a context")
     trained = bert.config.extra.get("question_answering")
     if isinstance(trained, dict):
         pairs = [row.text(question) for row in rows], [row.text(context) for row in rows]

@@ -11,6 +11,7 @@ each window repeats the last `doc_stride` context tokens of the previous one.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import weakref
 
@@ -257,15 +258,39 @@ def window_logits(bert, w: Windows, batch_size: int) -> list[tuple[np.ndarray, n
     return logits
 
 
+def _trained_options(options: dict, limit: int) -> tuple[int, int, dict]:
+    """(window length, stride, best_answers' options) from a config's question_answering block, checked: it is
+    written by training (task_qa.QARun.final_config), but config.json is a text file anyone may edit."""
+    from jaxbert.inputs import positive_int
+    from jaxbert.train.task_qa import DEFAULTS
+
+    options = {**DEFAULTS, "max_seq_length": 384, **options}  # what evaluate and training assume when absent
+    name = lambda k: f"config.json question_answering.{k}"  # noqa: E731
+    ints = {k: positive_int(name(k), options[k]) for k in ("max_seq_length", "doc_stride", "n_best_size")}
+    ints["max_answer_length"] = positive_int(name("max_answer_length"), options["max_answer_length"])
+    v2, threshold = options["version_2_with_negative"], options["null_score_diff_threshold"]
+    if not isinstance(v2, bool):
+        raise TypeError(f"{name('version_2_with_negative')} must be true or false, got {v2!r}")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+        raise TypeError(f"{name('null_score_diff_threshold')} must be a finite number, got {threshold!r}")
+    length = min(limit, ints.pop("max_seq_length"))
+    stride = ints.pop("doc_stride")
+    if stride >= length:
+        raise ValueError(f"{name('doc_stride')} {stride}: must be below the window length {length}")
+    return length, stride, {**ints, "version_2_with_negative": v2, "null_score_diff_threshold": float(threshold)}
+
+
 def trained_answers(bert, questions: list[str], contexts: list[str], options: dict, batch_size: int = 32) -> list:
     """The best answer to each (question, context) as `jaxbert train --task question-answering` scored the model:
     its windows (`options`' max_seq_length and doc_stride, kept in its config) and best_answers with its n-best
     size, answer length and, for SQuAD v2, null answers. [{answer, score (n-best probability), start, end}];
-    a null answer is "" at 0-0, as the pipeline's handle_impossible_answer gives it."""
-    opts = {k: options[k] for k in ("n_best_size", "max_answer_length", "version_2_with_negative") if k in options}
-    opts["null_score_diff_threshold"] = float(options.get("null_score_diff_threshold", 0.0))
-    length = min(bert.max_length(None), int(options.get("max_seq_length", 384)))
-    stride = int(options.get("doc_stride", min(length // 2, 128)))
+    no answer is "" at 0-0, as the pipeline's handle_impossible_answer gives it: the null answer, and where no span
+    fits at all (run_qa's post-processing then names the text "empty", which `evaluate` scores as it does)."""
+    for name, texts in (("question", questions), ("context", contexts)):
+        for i, text in enumerate(texts):
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError(f"{name} {i}: must be a non-empty string")
+    length, stride, opts = _trained_options(options, bert.max_length(None))
     w = windows(bert.tokenizer, questions, contexts, length, stride, ("the trained length", "stride"))
     logits = window_logits(bert, w, batch_size)
     feats: dict[int, list[int]] = {}
@@ -278,5 +303,6 @@ def trained_answers(bert, questions: list[str], contexts: list[str], options: di
             [logits[f][0] for f in fs], [logits[f][1] for f in fs], [w.offsets[f] for f in fs], context, **opts
         )
         best = next(p for p in preds if p["text"] == text)
+        text = text if best["end"] > best["start"] else ""  # the null answer, or run_qa's "empty" placeholder
         out.append({"answer": text, "score": best["probability"], "start": best["start"], "end": best["end"]})
     return out

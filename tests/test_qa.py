@@ -371,6 +371,35 @@ def test_predict_writes_the_best_answers(qa_model, tmp_path, capsys):
     assert written == json.loads(json.dumps([bert.answer(r["question"], r["context"])[0] for r in rows]))
 
 
+@pytest.mark.parametrize("v2", [False, True])
+def test_trained_answers_never_invent_text(monkeypatch, v2):
+    """No span fits (the best start after the best end, one candidate each): run_qa's post-processing names the
+    answer "empty", which is not in the context; predict writes no answer, "" at 0-0, instead. Blank texts and
+    options that are not numbers are refused in one line."""
+    bert = jaxbert.load(GOLDEN_QA)
+
+    def logits(bert, w, batch_size):  # start peaks on the last context token, end on the first; [CLS] low
+        out = []
+        for offs in w.offsets:
+            inside = [i for i, o in enumerate(offs) if o != qa.NO_SPAN]
+            start, end = np.full(len(offs), -5.0), np.full(len(offs), -5.0)
+            start[inside[-1]], end[inside[0]] = 5.0, 5.0
+            start[0] = end[0] = -10.0
+            out.append((start, end))
+        return out
+
+    monkeypatch.setattr(qa, "window_logits", logits)
+    options = {"max_seq_length": 64, "doc_stride": 16, "n_best_size": 1, "version_2_with_negative": v2}
+    (got,) = qa.trained_answers(bert, ["Who lives here?"], ["Anna lives in Paris."], options)
+    assert (got["answer"], got["start"], got["end"]) == ("", 0, 0)
+    with pytest.raises(ValueError, match="context 0: must be a non-empty string"):
+        qa.trained_answers(bert, ["Who?"], [" "], options)
+    with pytest.raises(TypeError, match=r"config.json question_answering.n_best_size must be an integer, got str"):
+        qa.trained_answers(bert, ["Who?"], ["Anna."], {**options, "n_best_size": "5"})
+    with pytest.raises(ValueError, match=r"question_answering.doc_stride 64: must be below the window length 64"):
+        qa.trained_answers(bert, ["Who?"], ["Anna."], {**options, "doc_stride": 64})
+
+
 def test_a_question_that_leaves_no_room_names_the_arguments_answer_has():
     bert = jaxbert.load(GOLDEN_QA)
     with pytest.raises(ValueError, match=r"example 0: its question \(\d+ tokens .* max_seq_len 16 with doc_stride 4"):

@@ -111,6 +111,11 @@ def test_one_step_equals_pytorch(tmp_path, capsys):
     assert main(["predict", str(out / "final"), "--input", str(data), "--output", str(tmp_path / "n.jsonl")]) == 0
     nulls = [json.loads(line) for line in open(tmp_path / "n.jsonl")]
     assert [(a["answer"], a["start"], a["end"]) for a in nulls] == [("", 0, 0)] * len(records)
+    (tmp_path / "blank.jsonl").write_text(json.dumps({"question": "Who?", "context": ""}) + "\n")
+    capsys.readouterr()
+    blank = ["--input", str(tmp_path / "blank.jsonl"), "--output", str(tmp_path / "b.jsonl")]
+    assert main(["predict", str(out / "final"), *blank]) == 1 and not (tmp_path / "b.jsonl").exists()
+    assert "blank.jsonl:1: column 'context': empty text" in capsys.readouterr().err
 
 
 def test_minilm_learns_the_reading_task(tmp_path, capsys):
