@@ -72,15 +72,15 @@ def _answers(bert, path: str, question: str, context: str, batch_size: int) -> l
     from jaxbert.train.task_data import read_rows
 
     rows = read_rows(path, "--input")
-    for row in rows:
-        for column in (question, context):
-            if not row.text(column).strip():
+    pairs = [(row.text(question), row.text(context)) for row in rows]
+    for row, pair in zip(rows, pairs):
+        for column, text in zip((question, context), pair):
+            if not text.strip():
                 raise ValueError(f"{row.where(column)}: empty text; each row needs a question and a context")
     trained = bert.config.extra.get("question_answering")
     if isinstance(trained, dict):
-        pairs = [row.text(question) for row in rows], [row.text(context) for row in rows]
-        return qa.trained_answers(bert, *pairs, trained, batch_size)
-    return [bert.answer(row.text(question), row.text(context), batch_size=batch_size)[0] for row in rows]
+        return qa.trained_answers(bert, *map(list, zip(*pairs)), trained, batch_size)
+    return [bert.answer(q, c, batch_size=batch_size)[0] for q, c in pairs]
 
 
 def predict(

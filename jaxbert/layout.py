@@ -152,20 +152,22 @@ def to_compute(params, config: BertConfig, consume: bool = False, place=None, ap
     return map_encoder(params, lambda enc: build(enc, config, consume=consume, place=place))
 
 
+def _unstacked(enc, config: BertConfig):
+    return unstack_layers(enc, config) if is_stacked(enc) else enc
+
+
 def per_layer(params, config: BertConfig):
     """A compute tree with its layers one subtree each: stacked layers unstacked (new arrays), others unchanged."""
-    return map_encoder(params, lambda enc: unstack_layers(enc, config) if is_stacked(enc) else enc)
+    return map_encoder(params, lambda enc: _unstacked(enc, config))
 
 
 def to_stored(params, config: BertConfig):
     """The stored layout of a compute tree."""
 
     def stored(enc):
-        if is_stacked(enc):
-            return unstack_layers(enc, config)
         if is_apart(enc):
             return {"layer": {i: _stored_layer(layer) for i, layer in enc["layer"].items()}}
-        return enc
+        return _unstacked(enc, config)
 
     return map_encoder(params, stored)
 

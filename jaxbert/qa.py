@@ -223,9 +223,7 @@ def answer(
 
     if bert.head != "BertForQuestionAnswering":
         raise ValueError(f"answer needs a BertForQuestionAnswering checkpoint; this one is {bert.head}")
-    for name, text in (("question", question), ("context", context)):
-        if not isinstance(text, str) or not text.strip():
-            raise ValueError(f"{name} must be a non-empty string")
+    _check_texts([question], [context], numbered=False)
     top_k = positive_int("top_k", top_k)
     max_answer_len = positive_int("max_answer_len", max_answer_len)
     length = bert.max_length(None if max_seq_len is None else positive_int("max_seq_len", max_seq_len))
@@ -242,6 +240,15 @@ def answer(
             seen = found.setdefault(context[a:b].lower(), {"answer": context[a:b], "score": 0.0, "start": a, "end": b})
             seen["score"] += score
     return sorted(found.values(), key=lambda x: x["score"], reverse=True)[:top_k]
+
+
+def _check_texts(questions: list, contexts: list, numbered: bool = True) -> None:
+    """Every text a non-empty string (a blank context would get run_qa's placeholder answer, not an error);
+    `numbered` names the failing pair's index."""
+    for name, texts in (("question", questions), ("context", contexts)):
+        for i, text in enumerate(texts):
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError(f"{name}{f' {i}:' if numbered else ''} must be a non-empty string")
 
 
 def window_logits(bert, w: Windows, batch_size: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -266,8 +273,8 @@ def _trained_options(options: dict, limit: int) -> tuple[int, int, dict]:
 
     options = {**DEFAULTS, "max_seq_length": 384, **options}  # what evaluate and training assume when absent
     name = lambda k: f"config.json question_answering.{k}"  # noqa: E731
-    ints = {k: positive_int(name(k), options[k]) for k in ("max_seq_length", "doc_stride", "n_best_size")}
-    ints["max_answer_length"] = positive_int(name("max_answer_length"), options["max_answer_length"])
+    keys = ("max_seq_length", "doc_stride", "n_best_size", "max_answer_length")
+    ints = {k: positive_int(name(k), options[k]) for k in keys}
     v2, threshold = options["version_2_with_negative"], options["null_score_diff_threshold"]
     if not isinstance(v2, bool):
         raise TypeError(f"{name('version_2_with_negative')} must be true or false, got {v2!r}")
@@ -286,10 +293,7 @@ def trained_answers(bert, questions: list[str], contexts: list[str], options: di
     size, answer length and, for SQuAD v2, null answers. [{answer, score (n-best probability), start, end}];
     no answer is "" at 0-0, as the pipeline's handle_impossible_answer gives it: the null answer, and where no span
     fits at all (run_qa's post-processing then names the text "empty", which `evaluate` scores as it does)."""
-    for name, texts in (("question", questions), ("context", contexts)):
-        for i, text in enumerate(texts):
-            if not isinstance(text, str) or not text.strip():
-                raise ValueError(f"{name} {i}: must be a non-empty string")
+    _check_texts(questions, contexts)
     length, stride, opts = _trained_options(options, bert.max_length(None))
     w = windows(bert.tokenizer, questions, contexts, length, stride, ("the trained length", "stride"))
     logits = window_logits(bert, w, batch_size)

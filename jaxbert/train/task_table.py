@@ -56,8 +56,8 @@ def _score_tags(logits, data: E.Encodedset, labels: Labels) -> dict:
         keep = tags != E.IGNORE
         gold.append([labels.names[i] for i in tags[keep]])
         pred.append([labels.names[i] for i in np.asarray(x)[: b - a].argmax(-1)[keep]])
-    scores = metrics.token_metrics(pred, gold)
-    return {k: v for k, v in scores.items() if k in _tag_metrics(labels)}
+    reported = _tag_metrics(labels)
+    return {k: v for k, v in metrics.token_metrics(pred, gold).items() if k in reported}
 
 
 def _score_choices(logits, data: E.Encodedset, labels: Labels) -> dict:
