@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 from conftest import model_dir
@@ -47,6 +48,15 @@ if os.environ.get("POISON_STEP"):
             return state, m
         return poisoned, eval_fn
     L._compile = _compile
+if os.environ.get("FULL_AT_STEP"):  # from that checkpoint on, files cannot grow past 4 KB, as on a full disk
+    import resource, jaxbert.train.checkpoints as C
+    save = C.save
+    def limited(mgr, step, *args):
+        if step >= int(os.environ["FULL_AT_STEP"]):
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG from the write, instead of the signal's kill
+            resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        return save(mgr, step, *args)
+    C.save = limited
 from jaxbert.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -126,6 +136,15 @@ def trained(tiny, child_env, tmp_path_factory):
 def _copy(trained, tmp_path):
     shutil.copytree(trained, tmp_path / "out")
     return tmp_path / "out"
+
+
+def _final(out):
+    return serialization.msgpack_restore((out / "final" / "flax_model.msgpack").read_bytes())
+
+
+def _max_diff(a, b) -> float:
+    diffs = jax.tree_util.tree_map(lambda x, y: float(np.abs(np.asarray(x) - np.asarray(y)).max()), a, b)
+    return max(jax.tree_util.tree_leaves(diffs))
 
 
 # 1. The output directory's lock.
@@ -236,7 +255,7 @@ def test_damaged_checkpoints_are_skipped_or_refused(tiny, trained, child_env, tm
     ckpt = out / "checkpoints"
     for step in (4, 6):
         checkpoints.verify(str(ckpt / str(step)))
-    expected = serialization.msgpack_restore((out / "final" / "flax_model.msgpack").read_bytes())
+    expected = _final(out)
     victim = _largest(ckpt / "6" / "state")
     with open(victim, "r+b") as f:
         f.truncate(os.path.getsize(victim) // 2)
@@ -244,11 +263,7 @@ def test_damaged_checkpoints_are_skipped_or_refused(tiny, trained, child_env, tm
     assert rc == 0, err
     assert f"skipping checkpoint 6: {victim}:" in printed and "truncated" in printed, printed
     assert "restored step 4" in printed and f"moved the damaged checkpoint 6 aside to {ckpt / '6'}.damaged" in printed
-    got = serialization.msgpack_restore((out / "final" / "flax_model.msgpack").read_bytes())
-    import jax
-
-    diffs = jax.tree_util.tree_map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), expected, got)
-    assert max(jax.tree_util.tree_leaves(diffs)) <= 1e-6  # the fallback resumed exactly
+    assert _max_diff(expected, _final(out)) <= 1e-6  # the fallback resumed exactly
     assert [r["step"] for r in _records(out) if "loss" in r] == [1, 2, 3, 4, 5, 6]
     # An explicit step: a partly overwritten file, a missing state, a missing digest file are one-line errors.
     victim = _largest(ckpt / "6" / "state")
@@ -307,25 +322,23 @@ def test_resume_refuses_other_data_or_optimizer_settings(tiny, trained, tmp_path
         assert f"was made with {field}" in err, err
 
 
-def test_a_checkpoint_that_cannot_be_written_names_it_and_the_last_good_one(tiny, tmp_path, capsys, monkeypatch):
-    """A full disk while checkpoint 4 is written: one line naming it and where to continue from (was the bare
-    '[Errno 28] No space left on device')."""
-    import errno
-
-    save = checkpoints.save
-
-    def full_at_4(mgr, step, state, meta):
-        if step == 4:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return save(mgr, step, state, meta)
-
-    monkeypatch.setattr(checkpoints, "save", full_at_4)
+def test_a_checkpoint_that_cannot_be_written_names_it_and_the_last_good_one(tiny, trained, child_env, tmp_path):
+    """A full disk while checkpoint 4 is written (orbax's real writers failing): one line naming it and where to
+    continue from, no part of step 4 left, and the run continues from step 2 to the uninterrupted run's result.
+    orbax had printed some 800 lines of its threads' tracebacks before a raw tensorstore error, and left
+    4.orbax-checkpoint-tmp behind."""
     out = tmp_path / "out"
-    assert main(_args(tiny, out, *STEPS)) == 1
-    assert _one_line(capsys.readouterr().err) == (
-        f"jaxbert train-mlm: error: writing checkpoint 4 in {out / 'checkpoints'} failed (No space left on device); "
+    rc, _, err = _run(child_env, *_args(tiny, out, *STEPS), FULL_AT_STEP="4")
+    assert rc == 1 and "Traceback" not in err, err
+    assert _one_line(err) == (
+        f"jaxbert train-mlm: error: writing checkpoint 4 in {out / 'checkpoints'} failed (File too large); "
         f"last good checkpoint: step 2 in {out / 'checkpoints'} (continue with --resume auto)\n"
     )
+    assert sorted(os.listdir(out / "checkpoints")) == ["2"] and not (out / lock.LOCK_NAME).exists()
+    checkpoints.verify(str(out / "checkpoints" / "2"))
+    rc, printed, err = _run(child_env, *_args(tiny, out, *STEPS, "--resume", "auto"))
+    assert rc == 0 and "restored step 2" in printed, err
+    assert _max_diff(_final(out), _final(trained)) <= 1e-6  # resumed exactly
 
 
 # 3. Non-finite parameters are never saved.
@@ -520,3 +533,31 @@ def test_a_failed_cache_write_leaves_nothing(tiny, tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space left"):
         data.tokenized(WordPiece.from_dir(tiny), ["a text", "another text"], 8, True, 0, str(cache), "train", "k")
     assert os.listdir(cache) == []
+
+
+def test_a_write_error_leaves_nothing_and_other_errors_pass_through(tmp_path):
+    """save_errors.writing: tensorstore's error text becomes the OSError it names, the step's partial directories
+    go (not a neighbour's), and the quieting of orbax's reports ends with a write that succeeded or failed for
+    another reason (it would hide a library user's logs)."""
+    import logging
+
+    from jaxbert.train import save_errors
+
+    step = tmp_path / "4"
+    for name in ("4.orbax-checkpoint-tmp", "40", "2"):
+        (tmp_path / name).mkdir()
+    hook = sys.unraisablehook
+    with pytest.raises(OSError) as e, save_errors.writing(str(step)):
+        raise ValueError(f"OUT_OF_RANGE: Error writing \"x\" in {step}.orbax: [os_error_code='28']")
+    assert e.value.errno == 28 and e.value.strerror == os.strerror(28)
+    assert sorted(os.listdir(tmp_path)) == ["2", "40"]
+    for failing in (ValueError("a shape mismatch"), KeyError("k")):
+        sys.unraisablehook = hook
+        for name in save_errors.LOGGERS:
+            logging.getLogger(name).filters.clear()
+        with pytest.raises(type(failing), match=str(failing.args[0])), save_errors.writing(str(step)):
+            raise failing
+        assert sys.unraisablehook is hook and not any(logging.getLogger(n).filters for n in save_errors.LOGGERS)
+    with save_errors.writing(str(step)):
+        assert len(logging.getLogger("absl").filters) == 1
+    assert sys.unraisablehook is hook and not logging.getLogger("absl").filters

@@ -18,6 +18,7 @@ import orbax.checkpoint as ocp
 
 from jaxbert import distributed
 from jaxbert.files import atomic_file, checkpoint_file, read_json
+from jaxbert.train import save_errors
 from jaxbert.train.config import OPTIMIZER_KEYS
 
 DIGESTS = "jaxbert_digests.json"
@@ -42,12 +43,14 @@ def step_dir(mgr: ocp.CheckpointManager, step: int) -> str:
 
 
 def save(mgr: ocp.CheckpointManager, step: int, state, meta: dict) -> None:
-    mgr.save(
-        step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True
-    )
-    mgr.wait_until_finished()
-    if distributed.is_primary():  # every process saved its shards (orbax syncs them); one seals the step
-        write_digests(step_dir(mgr, step))
+    """Write and seal `step`; a failed write (a full disk) raises OSError and leaves no part of it (save_errors)."""
+    with save_errors.writing(step_dir(mgr, step)):
+        mgr.save(
+            step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True
+        )
+        mgr.wait_until_finished()
+        if distributed.is_primary():  # every process saved its shards (orbax syncs them); one seals the step
+            write_digests(step_dir(mgr, step))
     distributed.barrier(f"jaxbert-digests-{step}")
 
 
