@@ -63,7 +63,8 @@ class Warp(NamedTuple):
 
 def warp_logits(logits: Float[Array, "R V"], warp: Warp) -> Float[Array, "R V"]:
     """Temperature, then top-k, then top-p, as transformers' warpers (filtered tokens become -inf)."""
-    scores = logits / warp.temperature
+    # At least float32's smallest normal: a subnormal temperature flushed to zero would make 0 / 0.
+    scores = logits / jnp.maximum(warp.temperature, jnp.finfo(jnp.float32).tiny)
     ranked = jnp.sort(scores, axis=-1)  # ascending
     k = jnp.clip(warp.top_k, 1, scores.shape[-1])
     kth = jax.lax.dynamic_index_in_dim(ranked, scores.shape[-1] - k, axis=-1)
@@ -111,7 +112,10 @@ def _pick(search: Search, warp: Warp | None, rng, s: _Rows, logits: Float[Array,
     if search.do_sample:
         # One key per (step, row): a row's draws do not depend on how many rows share the batch.
         keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.fold_in(rng, s.t), r))(jnp.arange(logits.shape[0]))
-        token = jax.vmap(jax.random.categorical)(keys, warp_logits(logits, warp))
+        # The largest logit moved to 0 first (the draw does not change): a temperature near 0 then sends the others
+        # to -inf and the draw to greedy's token, where logits / 1e-45 made every positive logit +inf, drawn alike.
+        shifted = logits - logits.max(axis=-1, keepdims=True)
+        token = jax.vmap(jax.random.categorical)(keys, warp_logits(shifted, warp))
     else:
         token = jnp.argmax(logits, axis=-1)
     unfinished = s.unfinished

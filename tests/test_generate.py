@@ -112,6 +112,9 @@ def test_sampling_is_reproducible_and_respects_top_k_and_top_p(models):
     np.testing.assert_array_equal(run(do_sample=True, top_k=1, seed=7), greedy)
     np.testing.assert_array_equal(run(do_sample=True, top_k=0, top_p=1e-6, seed=7), greedy)
     np.testing.assert_array_equal(run(do_sample=True, top_k=0, temperature=1e-3, seed=7), greedy)
+    # Temperatures so small that logits / T overflows float32 (1e-45 is subnormal) tend to greedy too.
+    for tiny in (1e-40, 1e-45):
+        np.testing.assert_array_equal(run(do_sample=True, top_k=0, temperature=tiny, seed=7), greedy)
     # A row's draws do not depend on the rest of the batch (nor on its padding to a batch bucket).
     fewer = lm.generate(ids[:3], attention_mask=mask[:3], max_new_tokens=NEW, eos_token_id=5, do_sample=True)
     np.testing.assert_array_equal(fewer, first[:3, : fewer.shape[1]])
