@@ -210,6 +210,8 @@ def flax_to_torch(
     """The inverse: the Flax tree -> transformers' state dict keys (kernels transposed back, contiguous).
 
     With `include_tied`, the tied decoder weight and bias are written as well, as `model.state_dict()` has them.
+    An untied decoder's bias is always written: transformers 5 ties it to cls.predictions.bias only along with
+    the weight, and would otherwise initialize it afresh (zeros).
     """
     head = resolve_head(head, config)
     expected = expected_keys(config, head)
@@ -228,9 +230,10 @@ def flax_to_torch(
         if value.shape != tuple(shape):
             raise ValueError(f"{'/'.join(path)}: shape {value.shape}, expected {tuple(shape)} from the config")
         out[name] = value
+    if "cls.predictions.bias" in out and (include_tied or not config.tie_word_embeddings):
+        out["cls.predictions.decoder.bias"] = out["cls.predictions.bias"]
     if include_tied and "cls.predictions.bias" in out and config.tie_word_embeddings:
         out[_TIED_DECODER] = out["bert.embeddings.word_embeddings.weight"]
-        out["cls.predictions.decoder.bias"] = out["cls.predictions.bias"]
     return out
 
 

@@ -162,6 +162,24 @@ def test_convert_export_round_trip_equals_original(tmp_path, capsys):
     assert_close(torch_run(back.eval(), feed).prediction_logits.numpy(), torch_run(hf, feed).prediction_logits.numpy())
 
 
+@pytest.mark.parametrize("head", ["BertForMaskedLM", "BertForPreTraining", "BertLMHeadModel"])
+def test_an_untied_decoder_keeps_its_bias_through_export(head, tmp_path, capsys):
+    """With tie_word_embeddings=false, transformers 5's decoder has a bias of its own (not tied to
+    cls.predictions.bias): an export without cls.predictions.decoder.bias loaded with that bias zeroed."""
+    hf = hf_model(head, tie_word_embeddings=False, is_decoder=head == "BertLMHeadModel")
+    with torch.no_grad():
+        hf.cls.predictions.bias.normal_()
+        hf.cls.predictions.decoder.bias.copy_(hf.cls.predictions.bias)
+    hf.save_pretrained(tmp_path / "src")
+    assert cli(capsys, "convert", tmp_path / "src", tmp_path / "jax")[0] == 0
+    assert cli(capsys, "export", tmp_path / "jax", tmp_path / "pt")[0] == 0
+    back, info = getattr(transformers, head).from_pretrained(tmp_path / "pt", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    field = "prediction_logits" if head == "BertForPreTraining" else "logits"
+    feed = padded_batch(1)
+    assert_close(torch_run(back.eval(), feed)[field].numpy(), torch_run(hf, feed)[field].numpy())
+
+
 def test_bfloat16_convert_and_float32_export(tmp_path, capsys):
     hf = hf_model("BertForSequenceClassification")
     hf.save_pretrained(tmp_path / "src")
