@@ -159,8 +159,9 @@ def _fill_mask(args) -> int:
         for i, candidates in enumerate(per_text):
             if len(per_text) > 1:
                 print(f"[MASK] #{i + 1}")
-            for c in candidates:
-                print(f"  {c['score']:.4f}  {c['token']:<15} {c['sequence']}")
+            for c in candidates:  # an id of a vocabulary padded beyond the tokenizer has no token: its id shown
+                token = c["token"] if c["token"] is not None else f"[id {c['token_id']}]"
+                print(f"  {c['score']:.4f}  {token:<15} {c['sequence']}")
     return 0
 
 

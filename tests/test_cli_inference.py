@@ -81,3 +81,21 @@ def test_fill_mask_command(tmp_path, capsys):
     assert main(["fill-mask", str(tmp_path), texts[0], "no mask"]) == 1
     err = capsys.readouterr().err
     assert "no [MASK] in text 1: 'no mask'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_fill_mask_prints_an_id_the_tokenizer_has_no_token_for(tmp_path, capsys):
+    """A vocabulary padded beyond the tokenizer (30528 rows for 30522 tokens, as some checkpoints have): a padded
+    id predicted has no token (transformers' pipeline gives token_str ''); the command printed nothing but
+    "error: unsupported format string passed to NoneType.__format__"."""
+    torch = pytest.importorskip("torch")
+    hf = hf_model("BertForMaskedLM", vocab_size=30528)
+    with torch.no_grad():
+        hf.cls.predictions.bias[30522:] = 100.0  # the padded ids win
+    hf.config.architectures = ["BertForMaskedLM"]
+    hf.save_pretrained(tmp_path)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(MINILM, name), tmp_path)
+    assert main(["fill-mask", str(tmp_path), "Paris is the [MASK] of France.", "--top-k", "2"]) == 0
+    best = jaxbert.load(tmp_path).fill_mask("Paris is the [MASK] of France.", top_k=2)[0]
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and all(f"  [id {c['token_id']}] " in line for line, c in zip(lines, best)), lines
