@@ -202,6 +202,15 @@ COMPANION_FILES = (
 _MSGPACK_NDARRAY = 1  # flax.serialization's ExtType code for numpy arrays
 
 
+def model_files(directory: str) -> list[str]:
+    """The files a model is read from (config, weights, tokenizer, sentence-transformers): no output replaces
+    them (files.check_not_read)."""
+    from jaxbert.sentence_dir import companion_files
+
+    names = ("config.json", *WEIGHT_FILES, *COMPANION_FILES, *companion_files(directory))
+    return [os.path.join(directory, name) for name in names]
+
+
 def _bin_header(n: int) -> bytes:
     if n < 2**8:
         return struct.pack(">BB", 0xC4, n)

@@ -211,6 +211,21 @@ def check_output_file(path: str) -> None:
         raise FileNotFoundError(f"{path}: no such directory {parent}")
 
 
+def _entry(path: str) -> str:
+    """The directory entry `path` names, its parent directories resolved: what a writer's os.replace replaces
+    (a symlink itself, not its target)."""
+    path = os.path.abspath(path)
+    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+
+
+def check_not_read(output: str, inputs) -> None:
+    """Refuse an output file that would replace a file the command reads (`inputs`: its input file, its model's
+    files): `predict --output` its own --input lost the rows, `evaluate --output MODEL/config.json` the model."""
+    for path in inputs:
+        if os.path.lexists(path) and _entry(output) in (_entry(path), os.path.realpath(path)):
+            raise ValueError(f"{output}: would replace {path}, which this command reads; choose another output")
+
+
 @contextlib.contextmanager
 def atomic_file(path: str, suffix: str = ""):
     """Yield a temporary path beside `path` (ending in `suffix`, e.g. ".npy" for np.save); it replaces `path`

@@ -10,7 +10,8 @@ import os
 import numpy as np
 
 from jaxbert import batching, cpu
-from jaxbert.files import atomic_file, check_output_file
+from jaxbert.checkpoint import model_files
+from jaxbert.files import atomic_file, check_not_read, check_output_file
 from jaxbert.inputs import positive_int
 
 
@@ -99,6 +100,7 @@ def predict(
     if not output.endswith(".jsonl"):
         raise ValueError(f"--output {output}: expected a .jsonl file")
     check_output_file(output)  # before any work
+    check_not_read(output, [input_path, *model_files(directory)])
     bert = jaxbert.load(directory)
     if bert.head == "BertForSequenceClassification":
         text_column, pair_column = _trained_columns(bert.config, text_column, pair_column)
@@ -157,6 +159,7 @@ def evaluate(
     if not output.endswith(".json"):
         raise ValueError(f"--output {output}: expected a .json file")
     check_output_file(output)
+    check_not_read(output, [path, *model_files(directory)])
     task = TASKS[task_name]
     config = load_config(directory)
     head = resolve_head(None, config)

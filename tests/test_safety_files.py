@@ -174,6 +174,27 @@ def test_embed_into_a_directory_fails_before_any_work_and_leaves_nothing(src, tm
     assert not _leftovers(tmp_path)
 
 
+@pytest.mark.parametrize("command", ["predict", "evaluate", "evaluate-link"])
+def test_predict_and_evaluate_never_write_over_a_file_they_read(tmp_path, capsys, command):
+    """predict --output its own --input replaced the rows with predictions; evaluate --output MODEL/config.json
+    replaced the model's config with metrics (the model then no longer loaded). A symlinked directory on the way
+    changes nothing."""
+    model = model_dir(tmp_path / "model", "BertForSequenceClassification")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"text": "a b", "label": "LABEL_1"}\n{"text": "c d", "label": "LABEL_0"}\n')
+    (tmp_path / "alias").symlink_to(model)
+    before, _ = _digest(tmp_path), capsys.readouterr()
+    output = {
+        "predict": rows,
+        "evaluate": tmp_path / "model" / "config.json",
+        "evaluate-link": tmp_path / "alias" / "tokenizer.json",
+    }[command]
+    args = ["--input", rows] if command == "predict" else ["--task", "sequence-classification", "--file", rows]
+    match = "which this command reads"
+    cli_fails(capsys, tmp_path, command.split("-")[0], model, *args, "--output", output, match=match)
+    assert _digest(tmp_path) == before and not _leftovers(tmp_path) and not _leftovers(model)
+
+
 def _limited(limit_bytes, *args):
     """The CLI in a subprocess whose files may not grow beyond `limit_bytes`: writes fail as on a full disk
     (SIGXFSZ ignored, so a write fails with EFBIG instead of killing the process)."""
