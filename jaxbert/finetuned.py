@@ -84,6 +84,20 @@ def _answers(bert, path: str, question: str, context: str, batch_size: int) -> l
     return [bert.answer(q, c, batch_size=batch_size)[0] for q, c in pairs]
 
 
+def _check_vocabulary(data, vocab_size: int, path: str) -> None:
+    """Every token id of the encoded examples inside the embedding table: a tokenizer larger than the model
+    (JAX clamps an out-of-range gather: each such token read as the last row) is named, as inference does."""
+    bad = np.flatnonzero((data.ids < 0) | (data.ids >= vocab_size))
+    if bad.size:
+        example = (int(np.searchsorted(data.starts, bad[0], side="right")) - 1) // data.choices
+        if "example" in data.extra:  # question answering: a window of that example's context
+            example = int(data.extra["example"][example])
+        raise ValueError(
+            f"{path}: example {example}: token id {int(data.ids[bad[0]])} is outside [0, vocab_size={vocab_size}) "
+            "(the tokenizer does not match the model)"
+        )
+
+
 def predict(
     directory: str,
     input_path: str,
@@ -187,6 +201,7 @@ def evaluate(
         trained = opts.pop("max_seq_length", 384)
         limit = min(max_length or trained, limit)
     data = task.encode(tok, rows, cols, labels, limit, **opts)[1]()
+    _check_vocabulary(data, config.vocab_size, path)
     params, _ = load_params(directory, config, head)
     if task_name != "embedding":
         step = task_qa.eval_step if task_name == "question-answering" else task_eval_step

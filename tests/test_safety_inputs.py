@@ -171,3 +171,21 @@ def test_batch_size_top_k_and_max_length_must_be_positive_integers(tiny, tmp_pat
         jaxbert.load(tmp_path / "tag").tag(["text"], batch_size=value)
     with pytest.raises(error, match="top_k"):
         jaxbert.load(tmp_path / "mlm").fill_mask("a [MASK] text", top_k=value)
+
+
+@pytest.mark.parametrize("task", ["sequence-classification", "token-classification", "embedding"])
+def test_evaluate_refuses_token_ids_beyond_the_vocabulary(tmp_path, capsys, task):
+    """A tokenizer of 30522 ids on a model of 97 embeddings: evaluate scored it without a word (JAX clamps a
+    gather out of range, every such token read as the last row), where inference names the id."""
+    head = {"embedding": "BertModel", "token-classification": "BertForTokenClassification"}
+    directory = model_dir(tmp_path / "model", head.get(task, "BertForSequenceClassification"), vocab_size=97)
+    rows = {
+        "sequence-classification": {"text": "a cat", "label": "LABEL_1"},
+        "token-classification": {"tokens": ["a", "cat"], "ner_tags": ["LABEL_1", "LABEL_0"]},
+        "embedding": {"anchor": "a cat", "positive": "the dog"},
+    }[task]
+    (tmp_path / "rows.jsonl").write_text(json.dumps(rows) + "\n")
+    capsys.readouterr()
+    args = ["evaluate", directory, "--task", task, "--file", tmp_path / "rows.jsonl", "--output", tmp_path / "m.json"]
+    cli_fails(capsys, tmp_path, *args, match=f"{tmp_path / 'rows.jsonl'}: example 0: token id 101 is outside")
+    assert not (tmp_path / "m.json").exists()
