@@ -4,6 +4,7 @@ initialized as `init_params` does and named in the "model:" line; a classifier i
 labels fit the checkpoint's mapping. `evaluate` cannot re-initialize: there the mismatch stays an error."""
 
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -158,3 +159,31 @@ def test_a_classifier_of_another_shape_is_renewed(models, tmp_path):
         "new classifier (classifier.bias, classifier.weight)"
     ]
     assert params["classifier"]["kernel"].shape == (32, 1)
+
+
+def test_a_partial_masked_lm_head_keeps_what_the_checkpoint_has(models, tmp_path):
+    """A checkpoint with part of the MLM head (its transform missing): the parameters it has are trained from, only
+    the missing ones are new (the whole head had been replaced by a fresh one, its bias included)."""
+    from safetensors.numpy import load_file, save_file
+
+    from jaxbert.train.state import mlm_params
+
+    partial = tmp_path / "partial"
+    shutil.copytree(models["mlm"], partial)
+    weights = load_file(str(partial / "model.safetensors"))
+    gone = sorted(k for k in weights if k.startswith("cls.predictions.transform.dense."))
+    assert gone and "cls.predictions.bias" in weights
+    rng = np.random.default_rng(0)  # the kept values differ from a fresh head's (zeros, ones)
+    weights = {k: rng.normal(size=v.shape).astype(v.dtype) if k.startswith("cls.") else v for k, v in weights.items()}
+    save_file({k: v for k, v in weights.items() if k not in gone}, str(partial / "model.safetensors"))
+    config = jaxbert.BertConfig.from_pretrained(str(partial))
+    params, fresh, *kept = mlm_params(str(partial), config, seed=3)
+    head = params["cls"]["predictions"]
+    np.testing.assert_array_equal(head["bias"], weights["cls.predictions.bias"])
+    assert kept == [True] and sorted(fresh) == gone
+    norm = weights["cls.predictions.transform.LayerNorm.weight"]
+    np.testing.assert_array_equal(head["transform"]["LayerNorm"]["scale"], norm)
+    new = _fresh(config, "BertForMaskedLM", seed=3)["cls"]["predictions"]["transform"]["dense"]
+    np.testing.assert_array_equal(head["transform"]["dense"]["kernel"], new["kernel"])
+    whole, fresh, kept = mlm_params(models["mlm"], config, seed=3)
+    assert not fresh and kept

@@ -86,12 +86,14 @@ class Run:
         return {k: np.concatenate([o[k] for o in one]).reshape(A, R, *one[0][k].shape[1:]) for k in one[0]}
 
     def initial_params(self):
-        params, fresh = mlm_params(self.cfg.model, self.config, self.cfg.seed)
+        params, fresh, partial = mlm_params(self.cfg.model, self.config, self.cfg.seed)
         if fresh:
-            self.say(
-                f"model: the checkpoint has no masked-LM head; initialized a new one tied to the word "
-                f"embeddings ({', '.join(fresh)})"
+            what = (
+                "lacks part of its masked-LM head; initialized the missing parameters as transformers does"
+                if partial
+                else "has no masked-LM head; initialized a new one tied to the word embeddings"
             )
+            self.say(f"model: the checkpoint {what} ({', '.join(fresh)})")
         return params
 
     def eval_fn(self, dtype):

@@ -115,14 +115,17 @@ def reference_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw) if cfg.max_grad_norm else adamw
 
 
-def mlm_params(directory: str, config: BertConfig, seed: int) -> tuple[dict, list[str]]:
+def mlm_params(directory: str, config: BertConfig, seed: int) -> tuple[dict, list[str], bool]:
     """The checkpoint as BertForMaskedLM. A checkpoint without an MLM head (e.g. a sentence encoder) gets a
-    fresh one, initialized as transformers does and tied to the word embeddings; its keys are returned."""
+    fresh one, initialized as transformers does and tied to the word embeddings; its keys are returned, and
+    whether the checkpoint had part of the head (those parameters are kept: only the missing ones are new)."""
     params, report = load_params(directory, config, "BertForMaskedLM", allow_missing_head=True)
+    kept = traverse_util.flatten_dict(params.get("cls", {}))
     if report.missing:
-        fresh = init_params(config, jax.random.key(seed), "BertForMaskedLM")
-        params = {**params, "cls": jax.device_get(fresh["cls"])}
-    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params), report.missing
+        fresh = jax.device_get(init_params(config, jax.random.key(seed), "BertForMaskedLM")["cls"])
+        fresh = traverse_util.flatten_dict(fresh)
+        params = {**params, "cls": traverse_util.unflatten_dict({**fresh, **kept})}
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params), report.missing, bool(kept)
 
 
 def init_state(params, tx) -> TrainState:
