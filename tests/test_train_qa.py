@@ -202,3 +202,15 @@ def test_squad_json_reads_as_jsonl(tmp_path):
 
     with pytest.raises(ValueError, match=r"d\.json:data\[0\]\.paragraphs\[1\]\.qas\[0\]: column 'answers'"):
         encode(None, read_rows(str(tmp_path / "d.json")), ("question", "context", "answers"), None, 32)
+
+
+def test_a_negative_answer_start_is_refused(tmp_path):
+    """answer_start -6 read "Paris" through Python's negative slicing, so the row passed the check and trained on
+    [CLS] (no answer) in every window; it names the row as any start not at its answer does."""
+    from jaxbert.train.task_qa import encode
+
+    answers = {"text": ["Paris"], "answer_start": [-6]}
+    row = {"question": "Capital?", "context": "The capital is Paris.", "answers": answers}
+    (tmp_path / "d.jsonl").write_text(json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match=r"d\.jsonl:1: column 'answers': answer_start -6 does not point at"):
+        encode(None, read_rows(str(tmp_path / "d.jsonl")), ("question", "context", "answers"), None, 32)

@@ -89,7 +89,7 @@ def _answers(row: Row, column: str, context: str, version_2: bool) -> tuple[list
             raise ValueError(f"{row.where(column)}: answer {text!r} is not a non-empty string")
         if isinstance(start, bool) or not isinstance(start, int):
             raise ValueError(f"{row.where(column)}: answer_start {start!r} is not an integer")
-        if context[start : start + len(text)] != text:
+        if start < 0 or context[start : start + len(text)] != text:  # negative: Python would slice from the end
             found = context[max(start, 0) : max(start, 0) + len(text)]
             raise ValueError(
                 f"{row.where(column)}: answer_start {start} does not point at the answer {text!r} "
