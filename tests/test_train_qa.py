@@ -214,3 +214,19 @@ def test_a_negative_answer_start_is_refused(tmp_path):
     (tmp_path / "d.jsonl").write_text(json.dumps(row) + "\n")
     with pytest.raises(ValueError, match=r"d\.jsonl:1: column 'answers': answer_start -6 does not point at"):
         encode(None, read_rows(str(tmp_path / "d.jsonl")), ("question", "context", "answers"), None, 32)
+
+
+@pytest.mark.parametrize("paragraph", ["a context", ["a context"], None])
+def test_a_squad_paragraph_that_is_not_an_object_is_named(tmp_path, paragraph):
+    """A paragraph that is not an object raised AttributeError ('str' object has no attribute 'get'): a traceback
+    from the CLI, naming no place."""
+    (tmp_path / "d.json").write_text(json.dumps({"data": [{"paragraphs": [paragraph]}]}))
+    with pytest.raises(ValueError, match=r"d\.json:data\[0\]\.paragraphs\[0\]: expected an object"):
+        read_rows(str(tmp_path / "d.json"))
+
+
+def test_json_nested_too_deeply_is_not_squad(tmp_path):
+    """json.load's RecursionError escaped read_squad: a traceback from the CLI."""
+    (tmp_path / "d.json").write_text("[" * 100_000)
+    with pytest.raises(ValueError, match=r"d\.json: not a SQuAD JSON file \(JSON nested too deeply\)"):
+        read_rows(str(tmp_path / "d.json"))

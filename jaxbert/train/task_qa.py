@@ -45,6 +45,8 @@ def read_squad(path: str) -> list[Row]:
             doc = json.load(f)
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not a SQuAD JSON file ({e})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not a SQuAD JSON file (JSON nested too deeply)") from None
     rows = []
     articles = doc.get("data") if isinstance(doc, dict) else None
     if not isinstance(articles, list):
@@ -52,6 +54,8 @@ def read_squad(path: str) -> list[Row]:
     for a, article in enumerate(articles):
         for p, para in enumerate(_list(path, f"data[{a}]", article, "paragraphs")):
             where = f"data[{a}].paragraphs[{p}]"
+            if not isinstance(para, dict):
+                raise ValueError(f"{path}:{where}: expected an object")
             context = para.get("context")
             for q, item in enumerate(_list(path, where, para, "qas")):
                 if not isinstance(item, dict):
