@@ -201,3 +201,13 @@ def test_a_regression_model_of_several_outputs_predicts_each(tmp_path):
     for g, w in zip(got, want.numpy()):
         assert list(g["scores"]) == ["LABEL_0", "LABEL_1", "LABEL_2"]
         assert max(abs(a - b) for a, b in zip(g["scores"].values(), w)) < 1e-5
+
+
+def test_a_csv_cell_is_a_number_only_as_json_writes_one(tmp_path):
+    """Python's int() and float() also read "1_0" as 10 and "٣" (Arabic-Indic three) as 3: label names such as
+    "1_0" and "2_1" became the class ids 10 and 21 (a 22-way classifier with LABEL_i names) without a word."""
+    rows = read_rows(_write(tmp_path / "t.csv", "text,label\na,1_0\nb,2_1\nc,\u0663\nd,1_0\n"))
+    labels = sequence_labels(rows, "label", None, None)
+    assert labels.names == ("1_0", "2_1", "\u0663") and labels.problem_type == "single_label_classification"
+    rows = read_rows(_write(tmp_path / "r.tsv", "text\tlabel\na\t-1.5e1\nb\t 2 \nc\t+0.25\n"))
+    assert [row.label("label") for row in rows] == [-15.0, 2, 0.25]

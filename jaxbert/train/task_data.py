@@ -2,10 +2,10 @@
 remember their file and line, so every error about a value names file, line and column.
 
 JSON lines keep JSON's types (a label may be an integer, a number, a string or a list). CSV/TSV cells are text
-(TSV unquoted: quotes are part of the text): a label cell is read as an integer, else a number, else a JSON array
-when it starts with "[", else a string, and an empty one is an error as a JSON null is; a list column
-(token-classification words and tags, multiple-choice options) is a JSON array in one cell, or numbered columns
-NAME0, NAME1, ... (SWAG's ending0..ending3).
+(TSV unquoted: quotes are part of the text): a label cell is read as an integer, else a number (ASCII digits, no
+"_" separators), else a JSON array when it starts with "[", else a string, and an empty one is an error as a JSON
+null is; a list column (token-classification words and tags, multiple-choice options) is a JSON array in one cell,
+or numbered columns NAME0, NAME1, ... (SWAG's ending0..ending3).
 """
 
 from __future__ import annotations
@@ -100,7 +100,8 @@ def parse_cell(row: Row, column: str, cell: str, want_list: bool = False):
             return json.loads(text)
         except (ValueError, RecursionError):
             raise ValueError(f"{row.where(column)}: {cell!r} is not a JSON array") from None
-    if want_list:
+    # Python's int() and float() also read "1_0" (10) and non-ASCII digits ("\u0663" is 3): label names, not numbers.
+    if want_list or not text.isascii() or "_" in text:
         return cell
     for kind in (int, float):
         try:
