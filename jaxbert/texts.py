@@ -26,7 +26,7 @@ def read_text_file(path: str, allow_empty: bool = False, keep_empty: bool = Fals
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             try:
-                line = raw.decode("utf-8").rstrip("\r\n")
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")  # no byte order mark
             except UnicodeDecodeError as e:
                 raise ValueError(f"{path}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
             if not line.strip():

@@ -42,6 +42,28 @@ def test_csv_tsv_and_jsonl_read_alike(tmp_path):
     assert [r.line for r in read_rows(str(tmp_path / "a.csv"))] == [2, 4]  # blank line 3 skipped, lines kept
 
 
+def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path):
+    """Excel's "CSV UTF-8" starts with a byte order mark: it was read into the first column's name ("no column
+    'label' (columns: '\\ufefflabel', ...)"), and a .jsonl, SQuAD .json or predict's .jsonl input with one was
+    invalid JSON."""
+    from jaxbert.texts import read_text_file
+
+    bom = "\ufeff"
+    (tmp_path / "a.csv").write_text(bom + "label,text\n2,x\n", encoding="utf-8")
+    (tmp_path / "a.tsv").write_text(bom + "label\ttext\n2\tx\n", encoding="utf-8")
+    _jsonl(tmp_path / "a.jsonl", [{"label": 2, "text": "x"}])
+    (tmp_path / "a.jsonl").write_text(bom + (tmp_path / "a.jsonl").read_text(), encoding="utf-8")
+    for name in ("a.csv", "a.tsv", "a.jsonl"):
+        (row,) = read_rows(str(tmp_path / name))
+        assert (row.label("label"), row.text("text")) == (2, "x"), name
+    squad = {"data": [{"paragraphs": [{"context": "x", "qas": [{"question": "q", "answers": []}]}]}]}
+    (tmp_path / "s.json").write_text(bom + json.dumps(squad), encoding="utf-8")
+    assert [r.text("context") for r in read_rows(str(tmp_path / "s.json"))] == ["x"]
+    (tmp_path / "t.jsonl").write_text(bom + '{"text": "y"}\n', encoding="utf-8")
+    (tmp_path / "t.txt").write_text(bom + "y\n", encoding="utf-8")
+    assert read_text_file(str(tmp_path / "t.jsonl")).texts == read_text_file(str(tmp_path / "t.txt")).texts == ["y"]
+
+
 def test_csv_lists_as_numbered_columns_or_json_cells(tmp_path):
     (tmp_path / "swag.csv").write_text('context,ending0,ending1,ending2,label\nhe sat,down,up,"away, far",2\n')
     (tmp_path / "tags.csv").write_text('tokens,ner_tags\n"[""Anna"", ""lives""]","[""B-PER"", ""O""]"\n')

@@ -129,10 +129,12 @@ def read_rows(path: str, flag: str = "--train-file") -> list[Row]:
 
 
 def _lines(path: str):
+    """(number, text) of each line; a UTF-8 byte order mark (Excel's "CSV UTF-8" starts with one) is dropped, or
+    it would be part of the first column's name."""
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             try:
-                yield n, raw.decode("utf-8").rstrip("\r\n")
+                yield n, raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")
             except UnicodeDecodeError as e:
                 raise ValueError(f"{path}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
 

@@ -41,7 +41,7 @@ def options(cfg) -> dict:
 def read_squad(path: str) -> list[Row]:
     """SQuAD JSON (`data[].paragraphs[].qas[]`) as one row per question; a row's place is its JSON path."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # a byte order mark is no error (json.load refuses one)
             doc = json.load(f)
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not a SQuAD JSON file ({e})") from None
