@@ -166,7 +166,7 @@ def evaluate(
     from jaxbert.train import task_qa
     from jaxbert.train.step import task_eval_step
     from jaxbert.train.task_data import read_rows
-    from jaxbert.train.task_labels import model_labels
+    from jaxbert.train.task_labels import check_scorable, model_labels
     from jaxbert.train.task_plan import evaluate_examples
     from jaxbert.train.task_table import TASKS, columns, trained_length
 
@@ -186,6 +186,7 @@ def evaluate(
         task, SimpleNamespace(text_column=text_column, text_pair_column=pair_column, label_column=label_column)
     )
     labels = task.labels(rows, cols, config.problem_type, model_labels(config, head))
+    check_scorable(rows, labels)
     tok = WordPiece.from_dir(directory)
     if max_length is not None:  # beyond the positions, JAX would clamp their ids: a wrong score, no error
         positive_int("--max-seq-length", max_length, config.max_position_embeddings)

@@ -260,6 +260,15 @@ BAD = {  # name: (task, training records or raw text, validation records, flags,
         [],
         "train.jsonl:2: unreadable JSON (Exceeds the limit (4300 digits) for integer string conversion",
     ),
+    # Pearson and Spearman need two pairs: the run used to compile and train, then stop at its first evaluation
+    # ("a correlation needs at least 2 pairs, got 1", naming no file) with OUT/cache and checkpoints written.
+    "one regression validation example": (
+        "sequence-classification",
+        [{"text": "a", "label": 0.5}, {"text": "b", "label": 1.5}],
+        [{"text": "a", "label": 0.5}],
+        ["--per-device-batch-size", "2"],
+        "val.jsonl: 1 example to score; Pearson and Spearman correlations need at least 2",
+    ),
     "unknown metric": (
         "sequence-classification",
         GOOD,

@@ -146,6 +146,15 @@ def sequence_labels(rows, column: str, problem_type: str | None, fixed) -> Label
     return Labels(names, problem, first)
 
 
+def check_scorable(rows, labels: Labels) -> None:
+    """Rows to score can be scored: correlations (regression) need two examples. Checked before training, which
+    would otherwise stop at its first evaluation, its cache and checkpoints written."""
+    if labels.problem_type == "regression" and len(rows) < 2:
+        raise ValueError(
+            f"{_path(rows)}: {len(rows)} example to score; Pearson and Spearman correlations need at least 2"
+        )
+
+
 def regression_target(row, column: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{row.where(column)}: regression label {value!r} is not a number")
