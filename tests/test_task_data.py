@@ -269,6 +269,14 @@ BAD = {  # name: (task, training records or raw text, validation records, flags,
         ["--per-device-batch-size", "2"],
         "val.jsonl: 1 example to score; Pearson and Spearman correlations need at least 2",
     ),
+    # Entity and token scores need a token: the run stopped at its first evaluation ("gold_tags holds no tokens").
+    "validation without words": (
+        "token-classification",
+        TAGS,
+        [{"tokens": [], "ner_tags": []}],
+        ["--per-device-batch-size", "1"],
+        "val.jsonl: column 'tokens': no words to score (every list is empty)",
+    ),
     "unknown metric": (
         "sequence-classification",
         GOOD,

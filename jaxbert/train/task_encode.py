@@ -125,6 +125,8 @@ def encode_tags(tok, rows, columns, labels: Labels, max_len: int):
     words_col, _, tags_col = columns
     tagged = tag_lists(rows, words_col, tags_col)
     words = [w for _, w, _ in tagged]
+    if not any(words):  # the metrics need a word; found here, not at the first evaluation after compiling
+        raise ValueError(f"{rows[0].path}: column {words_col!r}: no words to score (every list is empty)")
     ids = [[label_id(row, tags_col, t, labels) for t in tags] for row, _, tags in tagged]
 
     def build():
