@@ -187,6 +187,14 @@ TAGS = [{"tokens": ["Anna", "lives"], "ner_tags": ["B-PER", "O"]}]
 CHOICES = [{"context": "he sat", "choices": ["down", "up"], "label": 0}]
 
 BAD = {  # name: (task, training records or raw text, validation records, flags, expected message)
+    "an integer label far beyond the others": (  # built a billion-class classifier
+        "sequence-classification",
+        [{"text": "fine", "label": 1}, {"text": "bad", "label": 0}, {"text": "odd", "label": 1000000000}],
+        [{"text": "good", "label": 1}],
+        [],
+        "train.jsonl:3: column 'label': label 1000000000 would make 1,000,000,001 classes (integer labels are class "
+        "ids 0..max) for the 3 distinct labels of the data",
+    ),
     "missing column": (
         "sequence-classification",
         [{"txt": "a", "label": "x"}],

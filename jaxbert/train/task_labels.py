@@ -15,6 +15,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
+# Integer labels are class ids 0..max: from this max on, ids of which the data use at most half are refused (a label
+# 1000000000 had built a billion-class classifier).
+SPARSE_IDS = 1000
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 
 
@@ -85,7 +88,15 @@ def _names(items, column: str, fixed, path: str) -> tuple[tuple[str, ...], tuple
         raise ValueError(f"{path}: column {column!r}: no labels (every list is empty)")
     if isinstance(first[2], str):
         return tuple(sorted({v for _, v in items})), first
-    return tuple(f"LABEL_{i}" for i in range(max(v for _, v in items) + 1)), first
+    top = max(items, key=lambda item: item[1])
+    seen = len({v for _, v in items})
+    if top[1] >= SPARSE_IDS and seen <= top[1] // 2:  # a typo or an identifier, not a class id
+        raise ValueError(
+            f"{top[0].where(column)}: label {top[1]} would make {top[1] + 1:,} classes (integer labels are class ids "
+            f"0..max) for the {seen} distinct labels of the data; give the labels as names (strings), or number "
+            "them from 0"
+        )
+    return tuple(f"LABEL_{i}" for i in range(top[1] + 1)), first
 
 
 def _path(rows) -> str:
