@@ -201,6 +201,10 @@ def evaluate(
         opts = dict(config.extra.get("question_answering") or {})
         trained = opts.pop("max_seq_length", 384)
         limit = min(max_length or trained, limit)
+        # A model not fine-tuned here (or a --max-seq-length below the trained stride): the QA pipeline's default
+        # stride, min(128, half the window). run_qa's 128 alone refused every model of 128 positions or fewer.
+        if opts.get("doc_stride", limit) >= limit:
+            opts["doc_stride"] = min(128, limit // 2)
     data = task.encode(tok, rows, cols, labels, limit, **opts)[1]()
     _check_vocabulary(data, config.vocab_size, path)
     params, _ = load_params(directory, config, head)

@@ -230,3 +230,17 @@ def test_json_nested_too_deeply_is_not_squad(tmp_path):
     (tmp_path / "d.json").write_text("[" * 100_000)
     with pytest.raises(ValueError, match=r"d\.json: not a SQuAD JSON file \(JSON nested too deeply\)"):
         read_rows(str(tmp_path / "d.json"))
+
+
+def test_evaluate_a_short_model_not_fine_tuned_here(tmp_path):
+    """A QA checkpoint of 64 positions from elsewhere: evaluate takes the pipeline's stride (min(128, half the
+    window)); run_qa's 128 made it '--doc-stride 128: must be below --max-seq-length 64', a flag evaluate lacks."""
+    model = model_dir(
+        tmp_path / "qa", "BertForQuestionAnswering", num_labels=2, max_position_embeddings=64, num_hidden_layers=2
+    )
+    data = tmp_path / "qa.jsonl"
+    answered = [r for r in _records() if r["answers"]["text"]]  # SQuAD v1: no trained options say otherwise
+    data.write_text("".join(json.dumps(r) + "\n" for r in answered))
+    out = tmp_path / "eval.json"
+    assert main(["evaluate", model, "--task", "question-answering", "--file", str(data), "--output", str(out)]) == 0
+    assert json.loads(out.read_text())["examples"] == len(answered)
