@@ -5,15 +5,16 @@ A directory is a pipeline of modules: the Transformer (BERT at the directory's r
 max / mean of the square root of the length, concatenated in the configured order when several), then optionally
 Normalize. `max_seq_length` truncates the tokens (special tokens included), capped at the model's positions, and
 `do_lower_case` lower-cases the texts first (tokenizer.WordPiece.lowercased, as sentence-transformers 6 does). A
-module jaxbert does not run (a Dense projection, weighted-mean pooling, ...) is kept as `unsupported`, so `embed`
-refuses to pretend to be the pipeline instead of silently returning something else.
+module jaxbert does not run (a Dense projection, weighted-mean pooling, a class from outside sentence_transformers,
+...) or a pipeline not starting with the Transformer is kept as `unsupported`, so `embed` refuses to pretend to be
+the pipeline instead of silently returning something else.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from jaxbert.files import existing_file, read_json
+from jaxbert.files import checkpoint_file, existing_file, read_json
 
 # sentence-transformers' legacy boolean keys, in the order its Pooling concatenates the modes.
 _LEGACY_MODES = {
@@ -48,13 +49,16 @@ def _modes(path: str, config: dict) -> tuple[str, ...]:
 
 
 def _module_type(path: str, module: dict) -> tuple[str, str]:
+    """(class name, path) of a module; a class outside sentence_transformers keeps its whole reference, so a
+    third-party `mypkg.Normalize` (code sentence-transformers would import) is never taken for its own."""
     if (
         not isinstance(module, dict)
         or not isinstance(module.get("type"), str)
         or not isinstance(module.get("path", ""), str)
     ):
         raise ValueError(f'{path}: each module must be an object with string "type" and "path"')
-    return module["type"].rsplit(".", 1)[-1], module.get("path", "")
+    ref = module["type"]
+    return ref.rsplit(".", 1)[-1] if ref.startswith("sentence_transformers.") else ref, module.get("path", "")
 
 
 def _capped(directory: str, length: int) -> int:
@@ -74,10 +78,13 @@ def read(directory: str) -> SentenceDefaults | None:
     if modules_path is None:
         return None
     pooling, normalize, unsupported = None, False, None
-    for module in read_json(modules_path, list):
-        kind, sub = _module_type(modules_path, module)
-        if kind == "Transformer" and sub in ("", "."):
-            continue
+    modules = [_module_type(modules_path, module) for module in read_json(modules_path, list)]
+    for _, sub in modules:  # sentence-transformers refuses the directory if any module's path leaves it
+        if sub not in ("", "."):
+            checkpoint_file(directory, sub)
+    if not modules or modules[0] not in (("Transformer", ""), ("Transformer", ".")):
+        unsupported = f"{modules_path}: the first module is not the Transformer at the directory's root"
+    for kind, sub in modules[1:]:
         if kind == "Pooling" and pooling is None:
             config_path = existing_file(directory, f"{sub}/config.json")
             if config_path is None:

@@ -129,3 +129,43 @@ def test_a_pipeline_jaxbert_cannot_run_is_refused_not_imitated(tmp_path):
     shutil.rmtree(os.path.join(directory, "1_Pooling"))
     with pytest.raises(ValueError, match=r"its Pooling module has no 1_Pooling/config.json"):
         jaxbert.load(directory).embed(TEXTS)
+
+
+def _modules(directory, entries) -> None:
+    with open(os.path.join(directory, "modules.json"), "w") as f:
+        json.dump([{"idx": i, "name": str(i), **e} for i, e in enumerate(entries)], f)
+
+
+_T = {"path": "", "type": "sentence_transformers.models.Transformer"}
+_P = {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}
+_N = {"path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+
+
+@pytest.mark.parametrize(
+    "entries, match",
+    [
+        ([_P, _T, _N], r"modules.json: the first module is not the Transformer at the directory's root"),
+        ([_P, _N], r"modules.json: the first module is not the Transformer at the directory's root"),
+        ([_T, _P, {**_N, "type": "mypkg.Normalize"}], r"module mypkg.Normalize at '2_Normalize' is not run by jaxbert"),
+        ([_T, {**_P, "type": "mypkg.models.Pooling"}], r"module mypkg.models.Pooling at '1_Pooling' is not run"),
+    ],
+)
+def test_pipelines_sentence_transformers_would_not_run_as_listed_are_refused(tmp_path, entries, match):
+    """Only the Transformer → Pooling → Normalize of sentence_transformers' own classes is jaxbert's pipeline: a
+    Pooling listed before the Transformer (sentence-transformers: KeyError 'sentence_embedding'), no Transformer
+    at all, or a third-party class whose name ends in Normalize / Pooling (code sentence-transformers would have to
+    import) were embedded as Transformer → Pooling → Normalize without a word."""
+    directory = _st_dir(tmp_path, {"pooling_mode": "mean"}, modules=("Pooling", "Normalize"), max_seq_length=12)
+    _modules(directory, entries)
+    with pytest.raises(ValueError, match=match):
+        jaxbert.load(directory).embed(TEXTS)
+
+
+@pytest.mark.parametrize("path", ["../outside", "/etc"])
+def test_a_module_path_outside_the_directory_is_refused_for_every_module(tmp_path, path):
+    """sentence-transformers refuses a modules.json naming a path outside the directory for any module; jaxbert
+    refused it for the Pooling (whose config it reads) but embedded past a Normalize at '../outside'."""
+    directory = _st_dir(tmp_path, {"pooling_mode": "mean"}, modules=("Pooling", "Normalize"))
+    _modules(directory, [_T, _P, {**_N, "path": path}])
+    with pytest.raises(ValueError, match=r"outside the checkpoint|not a relative path inside the checkpoint"):
+        jaxbert.load(directory).embed(TEXTS)
