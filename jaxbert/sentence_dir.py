@@ -61,6 +61,20 @@ def _module_type(path: str, module: dict) -> tuple[str, str]:
     return ref.rsplit(".", 1)[-1] if ref.startswith("sentence_transformers.") else ref, module.get("path", "")
 
 
+def _normalizes_elsewhere(directory: str, sub: str) -> str | None:
+    """Why a Normalize module does not normalize the sentence embedding, if it does not: sentence-transformers 6
+    normalizes the feature its config.json names (e.g. the token embeddings) and writes it where that names."""
+    path = existing_file(directory, f"{sub}/config.json") if sub not in ("", ".") else None
+    config = read_json(path) if path else {}
+    given = {"module_input_name": config.get("module_input_name", "sentence_embedding")}
+    output = config.get("module_output_name")
+    given["module_output_name"] = given["module_input_name"] if output is None else output  # null: the input's
+    for key, name in given.items():
+        if name != "sentence_embedding":
+            return f"{path}: {key} {name!r} (a Normalize of another feature) is not run by jaxbert"
+    return None
+
+
 def _capped(directory: str, length: int) -> int:
     """max_seq_length, at most the model's max_position_embeddings. sentence-transformers 6.2 gives a longer one
     to the tokenizer unchecked: texts that fit the positions embed as if it were capped, longer ones crash in the
@@ -98,6 +112,9 @@ def read(directory: str) -> SentenceDefaults | None:
                 unsupported = f"{config_path}: include_prompt=false is not implemented by jaxbert"
         elif kind == "Normalize" and pooling is not None:
             normalize = True
+            elsewhere = _normalizes_elsewhere(directory, sub)
+            if elsewhere and unsupported is None:
+                unsupported = elsewhere
         elif unsupported is None:
             unsupported = f"{modules_path}: module {kind} at {sub!r} is not run by jaxbert"
     if pooling is None and unsupported is None:

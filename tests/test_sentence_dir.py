@@ -169,3 +169,19 @@ def test_a_module_path_outside_the_directory_is_refused_for_every_module(tmp_pat
     _modules(directory, [_T, _P, {**_N, "path": path}])
     with pytest.raises(ValueError, match=r"outside the checkpoint|not a relative path inside the checkpoint"):
         jaxbert.load(directory).embed(TEXTS)
+
+
+@pytest.mark.parametrize("names", [{"module_input_name": "token_embeddings"}, {"module_output_name": "unit_embedding"}])
+def test_a_normalize_module_configured_elsewhere_is_refused(tmp_path, names):
+    """sentence-transformers 6's Normalize normalizes the feature its config.json names: over the token embeddings
+    (ColBERT style), or written to another key, it leaves the sentence embedding as pooled. jaxbert read no config
+    and normalized anyway (max |diff| 1.9 against SentenceTransformer.encode)."""
+    directory = _st_dir(tmp_path, {"pooling_mode": "mean"}, modules=("Pooling", "Normalize"), max_seq_length=12)
+    with open(os.path.join(directory, "2_Normalize", "config.json"), "w") as f:
+        json.dump(names, f)
+    with pytest.raises(ValueError, match=rf"2_Normalize/config.json: {next(iter(names))} .* is not run by jaxbert"):
+        jaxbert.load(directory).embed(TEXTS)
+    plain = _st_dir(tmp_path / "plain", {"pooling_mode": "mean"}, modules=("Pooling", "Normalize"), max_seq_length=12)
+    with open(os.path.join(plain, "2_Normalize", "config.json"), "w") as f:  # as sentence-transformers 6 saves it
+        json.dump({"module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding"}, f)
+    _assert_same(jaxbert.load(plain).embed(TEXTS), _reference(plain))
