@@ -13,6 +13,7 @@ the pipeline instead of silently returning something else.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from jaxbert.files import checkpoint_file, existing_file, read_json
 
@@ -86,6 +87,50 @@ def _capped(directory: str, length: int) -> int:
     return min(length, BertConfig.from_pretrained(directory).max_position_embeddings)
 
 
+# sentence_bert_config.json's other keys, with the values that leave the Transformer module as jaxbert runs it (what
+# sentence-transformers 6 saves for a BERT): anything else (another task, a tokenizer from elsewhere, ...) is not.
+_PLAIN_SETTINGS = {
+    "transformer_task": ("feature-extraction",),
+    "module_output_name": ("token_embeddings",),
+    "modality_config": ({"text": {"method": "forward", "method_output_name": "last_hidden_state"}},),
+    "unpad_inputs": (None, True, False),  # flash attention's unpadding: the same vectors
+    **{key: (None,) for key in ("query_length", "document_length", "query_expansion")},
+    "processing_kwargs": (None, {}),
+}
+# Keyword dicts sentence-transformers passes to transformers (the old name first: it wins when both are given).
+_TOKENIZER_KWARGS = ("tokenizer_args", "processor_kwargs")
+_MODEL_KWARGS = ("model_args", "model_kwargs", "config_args", "config_kwargs")
+
+
+def _length(path: str | None, settings: dict) -> int | None:
+    """The tokens kept: the tokenizer keyword arguments' model_max_length, which sentence-transformers gives the
+    tokenizer in place of max_seq_length, else max_seq_length; None when neither is set."""
+    key, length = "max_seq_length", settings.get("max_seq_length")
+    for name in _TOKENIZER_KWARGS:
+        kwargs = settings.get(name)
+        if isinstance(kwargs, dict) and "model_max_length" in kwargs:
+            key, length = f"{name}.model_max_length", kwargs["model_max_length"]
+            break
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
+        raise ValueError(f"{path}: {key} {length!r} is not a positive integer")
+    return None if length is None else _capped(os.path.dirname(path), length)
+
+
+def _transformer_unsupported(path: str | None, settings: dict) -> str | None:
+    """Why sentence-transformers' Transformer module would not be the model and tokenizer jaxbert runs, if so."""
+    for key, value in settings.items():
+        if key in ("max_seq_length", "do_lower_case"):
+            continue
+        if key in _TOKENIZER_KWARGS + _MODEL_KWARGS and isinstance(value, dict):
+            read = {"trust_remote_code", *(("model_max_length",) if key in _TOKENIZER_KWARGS else ())}
+            other = [name for name in value if name not in read]  # trust_remote_code: dropped by sentence-transformers
+            if other:
+                return f"{path}: {key} {other[0]!r} is not run by jaxbert"
+        elif key not in _PLAIN_SETTINGS or value not in _PLAIN_SETTINGS[key]:
+            return f"{path}: {key}={value!r} is not run by jaxbert"
+    return None
+
+
 def read(directory: str) -> SentenceDefaults | None:
     """The embedding defaults of a sentence-transformers directory; None when `directory` is not one."""
     modules_path = existing_file(directory, "modules.json")
@@ -121,11 +166,8 @@ def read(directory: str) -> SentenceDefaults | None:
         unsupported = f"{modules_path}: no Pooling module"
     settings_path = existing_file(directory, "sentence_bert_config.json")
     settings = read_json(settings_path) if settings_path else {}
-    length = settings.get("max_seq_length")
-    if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
-        raise ValueError(f"{settings_path}: max_seq_length {length!r} is not a positive integer")
-    if length is not None:
-        length = _capped(directory, length)
+    length = _length(settings_path, settings)
+    unsupported = unsupported or _transformer_unsupported(settings_path, settings)
     prompts_path = existing_file(directory, "config_sentence_transformers.json")
     if prompts_path and read_json(prompts_path).get("default_prompt_name") and unsupported is None:
         unsupported = f"{prompts_path}: a default prompt is not implemented by jaxbert"

@@ -185,3 +185,35 @@ def test_a_normalize_module_configured_elsewhere_is_refused(tmp_path, names):
     with open(os.path.join(plain, "2_Normalize", "config.json"), "w") as f:  # as sentence-transformers 6 saves it
         json.dump({"module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding"}, f)
     _assert_same(jaxbert.load(plain).embed(TEXTS), _reference(plain))
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(tokenizer_args={"model_max_length": 9}),  # sentence-transformers' older name
+        dict(max_seq_length=30, processor_kwargs={"model_max_length": 9}),  # wins over max_seq_length
+    ],
+)
+def test_the_tokenizer_length_in_sentence_bert_config_truncates_as_sentence_transformers(tmp_path, settings):
+    """sentence-transformers gives sentence_bert_config.json's tokenizer_args / processor_kwargs to the tokenizer:
+    a model_max_length there truncates every text (before max_seq_length does). jaxbert ignored it (max |diff| 0.14
+    on normalized vectors, no error)."""
+    directory = _st_dir(tmp_path, {"pooling_mode": "mean"}, modules=("Pooling", "Normalize"), **settings)
+    assert jaxbert.load(directory).sentence_defaults.max_seq_length == 9
+    _assert_same(jaxbert.load(directory).embed(TEXTS), _reference(directory))
+
+
+@pytest.mark.parametrize(
+    "settings, match",
+    [
+        (dict(config_args={"num_hidden_layers": 1}), r"config_args 'num_hidden_layers' is not run by jaxbert"),
+        (dict(config_kwargs={"layer_norm_eps": 0.5}), r"config_kwargs 'layer_norm_eps' is not run by jaxbert"),
+        (dict(processor_kwargs={"do_lower_case": True}), r"processor_kwargs 'do_lower_case' is not run"),
+        (dict(transformer_task="fill-mask"), r"transformer_task='fill-mask' is not run by jaxbert"),
+    ],
+)
+def test_transformer_settings_jaxbert_does_not_apply_are_refused(tmp_path, settings, match):
+    """config_args change the model sentence-transformers builds (num_hidden_layers 1: max |diff| 0.26, no error)."""
+    directory = _st_dir(tmp_path, {"pooling_mode": "mean"}, modules=("Pooling", "Normalize"), **settings)
+    with pytest.raises(ValueError, match=r"sentence_bert_config.json: " + match):
+        jaxbert.load(directory).embed(TEXTS)
