@@ -46,7 +46,8 @@ def _modes(path: str, config: dict) -> tuple[str, ...]:
         if not modes or not all(isinstance(m, str) for m in modes):
             raise ValueError(f"{path}: pooling_mode {mode!r} is not a mode name or a list of them")
         return modes
-    return tuple(m for key, m in _LEGACY_MODES.items() if config.get(key) is True) or ("mean",)
+    # Tested for truth, as sentence-transformers does: 1 is true, 0 and null are not.
+    return tuple(m for key, m in _LEGACY_MODES.items() if config.get(key)) or ("mean",)
 
 
 def _module_type(path: str, module: dict) -> tuple[str, str]:
@@ -171,7 +172,7 @@ def read(directory: str) -> SentenceDefaults | None:
     prompts_path = existing_file(directory, "config_sentence_transformers.json")
     if prompts_path and read_json(prompts_path).get("default_prompt_name") and unsupported is None:
         unsupported = f"{prompts_path}: a default prompt is not implemented by jaxbert"
-    return SentenceDefaults(pooling or ("mean",), normalize, length, settings.get("do_lower_case") is True, unsupported)
+    return SentenceDefaults(pooling or ("mean",), normalize, length, bool(settings.get("do_lower_case")), unsupported)
 
 
 def embedding_options(defaults: SentenceDefaults | None, pooling, normalize, max_length):

@@ -217,3 +217,20 @@ def test_transformer_settings_jaxbert_does_not_apply_are_refused(tmp_path, setti
     directory = _st_dir(tmp_path, {"pooling_mode": "mean"}, modules=("Pooling", "Normalize"), **settings)
     with pytest.raises(ValueError, match=r"sentence_bert_config.json: " + match):
         jaxbert.load(directory).embed(TEXTS)
+
+
+def test_settings_written_as_numbers_read_as_sentence_transformers_reads_them(tmp_path):
+    """sentence-transformers tests the legacy pooling keys and do_lower_case for truth: {"pooling_mode_cls_token":
+    1, "pooling_mode_mean_tokens": 0} is [CLS] pooling and do_lower_case 1 lower-cases. jaxbert asked `is True`,
+    so it mean-pooled (max |diff| 0.36 on normalized vectors) and kept the case, without a word."""
+    pooling = {"pooling_mode_cls_token": 1, "pooling_mode_mean_tokens": 0}
+    directory = _st_dir(tmp_path, pooling, modules=("Pooling", "Normalize"), max_seq_length=12, do_lower_case=1)
+    path = os.path.join(directory, "tokenizer.json")
+    with open(path) as f:
+        spec = json.load(f)
+    spec["normalizer"]["lowercase"] = False  # a cased tokenizer: do_lower_case decides
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    defaults = jaxbert.load(directory).sentence_defaults
+    assert defaults.pooling == ("cls",) and defaults.lower_case
+    _assert_same(jaxbert.load(directory).embed(TEXTS), _reference(directory))
