@@ -194,8 +194,10 @@ def evaluate(
     if task_name == "embedding":  # the directory's own pooling, normalization and length (sentence_dir.py)
         from jaxbert.train.task_embedding import directory_eval
 
-        eval_fn, limit = directory_eval(directory, config, max_length or None)
-        limit = min(limit or config.max_position_embeddings, config.max_position_embeddings, tok.model_max_length)
+        eval_fn, limit, lower = directory_eval(directory, config, max_length or None)
+        # The directory's max_seq_length replaces the tokenizer's own length, as sentence-transformers does.
+        limit = min(limit or tok.model_max_length, config.max_position_embeddings)
+        tok = tok.lowercased() if lower else tok
     opts = {}
     if task_name == "question-answering":  # the options it was trained with (task_qa.QARun.final_config)
         opts = dict(config.extra.get("question_answering") or {})

@@ -297,3 +297,39 @@ def test_embedding_flags_belong_to_the_embedding_task(tmp_path, capsys):
         "max",
         match="--pooling applies to --task embedding only",
     )
+
+
+@pytest.mark.parametrize("change", ["shorter tokenizer", "lower case"])
+def test_evaluate_embeds_as_the_directory_pipeline(change, tiny, tmp_path):
+    """`jaxbert evaluate --task embedding` scores the vectors SentenceTransformer(dir) and embed give: truncated at
+    the directory's max_seq_length even where tokenizer_config.json says fewer tokens (sentence-transformers gives
+    max_seq_length to the tokenizer; a directory fine-tuned from one saved with 256 at --max-seq-length 384 is
+    such), and lower-cased when do_lower_case says so. evaluate cut at the tokenizer's length and kept the case,
+    so its loss and ranks were another pipeline's."""
+    source, bert = tiny
+    out = tmp_path / "st"
+    write_sentence_model(
+        bert.params, bert.config, str(out), pooling="mean", normalize=True, max_seq_length=40, tokenizer_from=source
+    )
+    if change == "lower case":
+        spec = json.load(open(out / "tokenizer.json"))
+        spec["normalizer"]["lowercase"] = False  # a cased tokenizer, lower-cased by the pipeline
+        json.dump(spec, open(out / "tokenizer.json", "w"))
+        json.dump({"max_seq_length": 40, "do_lower_case": True}, open(out / "sentence_bert_config.json", "w"))
+    else:
+        spec = json.load(open(out / "tokenizer_config.json"))
+        json.dump({**spec, "model_max_length": 6}, open(out / "tokenizer_config.json", "w"))
+    rng = np.random.default_rng(3)
+    text = lambda: " ".join(w.upper() if rng.random() < 0.5 else w for w in rng.choice(WORDS, 12))  # noqa: E731
+    records = [{"anchor": text(), "positive": text()} for _ in range(6)]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    ours = jaxbert.load(out)
+    anchors, positives = (ours.embed([r[c] for r in records]) for c in ("anchor", "positive"))
+    theirs = st.SentenceTransformer(str(out), device="cpu")
+    _same(anchors, theirs.encode([r["anchor"] for r in records], convert_to_numpy=True))
+    s = 20 * anchors.astype(np.float64) @ positives.astype(np.float64).T
+    loss = np.mean(np.log(np.exp(s).sum(1)) - np.diagonal(s))
+    metrics = str(tmp_path / "m.json")
+    assert main(["evaluate", str(out), "--task", "embedding", "--file", str(data), "--output", metrics]) == 0
+    assert abs(json.load(open(metrics))["loss"] - loss) <= 1e-4

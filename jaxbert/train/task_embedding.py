@@ -135,14 +135,14 @@ def eval_step(params, batch, *, config, pooling, normalize, dtype=jnp.float32):
 
 def directory_eval(directory: str, config, limit: int | None):
     """`jaxbert evaluate --task embedding`: the directory's own pipeline (sentence_dir.py) -> (jitted eval step,
-    max length)."""
+    max length, lower-case the texts)."""
     from jaxbert.sentence_dir import embedding_options, read
 
-    modes, normalize, length, _ = embedding_options(read(directory), None, None, None)
+    modes, normalize, length, lower = embedding_options(read(directory), None, None, None)
     if len(modes) != 1 or modes[0] not in ("cls", "mean", "max"):
         raise ValueError(f"{directory}: pooling {'+'.join(modes)}; --task embedding evaluates cls, mean or max")
     step = functools.partial(eval_step, config=config, pooling=modes[0], normalize=normalize)
-    return cpu.onednn_jit(step, tokens=cpu.batch_tokens), limit or length
+    return cpu.onednn_jit(step, tokens=cpu.batch_tokens), limit or length, lower
 
 
 # -- the run ---------------------------------------------------------------------------------------------------
