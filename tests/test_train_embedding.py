@@ -333,3 +333,20 @@ def test_evaluate_embeds_as_the_directory_pipeline(change, tiny, tmp_path):
     metrics = str(tmp_path / "m.json")
     assert main(["evaluate", str(out), "--task", "embedding", "--file", str(data), "--output", metrics]) == 0
     assert abs(json.load(open(metrics))["loss"] - loss) <= 1e-4
+
+
+def test_a_source_whose_modules_json_leaves_it_fails_before_training(tmp_path, capsys):
+    """The output directory copies the source's sentence-transformers files; a module path in its modules.json
+    outside the directory was found only then: every step ran and was checkpointed, and writing OUT/final failed
+    (again on each resume). It is now an input error, before any step."""
+    model = model_dir(tmp_path / "model", **SMALL)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
+    modules.append({"idx": 1, "name": "1", "path": "../outside", "type": "sentence_transformers.models.Pooling"})
+    (tmp_path / "model" / "modules.json").write_text(json.dumps(modules))
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _records()))
+    out = tmp_path / "out"
+    capsys.readouterr()  # the model's own writing progress
+    args = _train_args(model, data, out, "mean", False, False, "--global-batch-size", "4", "--max-steps", "2")
+    cli_fails(capsys, tmp_path, *args, match="../outside/config.json: names a file outside the checkpoint directory")
+    assert not (out / "checkpoints").exists() and not (out / "final").exists()

@@ -166,6 +166,7 @@ PACKED_TASKS = ("sequence-classification", "token-classification")  # --pack: ex
 
 def prepare(cfg: TrainConfig) -> TaskRun:
     """Everything that can be wrong with the inputs is found here, before any compilation."""
+    from jaxbert.sentence_dir import companion_files
     from jaxbert.tokenizer import WordPiece
 
     task = TASKS[cfg.task]
@@ -193,6 +194,7 @@ def prepare(cfg: TrainConfig) -> TaskRun:
     plain = _plain_tags(task, labels)
     metric = metric_name(cfg.metric_for_best_model, task.metrics(labels), plain)
     tok = WordPiece.from_dir(cfg.model)
+    companion_files(cfg.model)  # what the written model copies: a path leaving the source fails now, not at the end
     key = [D.tokenizer_key(cfg.model), task.name, cfg.max_seq_length, labels.names, labels.problem_type]
 
     opts = task.options(cfg)
