@@ -50,6 +50,28 @@ def _modes(path: str, config: dict) -> tuple[str, ...]:
     return tuple(m for key, m in _LEGACY_MODES.items() if config.get(key)) or ("mean",)
 
 
+_POOLING_KEYS = {"word_embedding_dimension", "embedding_dimension", "pooling_mode", "include_prompt", *_LEGACY_MODES}
+
+
+def _pooling(directory: str, modules_path: str, sub: str) -> tuple[tuple[str, ...], str | None]:
+    """(modes, why jaxbert cannot run them or None) of the Pooling module at `sub`."""
+    name = os.path.join(sub, "config.json")
+    config_path = existing_file(directory, name)
+    if config_path is None:
+        raise ValueError(f"{modules_path}: its Pooling module has no {name}")
+    config = read_json(config_path)
+    modes = _modes(config_path, config)
+    unknown = [key for key in config if key not in _POOLING_KEYS]  # sentence-transformers: a TypeError
+    bad = [m for m in modes if m not in POOLING_MODES]
+    if unknown:
+        return modes, f"{config_path}: {unknown[0]!r} is not a setting of sentence-transformers' Pooling"
+    if bad:
+        return modes, f"{config_path}: pooling mode {bad[0]!r} is not implemented by jaxbert"
+    if config.get("include_prompt", True) is not True:
+        return modes, f"{config_path}: include_prompt=false is not implemented by jaxbert"
+    return modes, None
+
+
 def _module_type(path: str, module: dict) -> tuple[str, str]:
     """(class name, path) of a module; a class outside sentence_transformers keeps its whole reference, so a
     third-party `mypkg.Normalize` (code sentence-transformers would import) is never taken for its own."""
@@ -146,16 +168,8 @@ def read(directory: str) -> SentenceDefaults | None:
         unsupported = f"{modules_path}: the first module is not the Transformer at the directory's root"
     for kind, sub in modules[1:]:
         if kind == "Pooling" and pooling is None:
-            config_path = existing_file(directory, f"{sub}/config.json")
-            if config_path is None:
-                raise ValueError(f"{modules_path}: its Pooling module has no {sub}/config.json")
-            config = read_json(config_path)
-            pooling = _modes(config_path, config)
-            bad = [m for m in pooling if m not in POOLING_MODES]
-            if bad and unsupported is None:
-                unsupported = f"{config_path}: pooling mode {bad[0]!r} is not implemented by jaxbert"
-            if config.get("include_prompt", True) is not True and unsupported is None:
-                unsupported = f"{config_path}: include_prompt=false is not implemented by jaxbert"
+            pooling, why = _pooling(directory, modules_path, sub)
+            unsupported = unsupported or why
         elif kind == "Normalize" and pooling is not None:
             normalize = True
             elsewhere = _normalizes_elsewhere(directory, sub)

@@ -234,3 +234,19 @@ def test_settings_written_as_numbers_read_as_sentence_transformers_reads_them(tm
     defaults = jaxbert.load(directory).sentence_defaults
     assert defaults.pooling == ("cls",) and defaults.lower_case
     _assert_same(jaxbert.load(directory).embed(TEXTS), _reference(directory))
+
+
+@pytest.mark.parametrize(
+    "pooling_path, config",
+    [
+        ("1_Pooling", {"pooling_mode_cls_tokens": True}),  # a typo: sentence-transformers' Pooling raises TypeError
+        (".", None),  # the model's own config.json read as the Pooling's
+    ],
+)
+def test_a_pooling_config_sentence_transformers_cannot_build_is_refused(tmp_path, pooling_path, config):
+    """A key sentence-transformers' Pooling does not take makes it raise (TypeError, unexpected keyword); jaxbert
+    skipped the key and mean-pooled, so a misspelt pooling_mode_cls_token gave mean vectors without a word."""
+    directory = _st_dir(tmp_path, {"word_embedding_dimension": 32, **(config or {})}, max_seq_length=12)
+    _modules(directory, [_T, {**_P, "path": pooling_path}])
+    with pytest.raises(ValueError, match=r"config.json: .* is not a setting of sentence-transformers' Pooling"):
+        jaxbert.load(directory).embed(TEXTS)
