@@ -215,11 +215,23 @@ FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transform
 
 def companion_files(directory: str) -> list[str]:
     """The sentence-transformers files of `directory` that travel with its weights (relative names): the
-    top-level ones and each module's config.json."""
+    top-level ones and every file of each module's directory (its config.json, and a Dense's weights)."""
     names = [name for name in FILES if existing_file(directory, name)]
     if "modules.json" in names:
         for module in read_json(existing_file(directory, "modules.json"), list):
             _, sub = _module_type(directory, module)
-            if sub not in ("", ".") and existing_file(directory, f"{sub}/config.json"):
-                names.append(f"{sub}/config.json")
+            if sub not in ("", "."):
+                names += _module_files(directory, sub)
+    return list(dict.fromkeys(names))
+
+
+def _module_files(directory: str, sub: str) -> list[str]:
+    """The files under a module's directory, relative to `directory`, each within the symlink policy."""
+    names = []
+    for top, dirs, files in os.walk(checkpoint_file(directory, sub)):
+        dirs.sort()
+        for name in sorted(files):
+            rel = os.path.relpath(os.path.join(top, name), directory)
+            if existing_file(directory, rel):
+                names.append(rel)
     return names

@@ -58,8 +58,9 @@ def _drop_sentence_files(directory: str) -> None:
     for name in companion_files(directory):
         os.remove(os.path.join(directory, name))
         sub = os.path.dirname(name)
-        if sub and not os.listdir(os.path.join(directory, sub)):
+        while sub and not os.listdir(os.path.join(directory, sub)):  # a module's files may lie in subdirectories
             os.rmdir(os.path.join(directory, sub))
+            sub = os.path.dirname(sub)
     if os.path.isdir(os.path.join(directory, "2_Normalize")):
         shutil.rmtree(os.path.join(directory, "2_Normalize"))
 

@@ -250,3 +250,22 @@ def test_a_pooling_config_sentence_transformers_cannot_build_is_refused(tmp_path
     _modules(directory, [_T, {**_P, "path": pooling_path}])
     with pytest.raises(ValueError, match=r"config.json: .* is not a setting of sentence-transformers' Pooling"):
         jaxbert.load(directory).embed(TEXTS)
+
+
+def test_convert_and_export_keep_the_weights_of_the_other_modules(tmp_path):
+    """A sentence-transformers model with a Dense projection: convert then export wrote its 2_Dense/config.json but
+    not 2_Dense/model.safetensors (exit 0, "wrote: 2_Dense"), so the exported directory no longer loaded
+    ("Could not find 'model.safetensors'"). Every file of each module's directory now travels with the model."""
+    import torch
+    from sentence_transformers.base.modules import Normalize
+    from sentence_transformers.sentence_transformer.modules import Dense
+
+    directory = _st_dir(tmp_path, {"pooling_mode": "mean"}, max_seq_length=12)
+    source = st.SentenceTransformer(directory, device="cpu")
+    torch.manual_seed(0)
+    dense = Dense(32, 16, bias=True, activation_function=torch.nn.Tanh())
+    st.SentenceTransformer(modules=[source[0], source[1], dense, Normalize()], device="cpu").save(str(tmp_path / "d"))
+    want = _reference(tmp_path / "d")
+    assert main(["convert", str(tmp_path / "d"), str(tmp_path / "jax")]) == 0
+    assert main(["export", str(tmp_path / "jax"), str(tmp_path / "pt")]) == 0
+    _assert_same(_reference(tmp_path / "pt"), want)
