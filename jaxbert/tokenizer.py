@@ -72,6 +72,14 @@ def _max_length(config: dict, path: str) -> int:
     return NO_LIMIT if value > NO_LIMIT else int(value)
 
 
+def _truncation_side(config: dict, path: str) -> str:
+    """Which end of a long text is cut: transformers' tokenizers read tokenizer_config.json's truncation_side."""
+    side = _setting(config, path, "truncation_side", (str,), "right")
+    if side not in ("left", "right"):
+        raise ValueError(f"{path}: truncation_side={side!r} must be 'left' or 'right'")
+    return side
+
+
 def _with_unknown(path: str, tok: Tokenizer) -> Tokenizer:
     """`tok`, once its model's unknown token is known to be in its vocabulary: otherwise WordPiece (and
     WordLevel) fail on the first text with a character outside the vocabulary, long after loading."""
@@ -95,23 +103,24 @@ class WordPiece:
     is a separate copy, built once (tokenizers' settings are shared mutable state, so toggling them per call
     would let concurrent calls see each other's settings)."""
 
-    def __init__(self, tokenizer: Tokenizer, model_max_length: int = 512):
+    def __init__(self, tokenizer: Tokenizer, model_max_length: int = 512, truncation_side: str = "right"):
         tokenizer.no_padding()
         tokenizer.no_truncation()
         self._tok = tokenizer
         self._truncating: dict[int, Tokenizer] = {}
         self._lock = threading.Lock()
         self.model_max_length = model_max_length
+        self.truncation_side = truncation_side
         self.vocab = tokenizer.get_vocab()
         self._lower: WordPiece | None = None  # see lowercased
 
     @classmethod
     def from_dir(cls, directory: str) -> WordPiece:
         config, config_path = _read_config(directory)
-        max_len = _max_length(config, config_path)
+        max_len, side = _max_length(config, config_path), _truncation_side(config, config_path)
         path = existing_file(directory, "tokenizer.json")
         if path:
-            return cls(_with_unknown(path, _load(path, lambda: Tokenizer.from_file(path))), max_len)
+            return cls(_with_unknown(path, _load(path, lambda: Tokenizer.from_file(path))), max_len, side)
         vocab = existing_file(directory, "vocab.txt")
         if not vocab:
             raise FileNotFoundError(f"{directory}: no tokenizer (looked for tokenizer.json, vocab.txt)")
@@ -126,7 +135,7 @@ class WordPiece:
         never_split = [t for t in never_split if isinstance(t, str) and t in tok.get_vocab()]
         if never_split:  # whole tokens, matched before normalization, never split into word pieces
             tok.add_tokens([AddedToken(t, single_word=True, normalized=False) for t in never_split])
-        return cls(tok, max_len)
+        return cls(tok, max_len, side)
 
     def lowercased(self) -> WordPiece:
         """This tokenizer lower-casing texts first, as sentence-transformers' do_lower_case does: a Lowercase
@@ -144,7 +153,7 @@ class WordPiece:
                 else:
                     tok = Tokenizer.from_str(self._tok.to_str())
                     tok.normalizer = Sequence([Lowercase(), *parts])
-                    self._lower = WordPiece(tok, self.model_max_length)
+                    self._lower = WordPiece(tok, self.model_max_length, self.truncation_side)
             return self._lower
 
     def _truncated(self, limit: int) -> Tokenizer:
@@ -152,7 +161,7 @@ class WordPiece:
             tok = self._truncating.get(limit)
             if tok is None:
                 tok = Tokenizer.from_str(self._tok.to_str())
-                tok.enable_truncation(limit)
+                tok.enable_truncation(limit, direction=self.truncation_side)
                 self._truncating[limit] = tok
             return tok
 

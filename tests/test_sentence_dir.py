@@ -269,3 +269,19 @@ def test_convert_and_export_keep_the_weights_of_the_other_modules(tmp_path):
     assert main(["convert", str(tmp_path / "d"), str(tmp_path / "jax")]) == 0
     assert main(["export", str(tmp_path / "jax"), str(tmp_path / "pt")]) == 0
     _assert_same(_reference(tmp_path / "pt"), want)
+
+
+def test_truncation_side_left_keeps_the_end_of_long_texts(tmp_path):
+    """tokenizer_config.json's truncation_side "left" makes transformers' tokenizer (and so sentence-transformers)
+    cut a long text's beginning; jaxbert cut its end (max |diff| 0.05 on normalized vectors, no error)."""
+    directory = _st_dir(tmp_path, {"pooling_mode": "mean"}, modules=("Pooling", "Normalize"), max_seq_length=12)
+    path = os.path.join(directory, "tokenizer_config.json")
+    with open(path) as f:
+        config = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**config, "truncation_side": "left"}, f)
+    _assert_same(jaxbert.load(directory).embed(TEXTS), _reference(directory))
+    with open(path, "w") as f:
+        json.dump({**config, "truncation_side": "middle"}, f)
+    with pytest.raises(ValueError, match=r"tokenizer_config.json: truncation_side='middle' must be 'left' or 'right'"):
+        jaxbert.load(directory).embed(TEXTS)
