@@ -183,9 +183,12 @@ def read(directory: str) -> SentenceDefaults | None:
     settings = read_json(settings_path) if settings_path else {}
     length = _length(settings_path, settings)
     unsupported = unsupported or _transformer_unsupported(settings_path, settings)
-    prompts_path = existing_file(directory, "config_sentence_transformers.json")
-    if prompts_path and read_json(prompts_path).get("default_prompt_name") and unsupported is None:
-        unsupported = f"{prompts_path}: a default prompt is not implemented by jaxbert"
+    model_path = existing_file(directory, "config_sentence_transformers.json")
+    model = read_json(model_path) if model_path else {}
+    if model.get("default_prompt_name") and unsupported is None:
+        unsupported = f"{model_path}: a default prompt is not implemented by jaxbert"
+    if model.get("truncate_dim") is not None and unsupported is None:  # encode keeps that many dimensions
+        unsupported = f"{model_path}: truncate_dim {model['truncate_dim']!r} is not implemented by jaxbert"
     return SentenceDefaults(pooling or ("mean",), normalize, length, bool(settings.get("do_lower_case")), unsupported)
 
 

@@ -285,3 +285,14 @@ def test_truncation_side_left_keeps_the_end_of_long_texts(tmp_path):
         json.dump({**config, "truncation_side": "middle"}, f)
     with pytest.raises(ValueError, match=r"tokenizer_config.json: truncation_side='middle' must be 'left' or 'right'"):
         jaxbert.load(directory).embed(TEXTS)
+
+
+def test_a_saved_truncate_dim_is_refused_not_ignored(tmp_path):
+    """config_sentence_transformers.json's truncate_dim (a Matryoshka model's saved width) makes
+    SentenceTransformer(dir).encode return its first N dimensions; jaxbert ignored it and returned them all."""
+    directory = _st_dir(tmp_path, {"pooling_mode": "mean"}, modules=("Pooling", "Normalize"), max_seq_length=12)
+    with open(os.path.join(directory, "config_sentence_transformers.json"), "w") as f:
+        json.dump({"truncate_dim": 16, "default_prompt_name": None}, f)
+    assert _reference(directory).shape == (4, 16)
+    with pytest.raises(ValueError, match=r"config_sentence_transformers.json: truncate_dim 16 is not implemented"):
+        jaxbert.load(directory).embed(TEXTS)
