@@ -123,6 +123,10 @@ _PLAIN_SETTINGS = {
 # Keyword dicts sentence-transformers passes to transformers (the old name first: it wins when both are given).
 _TOKENIZER_KWARGS = ("tokenizer_args", "processor_kwargs")
 _MODEL_KWARGS = ("model_args", "model_kwargs", "config_args", "config_kwargs")
+# Keyword arguments that leave the vectors as jaxbert computes them: how and where transformers loads (a dtype or
+# attention kernel changes round-off only); trust_remote_code is dropped by sentence-transformers itself.
+_HARMLESS = ("trust_remote_code", "torch_dtype", "dtype", "attn_implementation", "low_cpu_mem_usage", "revision",
+             "cache_dir", "token", "local_files_only")  # fmt: skip
 
 
 def _length(path: str | None, settings: dict) -> int | None:
@@ -145,8 +149,8 @@ def _transformer_unsupported(path: str | None, settings: dict) -> str | None:
         if key in ("max_seq_length", "do_lower_case"):
             continue
         if key in _TOKENIZER_KWARGS + _MODEL_KWARGS and isinstance(value, dict):
-            read = {"trust_remote_code", *(("model_max_length",) if key in _TOKENIZER_KWARGS else ())}
-            other = [name for name in value if name not in read]  # trust_remote_code: dropped by sentence-transformers
+            read = {*_HARMLESS, *(("model_max_length",) if key in _TOKENIZER_KWARGS else ())}
+            other = [name for name in value if name not in read]
             if other:
                 return f"{path}: {key} {other[0]!r} is not run by jaxbert"
         elif key not in _PLAIN_SETTINGS or value not in _PLAIN_SETTINGS[key]:

@@ -219,6 +219,14 @@ def test_transformer_settings_jaxbert_does_not_apply_are_refused(tmp_path, setti
         jaxbert.load(directory).embed(TEXTS)
 
 
+def test_loading_arguments_that_keep_the_vectors_are_accepted(tmp_path):
+    """A dtype or attention kernel in model_args changes how transformers loads the model, not what jaxbert computes
+    (float32): such a directory embeds as sentence-transformers does, not refused."""
+    args = {"torch_dtype": "float32", "attn_implementation": "eager", "trust_remote_code": False}
+    directory = _st_dir(tmp_path, {"pooling_mode": "mean"}, modules=("Pooling", "Normalize"), model_args=args)
+    _assert_same(jaxbert.load(directory).embed(TEXTS), _reference(directory))
+
+
 def test_settings_written_as_numbers_read_as_sentence_transformers_reads_them(tmp_path):
     """sentence-transformers tests the legacy pooling keys and do_lower_case for truth: {"pooling_mode_cls_token":
     1, "pooling_mode_mean_tokens": 0} is [CLS] pooling and do_lower_case 1 lower-cases. jaxbert asked `is True`,
