@@ -78,6 +78,11 @@ def test_label_smoothing_is_refused_for_regression(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 1 and "--label-smoothing 0.1: applies to classes, not to regression labels" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out" / "checkpoints").exists()
+    # Without it: 5% of 20 rows is one validation example, too few for correlations (found before training).
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "scores.jsonl: 1 example to score (the 5% held out for validation; pass --validation-file" in err, err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.01])

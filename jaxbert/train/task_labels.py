@@ -157,12 +157,13 @@ def sequence_labels(rows, column: str, problem_type: str | None, fixed) -> Label
     return Labels(names, problem, first)
 
 
-def check_scorable(rows, labels: Labels) -> None:
+def check_scorable(rows, labels: Labels, where: str = "") -> None:
     """Rows to score can be scored: correlations (regression) need two examples. Checked before training, which
-    would otherwise stop at its first evaluation, its cache and checkpoints written."""
+    would otherwise stop at its first evaluation, its cache and checkpoints written. `where`: which rows these are,
+    when not a whole file."""
     if labels.problem_type == "regression" and len(rows) < 2:
         raise ValueError(
-            f"{_path(rows)}: {len(rows)} example to score; Pearson and Spearman correlations need at least 2"
+            f"{_path(rows)}: {len(rows)} example to score{where}; Pearson and Spearman correlations need at least 2"
         )
 
 

@@ -185,12 +185,13 @@ def prepare(cfg: TrainConfig) -> TaskRun:
         val_rows, train_rows = train_rows[:cut], train_rows[cut:]
     cols = columns(task, cfg)
     labels, renew = task_labels(task, train_rows, cols, cfg.problem_type, model_labels(config, task.head))
-    check_scorable(val_rows, labels)
     if cfg.label_smoothing and labels.problem_type in ("regression", "multi_label_classification"):
         # transformers' label smoother would apply a softmax over scores / independent labels: meaningless here.
         raise ValueError(
             f"--label-smoothing {cfg.label_smoothing}: applies to classes, not to {labels.problem_type} labels"
         )
+    split = f"the {cfg.validation_split_percentage}% held out for validation; pass --validation-file or more data"
+    check_scorable(val_rows, labels, "" if cfg.validation_file else f" ({split})")
     plain = _plain_tags(task, labels)
     metric = metric_name(cfg.metric_for_best_model, task.metrics(labels), plain)
     tok = WordPiece.from_dir(cfg.model)
