@@ -189,6 +189,25 @@ def load_params(
     return one_float_dtype(params), report
 
 
+def load_head_params(directory: str, config: BertConfig, head: str, given: str | None) -> tuple[list, object, str]:
+    """([the parameters for `head`], their ConversionReport, the head); `given` is the caller's head (None:
+    config.json's). A list, so that the caller can hand the tree on as its only reference (Bert's `consume` frees
+    each layer once stacked). A sentence-transformers directory whose config.json names a head its weights lack
+    loads as the base model: sentence-transformers builds it with AutoModel, whatever `architectures` says."""
+    from jaxbert import sentence_dir
+
+    try:
+        params, report = load_params(directory, config, head)
+        return [params], report, head
+    except ValueError as e:
+        if given is not None or head == "BertModel" or not str(e).startswith("missing keys for"):
+            raise
+        if sentence_dir.read(directory) is None:
+            raise
+    params, report = load_params(directory, config, "BertModel")
+    return [params], report, "BertModel"
+
+
 # -- writing ---------------------------------------------------------------------------------------------------
 # Files that travel with the weights: the tokenizer's, and generate's defaults.
 COMPANION_FILES = (

@@ -19,7 +19,7 @@ from flax import traverse_util
 from jax.sharding import Mesh
 
 from jaxbert import batching, cpu, decoders, generate_inputs, hub, packing, quantize, sentence_dir, sharding, tasks
-from jaxbert.checkpoint import load_params
+from jaxbert.checkpoint import load_head_params, load_params
 from jaxbert.config import BertConfig
 from jaxbert.convert import check_cast
 from jaxbert.heads import base_params, forward, mlm_logits, resolve_head
@@ -441,11 +441,11 @@ def load(path: str | os.PathLike, head: str | None = None, dtype: str | None = N
     """
     path = hub.resolve(path)
     config = load_config(path)
-    head = resolve_head(head, config)
+    head_given, head = head, resolve_head(head, config)
     _check_dtype(dtype)
     if head == "EncoderDecoderModel":
         from jaxbert.inference_seq2seq import EncoderDecoder
 
         return EncoderDecoder(config, load_params(path, config, head)[0], path, dtype=dtype, consume=True)
-    # Inline, so the tree's only reference is Bert's argument and `consume` can free each layer once stacked.
-    return Bert(config, load_params(path, config, head)[0], head, path, dtype=dtype, consume=True, mesh=mesh)
+    params, _, head = load_head_params(path, config, head, given=head_given)
+    return Bert(config, params.pop(), head, path, dtype=dtype, consume=True, mesh=mesh)

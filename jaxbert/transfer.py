@@ -16,7 +16,14 @@ import ml_dtypes
 import numpy as np
 
 from jaxbert import hub, seq2seq
-from jaxbert.checkpoint import FLAX_MSGPACK, SAFETENSORS, copy_companion_files, find_weights, load_params, write_msgpack
+from jaxbert.checkpoint import (
+    FLAX_MSGPACK,
+    SAFETENSORS,
+    copy_companion_files,
+    find_weights,
+    load_head_params,
+    write_msgpack,
+)
 from jaxbert.config import BertConfig
 from jaxbert.convert import cast_checked, flax_to_torch
 from jaxbert.files import atomic_directory, check_disjoint, existing_file
@@ -68,7 +75,10 @@ def _read(src: str, dtype: str | None):
     if existing_file(src, "tokenizer.json") or existing_file(src, "vocab.txt"):
         WordPiece.from_dir(src)  # copied verbatim later: a corrupt tokenizer fails here, not at the user's first call
     source_file = find_weights(src)
-    params, report = load_params(src, config, head)
+    params, report, head = load_head_params(src, config, head, given=None)
+    params = params.pop()
+    if head != resolve_head(None, config):  # a sentence-transformers base model under another head's name
+        config = config.replace(architectures=(head,))
     if dtype is not None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")

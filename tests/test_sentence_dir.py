@@ -227,6 +227,30 @@ def test_loading_arguments_that_keep_the_vectors_are_accepted(tmp_path):
     _assert_same(jaxbert.load(directory).embed(TEXTS), _reference(directory))
 
 
+def test_a_directory_whose_config_names_a_head_its_weights_lack_embeds_as_its_base_model(tmp_path, capsys):
+    """config.json says BertForMaskedLM, the weights are the base model's: sentence-transformers builds AutoModel
+    and embeds; jaxbert refused ('missing keys for BertForMaskedLM'), in embed too. A directory that is not a
+    sentence-transformers one keeps the refusal, and so does an explicit head."""
+    directory = _st_dir(tmp_path, {"pooling_mode": "mean"}, modules=("Pooling", "Normalize"))
+    path = os.path.join(directory, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**config, "architectures": ["BertForMaskedLM"]}, f)
+    model = jaxbert.load(directory)
+    assert model.head == "BertModel"
+    _assert_same(model.embed(TEXTS), _reference(directory))
+    with pytest.raises(ValueError, match="missing keys for BertForMaskedLM"):
+        jaxbert.load(directory, head="BertForMaskedLM")
+    out = tmp_path / "converted"  # convert writes what it holds: a base model
+    assert main(["convert", directory, str(out)]) == 0
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["BertModel"]
+    _assert_same(jaxbert.load(str(out)).embed(TEXTS), _reference(directory))
+    os.remove(os.path.join(directory, "modules.json"))
+    with pytest.raises(ValueError, match="missing keys for BertForMaskedLM"):
+        jaxbert.load(directory)
+
+
 def test_settings_written_as_numbers_read_as_sentence_transformers_reads_them(tmp_path):
     """sentence-transformers tests the legacy pooling keys and do_lower_case for truth: {"pooling_mode_cls_token":
     1, "pooling_mode_mean_tokens": 0} is [CLS] pooling and do_lower_case 1 lower-cases. jaxbert asked `is True`,
