@@ -59,6 +59,7 @@ def windows(tok, questions: list[str], contexts: list[str], max_length: int, str
     stride where a question leaves no room (the caller's flags or arguments)."""
     wtok = _window_tokenizer(tok, max_length, stride)
     pairs = [(q.lstrip(), c) for q, c in zip(questions, contexts)]
+    _check_room(tok, pairs, max_length, stride, names)
     try:
         encs = wtok.encode_batch(pairs)
     except Exception:  # noqa: BLE001 - the tokenizers library raises plain Exception; find the culprit
@@ -69,11 +70,7 @@ def windows(tok, questions: list[str], contexts: list[str], max_length: int, str
                 wtok.encode(*pair)
             except Exception as e:  # noqa: BLE001
                 n = len(tok._tok.encode(pair[0]).ids)
-                raise ValueError(
-                    f"example {i}: its question ({n} tokens with [CLS] and [SEP]) leaves too little room for the "
-                    f"context in {names[0]} {max_length} with {names[1]} {stride} "
-                    f"({str(e).strip().splitlines()[0]})"
-                ) from None
+                raise _no_room(i, n, max_length, stride, names, str(e).strip().splitlines()[0]) from None
         raise
     out = Windows([], [], [], [], [])
     for i, enc in enumerate(encs):
@@ -85,6 +82,27 @@ def windows(tok, questions: list[str], contexts: list[str], max_length: int, str
             out.example.append(i)
             out.encodings.append(w)
     return out
+
+
+def _no_room(i: int, n: int, max_length: int, stride: int, names, why: str) -> ValueError:
+    return ValueError(
+        f"example {i}: its question ({n} tokens with [CLS] and [SEP]) leaves too little room for the context in "
+        f"{names[0]} {max_length} with {names[1]} {stride} ({why})"
+    )
+
+
+def _check_room(tok, pairs: list[tuple[str, str]], max_length: int, stride: int, names) -> None:
+    """Refuse a question that leaves the context `stride` tokens or fewer of a window it has to be cut into: the
+    tokenizers library panics there (a Rust backtrace on stderr, and a PanicException, which is no Exception)."""
+    try:
+        questions = tok._tok.encode_batch([q for q, _ in pairs])
+        for i, (q, (question, context)) in enumerate(zip(questions, pairs)):
+            room = max_length - len(q.ids) - 1  # [CLS] question [SEP] context [SEP]
+            if room <= stride and len(tok._tok.encode(question, context).ids) > max_length:
+                why = f"room for {max(room, 0)} context tokens, not more than the stride"
+                raise _no_room(i, len(q.ids), max_length, stride, names, why)
+    except TypeError:  # a lone surrogate: windows' own encoding names the text (before it encodes any)
+        return
 
 
 def label(offsets: list[tuple[int, int]], cls_index: int, start_char: int | None, end_char: int) -> tuple[int, int]:

@@ -416,3 +416,13 @@ def test_answer_names_a_text_that_is_not_unicode():
         ValueError, match=r"contexts\[0\] .*: not valid Unicode \(a lone surrogate \\ud800 at character 5"
     ):
         bert.answer("Who?", "Anna \ud800 lives here.")
+
+
+def test_a_question_that_leaves_the_context_no_more_than_the_stride_is_named(qa_model):
+    """A question that fits the window but leaves the context `doc_stride` tokens or fewer of it, with a context
+    that must be cut: the tokenizers library panics (a Rust backtrace and a PanicException, which `except
+    Exception` does not catch). With the defaults (64-token windows, stride 32) a 40-word question is one."""
+    bert = jaxbert.load(qa_model)
+    with pytest.raises(ValueError, match=r"example 0: its question \(\d+ tokens .* max_seq_len 64 with doc_stride 32"):
+        bert.answer("Who " * 40 + "lives here?", CONTEXT)
+    assert bert.answer("Who " * 40 + "lives here?", "Anna lives here.")  # a context that fits needs no cut
