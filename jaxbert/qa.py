@@ -246,7 +246,7 @@ def answer(
     max_answer_len = positive_int("max_answer_len", max_answer_len)
     length = bert.max_length(None if max_seq_len is None else positive_int("max_seq_len", max_seq_len))
     length = length if max_seq_len is not None else min(length, 384)
-    stride = min(length // 2, 128) if doc_stride is None else int(doc_stride)
+    stride = min(length // 2, 128) if doc_stride is None else _doc_stride(doc_stride, length)
     w = windows(bert.tokenizer, [question], [context], length, stride, ("max_seq_len", "doc_stride"))
     found: dict[str, dict] = {}  # by lower-cased answer text, in the order first found
     for f, (start, end) in enumerate(window_logits(bert, w, batch_size)):
@@ -258,6 +258,15 @@ def answer(
             seen = found.setdefault(context[a:b].lower(), {"answer": context[a:b], "score": 0.0, "start": a, "end": b})
             seen["score"] += score
     return sorted(found.values(), key=lambda x: x["score"], reverse=True)[:top_k]
+
+
+def _doc_stride(value, length: int) -> int:
+    """An integer in [0, length): int() truncated 2.7 to 2 and a negative one was an OverflowError."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"doc_stride must be an integer, got {type(value).__name__} {value!r}")
+    if not 0 <= value < length:
+        raise ValueError(f"doc_stride {value}: must be in [0, {length}) (the window, max_seq_len)")
+    return int(value)
 
 
 def _check_texts(questions: list, contexts: list, numbered: bool = True) -> None:

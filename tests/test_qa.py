@@ -426,3 +426,17 @@ def test_a_question_that_leaves_the_context_no_more_than_the_stride_is_named(qa_
     with pytest.raises(ValueError, match=r"example 0: its question \(\d+ tokens .* max_seq_len 64 with doc_stride 32"):
         bert.answer("Who " * 40 + "lives here?", CONTEXT)
     assert bert.answer("Who " * 40 + "lives here?", "Anna lives here.")  # a context that fits needs no cut
+
+
+@pytest.mark.parametrize(
+    "stride,error,match",
+    [
+        (-1, ValueError, r"doc_stride -1: must be in \[0, 32\)"),
+        (32, ValueError, r"doc_stride 32: must be in \[0, 32\)"),
+        (2.7, TypeError, "doc_stride must be an integer, got float 2.7"),
+        ("8", TypeError, "doc_stride must be an integer"),
+    ],
+)
+def test_answer_names_a_doc_stride_that_is_not_a_stride(qa_model, stride, error, match):
+    with pytest.raises(error, match=match):
+        jaxbert.load(qa_model).answer("Who lives here?", CONTEXT, max_seq_len=32, doc_stride=stride)
