@@ -151,6 +151,7 @@ def tag(bert, texts, batch_size: int = 32) -> list[list[dict]]:
     its character span {word, label, score, start, end} in the original text."""
     _require(bert, ("BertForTokenClassification",), "tag")
     batch_size = positive_int("batch_size", batch_size)
+    texts = texts if isinstance(texts, str) else list(texts)  # read twice: by the tokenizer, then for the words
     enc = bert.tokenizer.encode(texts, max_length=bert.max_length(None))
     names = [bert.config.id2label[i] for i in range(bert.config.num_labels)]
     results = []

@@ -232,3 +232,15 @@ def test_classify_and_tag_match_transformers(tmp_path_factory):
         assert [t["label"] for t in tags] == [f"LABEL_{probs[i].argmax()}" for i in first]
         assert np.allclose([t["score"] for t in tags], [probs[i].max() for i in first], atol=1e-5)
         assert all(text[t["start"] : t["end"]] == t["word"] for t in tags)
+
+
+def test_tag_takes_any_iterable_of_texts_as_classify_and_embed_do(tmp_path_factory):
+    """tag read each word's text back from `texts[t]` after the tokenizer had consumed them: a generator (which the
+    tokenizer's check takes, as classify's and embed's do) ran the model, then failed with 'generator' object is
+    not subscriptable."""
+    _, directory = _with_tokenizer(tmp_path_factory, "BertForTokenClassification", num_labels=4)
+    bert = jaxbert.load(directory)
+    texts = ["Ada wrote", "The Rhine flows"]
+    assert bert.tag(t for t in texts) == bert.tag(texts)
+    with pytest.raises(TypeError, match="got a single string"):
+        bert.tag("Ada wrote")
