@@ -204,6 +204,9 @@ class WordPiece:
             check_unicode(pairs or [], "pairs")
             raise
         for i, enc in enumerate(encs):
+            if len(enc.ids) > limit and truncation:  # truncation never cuts [CLS] and [SEP]: no room for them
+                special = self._tok.num_special_tokens_to_add(pairs is not None)
+                raise ValueError(f"max_length {limit}: too short for the {special} special tokens around texts[{i}]")
             if len(enc.ids) > limit:
                 raise ValueError(
                     f"texts[{i}] has {len(enc.ids)} tokens, more than max_length {limit} "

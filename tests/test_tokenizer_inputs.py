@@ -199,3 +199,16 @@ def test_a_sentence_max_seq_length_beyond_the_positions_is_capped_at_them(tmp_pa
         bert.embed(texts, max_length=1000)
     shutil.rmtree(tmp_path / "st")
     assert jaxbert.load(_st_dir(tmp_path / "st", 12)).sentence_defaults.max_seq_length == 12
+
+
+def test_a_max_length_too_short_for_cls_and_sep_is_named(tmp_path):
+    """Truncation never cuts [CLS] and [SEP]: a max_length below them was reported as a text too long, with the
+    advice to pass truncation=True (already on; `jaxbert embed --max-length 1` has no such option)."""
+    tok = WordPiece.from_dir(_tokenizer_dir(tmp_path, "tokenizer.json"))
+    with pytest.raises(ValueError, match=r"^max_length 1: too short for the 2 special tokens around texts\[0\]$"):
+        tok.encode(["a b c", ""], max_length=1)
+    with pytest.raises(ValueError, match=r"^max_length 2: too short for the 3 special tokens around texts\[0\]$"):
+        tok.encode(["a b c"], ["d"], max_length=2)
+    assert tok.encode(["a b c"], max_length=2).ids == [[101, 102]]
+    with pytest.raises(ValueError, match="more than max_length 3 \\(pass truncation=True"):
+        tok.encode(["a b c"], max_length=3, truncation=False)
