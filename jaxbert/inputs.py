@@ -7,6 +7,8 @@ the value and its position.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from jaxbert.config import BertConfig
@@ -91,6 +93,22 @@ def check_arrays(
         raise ValueError(
             f"sequence length {ids.shape[-1]} exceeds max_position_embeddings {config.max_position_embeddings}"
         )
+
+
+def check_encoded(config: BertConfig, enc) -> None:
+    """Tokenized texts (tokenizer.Encoded) within the model's vocabulary and token types, named by text and token:
+    the batches' own check (check_arrays) can name only a row and column of packed or length-sorted rows."""
+    tables = (("token id", enc.ids, config.vocab_size, "vocab_size"),)
+    tables += (("token type id", enc.type_ids, config.type_vocab_size, "type_vocab_size"),)
+    for label, rows, upper, what in tables:
+        lengths = np.array([len(row) for row in rows], np.int64)
+        flat = np.fromiter(itertools.chain.from_iterable(rows), np.int64, int(lengths.sum()))
+        bad = np.flatnonzero((flat < 0) | (flat >= upper))
+        if bad.size:
+            ends = np.cumsum(lengths)
+            i = int(np.searchsorted(ends, bad[0], side="right"))
+            at, value = int(bad[0] - (ends[i] - lengths[i])), int(flat[bad[0]])
+            raise ValueError(f"texts[{i}]: {label} {value} at position {at} is outside [0, {upper}) ({what})")
 
 
 def check_encoder_states(config: BertConfig, batch: int, states, mask):

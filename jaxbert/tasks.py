@@ -7,7 +7,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxbert import sentence_dir
-from jaxbert.inputs import positive_int
+from jaxbert.inputs import check_encoded, positive_int
 
 _MLM_HEADS = ("BertForMaskedLM", "BertForPreTraining")
 
@@ -24,7 +24,9 @@ def progress(batches, n_texts: int, batch_size: int, show: bool | None):
 
 
 def packed(bert, enc, batch_size: int, show: bool | None = None):
-    """bert.packed_batches with a bar counting texts (a packed batch holds a varying number of them)."""
+    """bert.packed_batches with a bar counting texts (a packed batch holds a varying number of them); out-of-range
+    ids named by text first (check_encoded), not by a packed row."""
+    check_encoded(bert.config, enc)
     with tqdm(total=len(enc), unit="text", disable=not _shown(len(enc), batch_size, show), leave=False) as bar:
         for rows, batch in bert.packed_batches(enc, batch_size):
             yield rows, batch
@@ -212,6 +214,7 @@ def embed(bert, texts, pooling, normalize, batch_size: int, max_length, show, pa
             for r, members in enumerate(rows):
                 out[members] = emb[r, : len(members)]
         return out
+    check_encoded(bert.config, enc)  # named by text, not by a length-sorted row
     for idx, batch in progress(bert.batches(enc, batch_size), len(enc), batch_size, show):
         emb = bert._embed(
             bert.weights,

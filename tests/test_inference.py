@@ -144,7 +144,7 @@ def test_tokenizer_larger_than_model_vocab_is_an_error(tmp_path):
     hf.save_pretrained(tmp_path)
     for name in TOKENIZER_FILES:
         shutil.copy(os.path.join(MINILM, name), tmp_path)
-    with pytest.raises(ValueError, match=r"token id 101 at position \(0, 0\) is outside \[0, 97\)"):
+    with pytest.raises(ValueError, match=r"texts\[0\]: token id 101 at position 0 is outside \[0, 97\)"):
         jaxbert.load(tmp_path).embed(["hello"])
 
 
@@ -244,3 +244,16 @@ def test_tag_takes_any_iterable_of_texts_as_classify_and_embed_do(tmp_path_facto
     assert bert.tag(t for t in texts) == bert.tag(texts)
     with pytest.raises(TypeError, match="got a single string"):
         bert.tag("Ada wrote")
+
+
+def test_token_ids_beyond_the_model_are_named_by_text_and_token(tmp_path_factory):
+    """A tokenizer with more tokens (or token types) than the model: the error named the row and column of a packed
+    or length-sorted batch ('position (0, 9)' for texts[2]'s token 1), not the text."""
+    head = "BertForSequenceClassification"
+    _, directory = _with_tokenizer(tmp_path_factory, head, vocab_size=2100, type_vocab_size=1)
+    bert = jaxbert.load(directory)  # "hello" is MiniLM's token 7592; "a", "b", [CLS] and [SEP] are below 2100
+    for packed in (True, False):
+        with pytest.raises(ValueError, match=r"^texts\[2\]: token id 7592 at position 1 is outside \[0, 2100\)"):
+            bert.embed(["a", "b b b", "hello"], packing=packed)
+    with pytest.raises(ValueError, match=r"^texts\[0\]: token type id 1 at position 3 is outside \[0, 1\)"):
+        bert.classify(["a", "b"], ["x", "y"])  # [CLS] a [SEP] x [SEP]: the pair's first token
