@@ -242,7 +242,7 @@ def answer(
     if bert.head != "BertForQuestionAnswering":
         raise ValueError(f"answer needs a BertForQuestionAnswering checkpoint; this one is {bert.head}")
     _check_texts([question], [context], numbered=False)
-    top_k = positive_int("top_k", top_k)
+    top_k, batch_size = positive_int("top_k", top_k), positive_int("batch_size", batch_size)
     max_answer_len = positive_int("max_answer_len", max_answer_len)
     length = bert.max_length(None if max_seq_len is None else positive_int("max_seq_len", max_seq_len))
     length = length if max_seq_len is not None else min(length, 384)

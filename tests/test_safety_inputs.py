@@ -171,6 +171,9 @@ def test_batch_size_top_k_and_max_length_must_be_positive_integers(tiny, tmp_pat
         jaxbert.load(tmp_path / "tag").tag(["text"], batch_size=value)
     with pytest.raises(error, match="top_k"):
         jaxbert.load(tmp_path / "mlm").fill_mask("a [MASK] text", top_k=value)
+    qa = jaxbert.load(model_dir(tmp_path / "qa", "BertForQuestionAnswering", max_position_embeddings=64, num_labels=2))
+    with pytest.raises(error, match="batch_size"):  # was batching's check: a float or string unnamed, True taken
+        qa.answer("Who lives here?", "Anna lives here.", batch_size=value)
 
 
 @pytest.mark.parametrize("task", ["sequence-classification", "token-classification", "embedding"])
