@@ -463,3 +463,19 @@ def test_loss_as_the_metric_for_the_best_model(tiny, tmp_path, capsys):
         "metric": "eval_loss",
         "value": want["eval_loss"],
     }
+
+
+def test_resume_refuses_another_metric_for_the_best_model(tiny, tmp_path, capsys):
+    """OUT/best is the best step by the run's metric: resumed by another, the best by it may be a step before the
+    checkpoint, which cannot be rebuilt, so OUT/best and best.json stayed the old metric's without a word."""
+    out = tmp_path / "out"
+    args = ("--max-steps", 1, "--save-steps", 1)
+    assert _train(tiny, out, "sequence-classification", REVIEWS, *args, "--metric-for-best-model", "mcc") == 0
+    capsys.readouterr()
+    resumed = (*args, "--resume", "auto", "--metric-for-best-model")
+    assert _train(tiny, out, "sequence-classification", REVIEWS, *resumed, "loss") == 1
+    err = capsys.readouterr().err
+    assert "was made with metric_for_best_model='mcc', this run has 'loss'" in err and len(err.splitlines()) == 1
+    assert json.load(open(out / "best.json"))["metric"] == "eval_mcc"
+    # The same metric however it is spelt resumes (here: nothing left to run).
+    assert _train(tiny, out, "sequence-classification", REVIEWS, *resumed, "eval_mcc") == 0

@@ -109,6 +109,8 @@ def _meta(run, step: int) -> dict:
         "model_config": checkpoints.model_fields(run.config),
         "clip_gradients": run.cfg.max_grad_norm > 0,  # shapes the optimizer state (--max-grad-norm 0: none)
         **{k: getattr(run.cfg, k) for k in run.cfg.resume_keys()},
+        # OUT/best holds the best by this metric so far: by another, it would be a step that cannot be rebuilt.
+        "metric_for_best_model": run.metric,
         **run.meta(),
     }
 
