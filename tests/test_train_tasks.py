@@ -3,6 +3,7 @@
 schedule) and the losses equal transformers'; the final directory's labels; predict = classify / tag; the best
 model and early stopping."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -479,3 +480,24 @@ def test_resume_refuses_another_metric_for_the_best_model(tiny, tmp_path, capsys
     assert json.load(open(out / "best.json"))["metric"] == "eval_mcc"
     # The same metric however it is spelt resumes (here: nothing left to run).
     assert _train(tiny, out, "sequence-classification", REVIEWS, *resumed, "eval_mcc") == 0
+
+
+def test_a_resume_with_no_step_left_returns_the_last_evaluation(tiny, tmp_path, capsys):
+    """`train` returns the final validation metrics; resumed from the last step's checkpoint (a Ctrl-C during the
+    last step stops after it is saved, before OUT/final) it returned {}."""
+    from jaxbert.train.config import TrainConfig
+    from jaxbert.train.loop import train
+
+    cfg = TrainConfig(
+        model=tiny,
+        train_file=REVIEWS,
+        output_dir=str(tmp_path / "out"),
+        task="sequence-classification",
+        max_seq_length=32,
+        max_steps=1,
+        progress=False,
+    )
+    first = train(cfg)
+    shutil.rmtree(tmp_path / "out" / "final")
+    assert first and train(dataclasses.replace(cfg, resume="auto")) == first
+    assert (tmp_path / "out" / "final" / "flax_model.msgpack").exists()

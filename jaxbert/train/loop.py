@@ -234,12 +234,15 @@ def _loop(run, state, start: int, step_fn, eval_fn, own, metrics, last_good, sto
     visible = cfg.progress and distributed.is_primary()
     bar = tqdm(total=total, initial=start, unit="step", disable=not visible, dynamic_ncols=True)
     batch_sh = sharding.batch_sharding(_mesh(state), batch_axis=1)  # as _compile's
-    tick, tokens, result, done, shown = time.perf_counter(), 0, {}, start, {}
+    # Resumed with no step left (stopped early, or the last step's checkpoint was saved before the signal
+    # stopped it): the result is the last evaluation that run logged, as the uninterrupted run returns it.
+    last = next((r for r in reversed(metrics.records) if "eval_loss" in r), {})
+    result = {k: v for k, v in last.items() if k != "step"}
+    tick, tokens, done, shown = time.perf_counter(), 0, start, {}
     stopping = False
     if best.stop:  # restored from a run that had stopped early (best.py): it ends where that run ended
         run.say(f"early stopping at step {start} (as the run resumed had): no step run")
-        last = next((r for r in reversed(metrics.records) if best.key in r), {})
-        return state, {k: v for k, v in last.items() if k != "step"}, last_good
+        return state, result, last_good
     for step in range(start, total):
         # All processes ask at every step boundary (one tiny collective; with one process, the flag): a Ctrl-C
         # reaching any one of them stops all after the same step, none left waiting in the next step's collectives.
