@@ -244,3 +244,15 @@ def test_evaluate_a_short_model_not_fine_tuned_here(tmp_path):
     out = tmp_path / "eval.json"
     assert main(["evaluate", model, "--task", "question-answering", "--file", str(data), "--output", str(out)]) == 0
     assert json.loads(out.read_text())["examples"] == len(answered)
+
+
+def test_a_base_model_with_other_num_labels_gets_a_span_head(tmp_path, capsys):
+    """A base model whose config keeps another head's num_labels (a 3-label NLI model's encoder): the new span
+    head has two outputs. It had three, and the run failed at its first evaluation ('needs num_labels=2'), after
+    writing OUT/cache, checkpoints/ and an empty metrics.jsonl that then refused the rerun."""
+    model = model_dir(tmp_path / "model", num_labels=3, max_position_embeddings=64, num_hidden_layers=2)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _records()))
+    flags = ["--max-seq-length", MAX_LEN, "--doc-stride", STRIDE, "--global-batch-size", 4, "--max-steps", 1]
+    assert _cli_train(model, data, tmp_path / "out", *flags, "--version-2-with-negative") == 0, capsys.readouterr().err
+    assert jaxbert.load(tmp_path / "out" / "final").config.num_labels == 2

@@ -242,6 +242,9 @@ class QARun(task_plan.TaskRun):
 def prepare(cfg) -> QARun:
     base = task_plan.prepare(cfg)
     run = QARun(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
+    if run.config.num_labels != 2:  # the span head has two outputs (start, end), whatever the base was a head for:
+        # a base model's num_labels of 3 (an NLI model's) built a 3-output head that failed at the first evaluation
+        run.config = run.config.replace(id2label=None, label2id=None)
     questions = [int(d.extra["example"].max(initial=-1)) + 1 for d in (run.train.blocks, run.val)]
     run.say(
         f"data: the examples above are windows of {cfg.max_seq_length} tokens (stride {cfg.doc_stride}) of "
