@@ -116,3 +116,33 @@ def test_one_pass_adamw_equals_optax_chain(weight_decay, max_grad_norm):
         jax.tree_util.tree_flatten_with_path(runs[0])[0], jax.tree_util.tree_leaves(runs[1]), strict=True
     ):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-6, atol=1e-8, err_msg=str(path))
+
+
+def test_accumulated_token_step_from_the_task_batcher_equals_the_whole_batch():
+    """Token classification batches as the run builds them (--no-pack): the micro-batches are weighted by their
+    labelled tokens. The batcher gave them row weights (sample_weight), which the step took for what the loss is a
+    mean over, so --grad-accum-steps 2 took another step than the whole batch (2e-3 apart after two steps)."""
+    from jaxbert.train.task_encode import IGNORE, Encodedset, TaskBatches
+
+    head, rng = "BertForTokenClassification", np.random.default_rng(0)
+    lengths = np.array([10, 3, 9, 2, 8, 4, 7, 2])
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    tags = rng.integers(0, 3, starts[-1]).astype(np.int32)
+    tags[starts[:-1]] = IGNORE  # [CLS]
+    data = Encodedset(
+        rng.integers(5, 50, starts[-1]).astype(np.int32), np.zeros(starts[-1], np.int8), starts, tags, np.zeros(0)
+    )
+    opt = OptimConfig(learning_rate=1e-2, total_steps=10)
+    tx = optimizer(opt)
+    state = init_state(jaxbert.init_params(CONFIG, jax.random.key(0), head), tx)
+    step = jax.jit(
+        lambda s, b: train_step(s, b, jax.random.key(1), config=CONFIG, tx=tx, schedule=schedule(opt), head=head)
+    )
+    with jax.default_matmul_precision("highest"):
+        (whole, m_whole), (split, m_split) = (
+            step(state, TaskBatches(data, B // accum, accum, 0, (L,))(0)) for accum in (1, 2)
+        )
+    np.testing.assert_allclose(float(m_split["loss"]), float(m_whole["loss"]), rtol=1e-6)
+    np.testing.assert_allclose(float(m_split["grad_norm"]), float(m_whole["grad_norm"]), rtol=1e-5)
+    diff = jax.tree_util.tree_map(lambda a, b: float(jnp.abs(a - b).max()), whole.params, split.params)
+    assert max(jax.tree_util.tree_leaves(diff)) <= 1e-3 * opt.learning_rate  # Adam's first step: ±lr per element

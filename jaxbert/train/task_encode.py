@@ -40,7 +40,7 @@ class Encodedset:
         return np.diff(self.starts).reshape(-1, self.choices).max(1)
 
     def batch(self, rows, n_rows: int, length: int, pad_id: int) -> dict:
-        """Examples `rows`, padded to n_rows × length; padding rows have label -100 / weight 0."""
+        """Examples `rows`, padded to n_rows × length; padding rows have label -100 (per-example labels: weight 0)."""
         C = self.choices
         ids = np.full((n_rows, C, length), pad_id, np.int32)
         types, mask = np.zeros_like(ids), np.zeros_like(ids)
@@ -51,21 +51,17 @@ class Encodedset:
                 ids[r, c, : b - a], types[r, c, : b - a], mask[r, c, : b - a] = self.ids[a:b], self.types[a:b], 1
                 if len(self.tags):
                     tags[r, : b - a] = self.tags[a:b]
-        weight = (np.arange(n_rows) < len(rows)).astype(np.float32)
-        if len(self.tags):
-            labels = tags
-        else:
-            pad = IGNORE if self.targets.dtype == np.int32 else 0
-            labels = np.full((n_rows, *self.targets.shape[1:]), pad, self.targets.dtype)
-            labels[: len(rows)] = self.targets[np.asarray(rows, np.int64)]
         squeeze = (lambda a: a) if C > 1 else (lambda a: a[:, 0])
-        return {
-            "input_ids": squeeze(ids),
-            "attention_mask": squeeze(mask),
-            "token_type_ids": squeeze(types),
-            "labels": labels,
-            "sample_weight": weight,
-        }
+        batch = {"input_ids": squeeze(ids), "attention_mask": squeeze(mask), "token_type_ids": squeeze(types)}
+        if len(self.tags):
+            # No row weights: a token loss is a mean over labelled tokens, and the step weighs micro-batches by
+            # what their losses are over (step._items), so rows would weigh them wrongly (as packed rows have none).
+            return {**batch, "labels": tags}
+        pad = IGNORE if self.targets.dtype == np.int32 else 0
+        labels = np.full((n_rows, *self.targets.shape[1:]), pad, self.targets.dtype)
+        labels[: len(rows)] = self.targets[np.asarray(rows, np.int64)]
+        weight = (np.arange(n_rows) < len(rows)).astype(np.float32)
+        return {**batch, "labels": labels, "sample_weight": weight}
 
 
 def _pack(enc, choices: int, targets: np.ndarray, tags=None, truncated: int = 0) -> Encodedset:
