@@ -98,7 +98,8 @@ def request(
 
 def seq2seq_request(config, length_buckets, settings: dict, input_ids, attention_mask, given: dict) -> Request:
     """A bert2bert's call (config an EncoderDecoderConfig): the encoder input padded to (batch, encoder length)
-    buckets; the decoder prompt is the start token, and the output starts with it, as transformers'."""
+    buckets; the decoder prompt is the start token (one, or one per row), and the output starts with it, as
+    transformers'."""
     options = resolve(config, settings, given)
     if options.start is None:
         raise ValueError(
@@ -109,8 +110,14 @@ def seq2seq_request(config, length_buckets, settings: dict, input_ids, attention
     ids = np.asarray(input_ids)
     mask = np.ones(ids.shape, np.int32) if attention_mask is None else np.asarray(attention_mask).astype(np.int32)
     n = max_new_tokens(options, settings, config.decoder, 1, prompt="decoder start token")
-    ids, mask = (np.repeat(a, options.expand, axis=0) for a in (ids, mask))
-    start = np.full((ids.shape[0], 1), options.start, np.int32)
+    start = np.asarray(options.start, np.int32)
+    if start.ndim == 1 and len(start) != ids.shape[0]:
+        raise ValueError(
+            f"decoder_start_token_id {list(options.start)}: one start token per input row, "
+            f"got {len(start)} for {ids.shape[0]} rows"
+        )
+    start = np.broadcast_to(start.reshape(-1, 1), (ids.shape[0], 1))
+    ids, mask, start = (np.repeat(a, options.expand, axis=0) for a in (ids, mask, start))
     (ids, mask, first), live = _rows((ids, mask, start), ids.shape[0])
     loop, bound = _loop_arguments(options, n, live, config.decoder.max_position_embeddings)
     return Request(options.search, bound, (*_columns((ids, mask), length_buckets), jnp.asarray(first), *loop), start)

@@ -125,7 +125,16 @@ def _token_ids(name: str, value, vocab: int) -> tuple[int, ...]:
 
 
 def _one_token(name: str, value, vocab: int) -> int | None:
+    if isinstance(value, (list, tuple, np.ndarray)):  # was cut to its first id, silently
+        raise ValueError(f"{name} {value!r}: must be one token id")
     return None if value is None else _token_ids(name, value, vocab)[0]
+
+
+def _start_tokens(value, vocab: int) -> int | tuple[int, ...] | None:
+    """decoder_start_token_id: one id, or (as transformers takes it) a list of one per input row."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return _token_ids("decoder_start_token_id", value, vocab)
+    return _one_token("decoder_start_token_id", value, vocab)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +147,8 @@ class Options:
     seed: int
     bos: int | None
     expand: int  # rows per prompt row before decoding (sampling's num_return_sequences)
-    start: int | None = None  # an encoder-decoder's first decoder token: decoder_start_token_id, else bos
+    # an encoder-decoder's first decoder token (decoder_start_token_id, else bos), or one per input row
+    start: int | tuple[int, ...] | None = None
 
 
 def _search(o: dict) -> tuple[Search, int]:
@@ -178,7 +188,7 @@ def resolve(config, settings: dict, given: dict) -> Options:
     pad = o["eos"][0] if pad is None and o["eos"] else pad  # transformers pads with eos when the model has none
     o["pad"] = _one_token("pad_token_id", pad, V)
     bos = _one_token("bos_token_id", o["bos_token_id"], V)
-    start = _one_token("decoder_start_token_id", o["decoder_start_token_id"], V)
+    start = _start_tokens(o["decoder_start_token_id"], V)
     search, expand = _search(o)
     warp = _warp(o) if search.do_sample else (1.0, 0, 1.0)  # greedy and beams ignore them, as transformers does
     seed = given.get("seed", 0)

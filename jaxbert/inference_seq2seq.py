@@ -148,13 +148,14 @@ class EncoderDecoder:
         early_stopping: bool | str | None = None,
         eos_token_id=None,
         pad_token_id=None,
-        decoder_start_token_id: int | None = None,
+        decoder_start_token_id: int | list[int] | None = None,
     ) -> np.ndarray:
         """transformers' `generate` for an EncoderDecoderModel: input_ids [B, S] for the encoder (rows padded on
         the right, with attention_mask) -> the decoder's ids [B * num_return_sequences, 1 + steps run] as np.int32,
-        starting with decoder_start_token_id (else bos_token_id). Options as `Bert.generate`'s, defaults from the
-        checkpoint's generation_config.json (else config.json: its top level, then its decoder's). One program per
-        (batch, encoder length, new-token) bucket and search mode runs the encoder once and then the decoder."""
+        starting with decoder_start_token_id (else bos_token_id; a list: one per row). Options as `Bert.generate`'s,
+        defaults from the checkpoint's generation_config.json (else config.json: its top level, then its decoder's).
+        One program per (batch, encoder length, new-token) bucket and search mode runs the encoder once and then the
+        decoder."""
         given = dict(
             max_new_tokens=max_new_tokens,
             num_beams=num_beams,

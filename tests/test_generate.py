@@ -250,6 +250,8 @@ def test_the_step_function_is_model_agnostic():
         (dict(num_beams=2, early_stopping="soon"), ValueError, "early_stopping 'soon'"),
         (dict(eos_token_id=[3, 97]), ValueError, "eos_token_id \\[3, 97\\]: token ids must be integers in \\[0, vocab"),
         (dict(length_penalty=float("nan"), num_beams=2), ValueError, "length_penalty nan"),
+        # one id each: a list was cut to its first id (transformers fails on a pad list)
+        (dict(pad_token_id=[1, 2], eos_token_id=5), ValueError, "pad_token_id \\[1, 2\\]: must be one token id"),
         # JAX's keys hold 32 bits: 2**32 + 7 sampled as 7 did; 2**63 was an OverflowError traceback
         (dict(do_sample=True, seed=2**32 + 7), ValueError, "seed 4294967303: must be in \\[0, 4294967295\\]"),
         (dict(do_sample=True, seed=2**63), ValueError, "seed 9223372036854775808: must be in"),

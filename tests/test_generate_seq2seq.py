@@ -138,6 +138,25 @@ def test_programs_are_bounded_across_lengths_batches_and_new_tokens(projected):
     np.testing.assert_array_equal(outputs[4, 14, 16][:, 0], 5)
 
 
+def test_a_start_token_per_row_equals_transformers(projected):
+    """transformers takes decoder_start_token_id as a list of one start token per input row; jaxbert used the
+    first for every row, silently."""
+    hf, s2s, _ = projected
+    ids, mask = _inputs(seed=5, rows=3)
+    for options in (dict(), dict(num_beams=2, num_return_sequences=2)):
+        kwargs = dict(max_new_tokens=4, decoder_start_token_id=[5, 7, 9], **options)
+        expected = _hf_generate(hf, ids, mask, **kwargs)
+        np.testing.assert_array_equal(s2s.generate(ids, attention_mask=mask, **kwargs), expected)
+    assert expected[:, 0].tolist() == [5, 5, 7, 7, 9, 9]
+    sampled = s2s.generate(ids, mask, max_new_tokens=4, decoder_start_token_id=[5, 7, 9], do_sample=True,
+                           num_return_sequences=2)  # fmt: skip
+    assert sampled[:, 0].tolist() == [5, 5, 7, 7, 9, 9]
+    with pytest.raises(ValueError, match="expected to have length 3"):
+        _hf_generate(hf, ids, mask, max_new_tokens=2, decoder_start_token_id=[5, 7])
+    with pytest.raises(ValueError, match="^decoder_start_token_id \\[5, 7\\]: one start token per input row, "):
+        s2s.generate(ids, attention_mask=mask, max_new_tokens=2, decoder_start_token_id=[5, 7])
+
+
 def _copy(directory, tmp_path, generation=None, **config_changes):
     """The checkpoint with config.json changed (`decoder__key` reaches into the decoder's) and
     generation_config.json replaced (None: removed)."""
