@@ -117,7 +117,8 @@ def _number(name: str, value, low: float, high: float, low_open: bool = True) ->
 def _token_ids(name: str, value, vocab: int) -> tuple[int, ...]:
     if value is None:
         return ()
-    ids = (value,) if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else tuple(value)
+    # Anything but a list stands for one id, so that true or 5.0 is named below (tuple(True) was a TypeError).
+    ids = tuple(value) if isinstance(value, (list, tuple)) or np.ndim(value) > 0 else (value,)
     for i in ids:
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < vocab:
             raise ValueError(f"{name} {value!r}: token ids must be integers in [0, vocab_size={vocab})")

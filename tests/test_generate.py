@@ -250,6 +250,9 @@ def test_the_step_function_is_model_agnostic():
         (dict(num_beams=2, early_stopping="soon"), ValueError, "early_stopping 'soon'"),
         (dict(eos_token_id=[3, 97]), ValueError, "eos_token_id \\[3, 97\\]: token ids must be integers in \\[0, vocab"),
         (dict(length_penalty=float("nan"), num_beams=2), ValueError, "length_penalty nan"),
+        # not a list: tuple(True) was a TypeError naming no setting ("'bool' object is not iterable")
+        (dict(eos_token_id=True), ValueError, "eos_token_id True: token ids must be integers in \\[0, vocab"),
+        (dict(eos_token_id=5.0), ValueError, "eos_token_id 5.0: token ids must be integers in \\[0, vocab"),
         # one id each: a list was cut to its first id (transformers fails on a pad list)
         (dict(pad_token_id=[1, 2], eos_token_id=5), ValueError, "pad_token_id \\[1, 2\\]: must be one token id"),
         # JAX's keys hold 32 bits: 2**32 + 7 sampled as 7 did; 2**63 was an OverflowError traceback
