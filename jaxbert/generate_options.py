@@ -207,12 +207,18 @@ def max_new_tokens(
     config sets it, else 20, capped by the positions; with the prompt it must fit `config`'s positions."""
     limit = config.max_position_embeddings
     n = options.max_new_tokens
-    if n is None:
-        n = (
-            positive_int("max_length", settings["max_length"]) - prompt_length
-            if settings.get("max_length") is not None  # null: unset, as transformers reads it
-            else min(20, limit - prompt_length)
-        )
+    # Derived counts below 1 are refused as transformers refuses them, naming what set them (not max_new_tokens).
+    if n is None and settings.get("max_length") is not None:  # null: unset, as transformers reads it
+        n = positive_int("max_length", settings["max_length"]) - prompt_length
+        if n < 1:
+            raise ValueError(
+                f"max_length {settings['max_length']} (generation_config.json, else config.json) leaves no room "
+                f"for new tokens after the {prompt} {prompt_length}; pass max_new_tokens"
+            )
+    elif n is None:
+        n = min(20, limit - prompt_length)
+        if n < 1:
+            raise ValueError(f"{prompt} {prompt_length} fills max_position_embeddings {limit}: no room for new tokens")
     n = positive_int("max_new_tokens", n)
     if prompt_length + n > limit:
         raise ValueError(

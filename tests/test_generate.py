@@ -196,6 +196,21 @@ def test_defaults_come_from_generation_config_json(models, tmp_path):
     np.testing.assert_array_equal(jaxbert.load(copy).generate(ids, attention_mask=mask), greedy)
 
 
+def test_no_room_for_new_tokens_names_what_set_the_length(models, tmp_path):
+    """Without max_new_tokens, a prompt that fills the positions, or a generation config's max_length not beyond
+    the prompt (transformers refuses both), was reported as 'max_new_tokens 0' / '-1', a setting never given."""
+    _, lm, directory = models
+    ids = np.random.default_rng(7).integers(1, SIZES["vocab_size"], (1, 40))
+    with pytest.raises(ValueError, match="^prompt length 40 fills max_position_embeddings 40: no room for new"):
+        lm.generate(ids)
+    copy = tmp_path / "lm"
+    shutil.copytree(directory, copy)
+    (copy / "generation_config.json").write_text(json.dumps({"max_length": 5}))
+    with pytest.raises(ValueError, match="^max_length 5 .*generation_config.json.* prompt length 6"):
+        jaxbert.load(copy).generate(ids[:, :6])
+    np.testing.assert_array_equal(jaxbert.load(copy).generate(ids[:, :3]), lm.generate(ids[:, :3], max_new_tokens=2))
+
+
 def test_the_step_function_is_model_agnostic():
     """A bigram table as the model, a cache that only counts: greedy decoding follows the table's argmax chain."""
     import flax.struct
