@@ -6,6 +6,7 @@ Derived inputs follow transformers 5's `generate`. A causal LM's absent attentio
 in the prompt (unless pad is an eos id); its position ids are the mask's cumulative sum minus one (0 on padding);
 new tokens continue from each row's last position. An encoder-decoder's encoder input is taken as given (no mask
 inferred: transformers infers none for encoder-decoders) and its decoder starts from one start token per row.
+A row whose mask is all zeros is refused (`_check_rows`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,15 @@ def _mask_and_positions(ids: np.ndarray, mask, search: Search):
         return np.ones(ids.shape, np.int32), np.broadcast_to(np.arange(ids.shape[1], dtype=np.int32), ids.shape)
     mask = np.asarray(mask).astype(np.int32)
     return mask, np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
+
+
+def _check_rows(mask: np.ndarray, inferred_from: int | None = None) -> None:
+    """Every row must attend to a token: transformers attends a fully masked row uniformly over its columns, and
+    the padding columns of a length bucket would join that average (other tokens than transformers')."""
+    empty = np.flatnonzero(~mask.any(axis=1))
+    if empty.size:
+        how = "" if inferred_from is None else f" (inferred from pad_token_id {inferred_from})"
+        raise ValueError(f"attention_mask row {empty[0]}{how} masks every token: nothing to generate from")
 
 
 @dataclasses.dataclass
@@ -89,6 +99,7 @@ def request(
     check_arrays(config, prompt_ids, attention_mask)
     ids = np.asarray(prompt_ids)
     mask, positions = _mask_and_positions(ids, attention_mask, options.search)
+    _check_rows(mask, options.search.pad if attention_mask is None else None)
     n = max_new_tokens(options, settings, config, ids.shape[1])
     ids, mask, positions = (np.repeat(a, options.expand, axis=0) for a in (ids, mask, positions))
     padded, live = _rows((ids, mask, positions), ids.shape[0])
@@ -109,6 +120,7 @@ def seq2seq_request(config, length_buckets, settings: dict, input_ids, attention
     check_arrays(config.encoder, input_ids, attention_mask)
     ids = np.asarray(input_ids)
     mask = np.ones(ids.shape, np.int32) if attention_mask is None else np.asarray(attention_mask).astype(np.int32)
+    _check_rows(mask)
     n = max_new_tokens(options, settings, config.decoder, 1, prompt="decoder start token")
     start = np.asarray(options.start, np.int32)
     if start.ndim == 1 and len(start) != ids.shape[0]:

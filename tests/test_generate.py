@@ -211,6 +211,25 @@ def test_no_room_for_new_tokens_names_what_set_the_length(models, tmp_path):
     np.testing.assert_array_equal(jaxbert.load(copy).generate(ids[:, :3]), lm.generate(ids[:, :3], max_new_tokens=2))
 
 
+def test_a_row_with_every_token_masked_is_refused(models):
+    """transformers attends a fully masked row uniformly over its columns; jaxbert's prompt bucket added its padding
+    columns to that average, so such a row generated other tokens than transformers' (prompt length 5, bucket 16).
+    One real token is enough."""
+    hf, lm, _ = models
+    ids, mask = _prompts(seed=8)
+    ids, mask = ids[:, 3:], mask[:, 3:].copy()
+    mask[1, :-1], ids[1, :-1] = 0, 0
+    np.testing.assert_array_equal(
+        lm.generate(ids, attention_mask=mask, max_new_tokens=4), _hf_generate(hf, ids, mask, max_new_tokens=4)
+    )
+    mask[1] = 0
+    with pytest.raises(ValueError, match="^attention_mask row 1 masks every token: nothing to generate from$"):
+        lm.generate(ids, attention_mask=mask, max_new_tokens=4)
+    ids[1] = 0  # all pad tokens, no mask given: transformers infers the same all-zero row
+    with pytest.raises(ValueError, match="^attention_mask row 1 .inferred from pad_token_id 0. masks every token"):
+        lm.generate(ids, max_new_tokens=4)
+
+
 def test_the_step_function_is_model_agnostic():
     """A bigram table as the model, a cache that only counts: greedy decoding follows the table's argmax chain."""
     import flax.struct

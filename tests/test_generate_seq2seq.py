@@ -157,6 +157,21 @@ def test_a_start_token_per_row_equals_transformers(projected):
         s2s.generate(ids, attention_mask=mask, max_new_tokens=2, decoder_start_token_id=[5, 7])
 
 
+def test_an_encoder_row_with_every_token_masked_is_refused(projected):
+    """transformers attends a fully masked encoder row uniformly over its columns; jaxbert's length bucket added
+    its padding columns to that average (encoder and cross-attention), so the row generated other tokens than
+    transformers' (and than jaxbert's own forward) when its length was not a bucket's. One real token is enough."""
+    hf, s2s, _ = projected
+    ids, mask = _inputs(seed=6, rows=3)
+    mask[1, 1:] = 0
+    np.testing.assert_array_equal(
+        s2s.generate(ids, attention_mask=mask, max_new_tokens=4), _hf_generate(hf, ids, mask, max_new_tokens=4)
+    )
+    mask[1] = 0
+    with pytest.raises(ValueError, match="^attention_mask row 1 masks every token: nothing to generate from$"):
+        s2s.generate(ids, attention_mask=mask, max_new_tokens=4)
+
+
 def _copy(directory, tmp_path, generation=None, **config_changes):
     """The checkpoint with config.json changed (`decoder__key` reaches into the decoder's) and
     generation_config.json replaced (None: removed)."""
