@@ -187,6 +187,13 @@ TAGS = [{"tokens": ["Anna", "lives"], "ner_tags": ["B-PER", "O"]}]
 CHOICES = [{"context": "he sat", "choices": ["down", "up"], "label": 0}]
 
 BAD = {  # name: (task, training records or raw text, validation records, flags, expected message)
+    "one class": (  # trained a softmax over one class: loss 0, every prediction scored 1.0
+        "sequence-classification",
+        [{"text": "fine", "label": "pos"}, {"text": "good", "label": "pos"}],
+        [{"text": "great", "label": "pos"}],
+        [],
+        "train.jsonl: one label ('pos'); single-label classification needs at least 2",
+    ),
     "an integer label far beyond the others": (  # built a billion-class classifier
         "sequence-classification",
         [{"text": "fine", "label": 1}, {"text": "bad", "label": 0}, {"text": "odd", "label": 1000000000}],

@@ -200,6 +200,12 @@ def prepare(cfg: TrainConfig) -> TaskRun:
 
     opts = task.options(cfg)
     pending = [task.encode(tok, rows, cols, labels, cfg.max_seq_length, **opts) for rows in (train_rows, val_rows)]
+    if labels.problem_type == "single_label_classification" and len(labels.names) < 2:  # after the rows' checks
+        # A softmax over one class: the loss is 0 from the start and every prediction scores 1.0.
+        raise ValueError(
+            f"{cfg.train_file}: one label ({labels.names[0]!r}); single-label classification needs at least 2 "
+            "(--problem-type regression for scores)"
+        )
     train, val = (
         E.cached(os.path.join(cfg.output_dir, "cache"), name, [*key, *parts], build)
         for name, (parts, build) in zip(("train", "validation"), pending)
