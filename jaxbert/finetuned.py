@@ -12,7 +12,7 @@ import numpy as np
 from jaxbert import batching, cpu
 from jaxbert.checkpoint import model_files
 from jaxbert.files import atomic_file, check_not_read, check_output_file
-from jaxbert.inputs import positive_int
+from jaxbert.inputs import first_outside, positive_int
 
 
 def _inputs(path: str, text_column: str, pair_column: str | None):
@@ -87,13 +87,14 @@ def _answers(bert, path: str, question: str, context: str, batch_size: int) -> l
 def _check_vocabulary(data, vocab_size: int, path: str) -> None:
     """Every token id of the encoded examples inside the embedding table: a tokenizer larger than the model
     (JAX clamps an out-of-range gather: each such token read as the last row) is named, as inference does."""
-    bad = np.flatnonzero((data.ids < 0) | (data.ids >= vocab_size))
-    if bad.size:
-        example = (int(np.searchsorted(data.starts, bad[0], side="right")) - 1) // data.choices
+    found = first_outside(data.ids, data.starts, vocab_size)
+    if found:
+        sequence, _, value = found
+        example = sequence // data.choices
         if "example" in data.extra:  # question answering: a window of that example's context
             example = int(data.extra["example"][example])
         raise ValueError(
-            f"{path}: example {example}: token id {int(data.ids[bad[0]])} is outside [0, vocab_size={vocab_size}) "
+            f"{path}: example {example}: token id {value} is outside [0, vocab_size={vocab_size}) "
             "(the tokenizer does not match the model)"
         )
 
@@ -159,6 +160,7 @@ def evaluate(
     to `output` (.json) atomically and returned."""
     from types import SimpleNamespace
 
+    from jaxbert import qa
     from jaxbert.checkpoint import load_params
     from jaxbert.heads import resolve_head
     from jaxbert.seq2seq import load_config
@@ -204,9 +206,9 @@ def evaluate(
         trained = opts.pop("max_seq_length", 384)
         limit = min(max_length or trained, limit)
         # A model not fine-tuned here (or a --max-seq-length below the trained stride): the QA pipeline's default
-        # stride, min(128, half the window). run_qa's 128 alone refused every model of 128 positions or fewer.
+        # stride. run_qa's 128 alone refused every model of 128 positions or fewer.
         if opts.get("doc_stride", limit) >= limit:
-            opts["doc_stride"] = min(128, limit // 2)
+            opts["doc_stride"] = qa.default_stride(limit)
     data = task.encode(tok, rows, cols, labels, limit, **opts)[1]()
     _check_vocabulary(data, config.vocab_size, path)
     params, _ = load_params(directory, config, head)

@@ -95,6 +95,16 @@ def check_arrays(
         )
 
 
+def first_outside(flat, starts, upper: int) -> tuple[int, int, int] | None:
+    """(sequence, position in it, value) of the first id of `flat` (sequences concatenated, sequence i beginning at
+    starts[i]) outside [0, upper); None when every id is inside."""
+    bad = np.flatnonzero((flat < 0) | (flat >= upper))
+    if not bad.size:
+        return None
+    i = int(np.searchsorted(starts, bad[0], side="right")) - 1
+    return i, int(bad[0] - starts[i]), int(flat[bad[0]])
+
+
 def check_encoded(config: BertConfig, enc) -> None:
     """Tokenized texts (tokenizer.Encoded) within the model's vocabulary and token types, named by text and token:
     the batches' own check (check_arrays) can name only a row and column of packed or length-sorted rows."""
@@ -103,11 +113,9 @@ def check_encoded(config: BertConfig, enc) -> None:
     for label, rows, upper, what in tables:
         lengths = np.array([len(row) for row in rows], np.int64)
         flat = np.fromiter(itertools.chain.from_iterable(rows), np.int64, int(lengths.sum()))
-        bad = np.flatnonzero((flat < 0) | (flat >= upper))
-        if bad.size:
-            ends = np.cumsum(lengths)
-            i = int(np.searchsorted(ends, bad[0], side="right"))
-            at, value = int(bad[0] - (ends[i] - lengths[i])), int(flat[bad[0]])
+        found = first_outside(flat, np.cumsum(lengths) - lengths, upper)
+        if found:
+            i, at, value = found
             raise ValueError(f"texts[{i}]: {label} {value} at position {at} is outside [0, {upper}) ({what})")
 
 

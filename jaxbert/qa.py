@@ -246,7 +246,7 @@ def answer(
     max_answer_len = positive_int("max_answer_len", max_answer_len)
     length = bert.max_length(None if max_seq_len is None else positive_int("max_seq_len", max_seq_len))
     length = length if max_seq_len is not None else min(length, 384)
-    stride = min(length // 2, 128) if doc_stride is None else _doc_stride(doc_stride, length)
+    stride = default_stride(length) if doc_stride is None else _doc_stride(doc_stride, length)
     w = windows(bert.tokenizer, [question], [context], length, stride, ("max_seq_len", "doc_stride"))
     found: dict[str, dict] = {}  # by lower-cased answer text, in the order first found
     for f, (start, end) in enumerate(window_logits(bert, w, batch_size)):
@@ -258,6 +258,11 @@ def answer(
             seen = found.setdefault(context[a:b].lower(), {"answer": context[a:b], "score": 0.0, "start": a, "end": b})
             seen["score"] += score
     return sorted(found.values(), key=lambda x: x["score"], reverse=True)[:top_k]
+
+
+def default_stride(length: int) -> int:
+    """The QA pipeline's doc_stride when none is given: 128, at most half the window."""
+    return min(length // 2, 128)
 
 
 def _doc_stride(value, length: int) -> int:

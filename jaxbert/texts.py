@@ -15,6 +15,17 @@ class TextFile:
     empty_lines: int
 
 
+def utf8_lines(path: str):
+    """(number, text) of each line of a UTF-8 file, the line break removed; a byte order mark (Excel's "CSV UTF-8"
+    starts with one) is dropped, or it would be part of the first text or column name."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                yield n, raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
+
+
 def read_text_file(path: str, allow_empty: bool = False, keep_empty: bool = False) -> TextFile:
     """txt: one text per line; jsonl: a "text" field per line. Empty (or whitespace-only) lines are skipped and
     counted, or with `keep_empty` a .txt file's are texts too: where outputs go line for line with the input
@@ -23,22 +34,17 @@ def read_text_file(path: str, allow_empty: bool = False, keep_empty: bool = Fals
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file")
     texts, empty = [], 0
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")  # no byte order mark
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
-            if not line.strip():
-                empty += 1
-                if not keep_empty or path.endswith(".jsonl"):
-                    continue
-            if path.endswith(".jsonl"):
-                record = json_line(line, f"{path}:{n}")
-                if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                    raise ValueError(f'{path}:{n}: expected an object with a string "text" field')
-                line = record["text"]
-            texts.append(line)
+    for n, line in utf8_lines(path):
+        if not line.strip():
+            empty += 1
+            if not keep_empty or path.endswith(".jsonl"):
+                continue
+        if path.endswith(".jsonl"):
+            record = json_line(line, f"{path}:{n}")
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                raise ValueError(f'{path}:{n}: expected an object with a string "text" field')
+            line = record["text"]
+        texts.append(line)
     if not texts and not allow_empty:
         raise ValueError(f"{path}: no text (0 non-empty lines)")
     return TextFile(texts, empty)

@@ -18,6 +18,7 @@ import os
 
 from jaxbert.files import json_line
 from jaxbert.inputs import lone_surrogate
+from jaxbert.texts import utf8_lines
 
 FORMATS = {".jsonl": "json", ".csv": ",", ".tsv": "\t", ".json": "squad"}  # .json: SQuAD JSON (task_qa.py)
 
@@ -128,20 +129,9 @@ def read_rows(path: str, flag: str = "--train-file") -> list[Row]:
     return rows
 
 
-def _lines(path: str):
-    """(number, text) of each line; a UTF-8 byte order mark (Excel's "CSV UTF-8" starts with one) is dropped, or
-    it would be part of the first column's name."""
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            try:
-                yield n, raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
-
-
 def _read_json(path: str) -> list[Row]:
     rows = []
-    for n, line in _lines(path):
+    for n, line in utf8_lines(path):
         if not line.strip():
             continue
         record = json_line(line, f"{path}:{n}")
@@ -156,9 +146,9 @@ def _records(path: str, delimiter: str):
     transformers' reader use none): a cell is the text between tabs, quotes kept, one line per record. CSV cells
     may be quoted and then hold commas, quotes ("") and line breaks."""
     if delimiter == "\t":
-        yield from ((n, line.split("\t")) for n, line in _lines(path))
+        yield from ((n, line.split("\t")) for n, line in utf8_lines(path))
         return
-    text = "\n".join(line for _, line in _lines(path))  # UTF-8 checked line by line, with the line's number
+    text = "\n".join(line for _, line in utf8_lines(path))  # UTF-8 checked line by line, with the line's number
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
     try:
         for fields in reader:
