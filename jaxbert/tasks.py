@@ -141,7 +141,9 @@ def classify(bert, texts, pairs=None, batch_size: int = 32) -> list[dict]:
             scores = _named(names, probs)
             results.append({"labels": [n for n, p in scores.items() if p > 0.5], "scores": scores})
             continue
-        probs = _softmax(logits)
+        # One class under single-label: a softmax would score 1.0 whatever the text; transformers' pipeline gives
+        # its sigmoid, and so does this.
+        probs = 1 / (1 + np.exp(-logits.astype(np.float64))) if len(names) == 1 else _softmax(logits)
         best = int(probs.argmax())
         scores = _named(names, probs)
         results.append({"label": names[best], "score": float(probs[best]), "scores": scores})

@@ -1,6 +1,7 @@
 """jit-compiled inference on texts: tokenization, embed (vs sentence-transformers), buckets and compile counts,
 fill-mask / classify / tag against transformers, bfloat16, and bad inputs named."""
 
+import json
 import os
 import shutil
 
@@ -232,6 +233,24 @@ def test_classify_and_tag_match_transformers(tmp_path_factory):
         assert [t["label"] for t in tags] == [f"LABEL_{probs[i].argmax()}" for i in first]
         assert np.allclose([t["score"] for t in tags], [probs[i].max() for i in first], atol=1e-5)
         assert all(text[t["start"] : t["end"]] == t["word"] for t in tags)
+
+
+def test_classify_of_one_single_label_class_gives_the_pipelines_sigmoid(tmp_path_factory):
+    """A single-label classifier with one class (written by transformers 4, which accepted the config; jaxbert's
+    training refuses one-class data) scored 1.0 for every text, a softmax over one logit; transformers 4's
+    text-classification pipeline gives its sigmoid (transformers 5 refuses the config)."""
+    hf, directory = _with_tokenizer(tmp_path_factory, "BertForSequenceClassification", num_labels=1)
+    path = os.path.join(directory, "config.json")
+    config = json.load(open(path))
+    json.dump({**config, "problem_type": "single_label_classification"}, open(path, "w"))
+    texts = ["I loved it.", "Terrible, never again!", "It was fine I guess."]
+    got = jaxbert.load(directory).classify(texts)
+    feed = dict(transformers.AutoTokenizer.from_pretrained(MINILM)(texts, padding=True, return_tensors="np"))
+    want = torch.sigmoid(torch_run(hf, feed).logits[:, 0]).numpy()
+    assert len({round(g["score"], 6) for g in got}) == len(texts)  # not one constant
+    for g, w in zip(got, want, strict=True):
+        assert g["label"] == "LABEL_0" and abs(g["score"] - w) < 1e-5, (g, w)
+        assert g["scores"] == {"LABEL_0": g["score"]}
 
 
 def test_tag_takes_any_iterable_of_texts_as_classify_and_embed_do(tmp_path_factory):
