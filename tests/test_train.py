@@ -176,6 +176,24 @@ def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(tiny, tmp_path, cap
     assert saved and saved[-1] == step - 1 and not (out / "final").exists()
 
 
+def test_a_diverged_model_has_infinite_validation_perplexity(tiny, tmp_path):
+    """A validation loss beyond ~709 overflowed math.exp: the run died with a traceback at the evaluation (its
+    step's checkpoint unwritten). Its perplexity is infinite, as run_mlm.py reports it."""
+    from jaxbert.train.config import TrainConfig
+    from jaxbert.train.plan import prepare
+
+    cfg = TrainConfig(tiny, CORPUS, str(tmp_path / "o"), max_seq_length=32, global_batch_size=8, progress=False)
+    run = prepare(cfg)
+
+    def diverged(params, batch):  # eval_step's sums: (negative log-likelihood, correct, count)
+        count = int((batch["labels"] != -100).sum())
+        return 800.0 * count, 0, count
+
+    result = run.evaluate(None, diverged)
+    assert result["eval_loss"] == 800.0 and result["eval_perplexity"] == float("inf")
+    assert "perplexity inf" in run.describe(result)
+
+
 def test_final_directory_exports_to_transformers(tiny, tmp_path, capsys):
     out = tmp_path / "run"
     assert (

@@ -110,7 +110,11 @@ class Run:
             s, c, n = eval_fn(params, self.masked(ids, [EVAL_SEED, start]))
             nll, correct, count = nll + float(s), correct + float(c), count + float(n)
         loss = nll / max(count, 1)
-        return {"eval_loss": loss, "eval_accuracy": correct / max(count, 1), "eval_perplexity": math.exp(loss)}
+        try:
+            perplexity = math.exp(loss)
+        except OverflowError:  # a diverged model's loss beyond ~709: infinite perplexity (run_mlm's rule), not a crash
+            perplexity = math.inf
+        return {"eval_loss": loss, "eval_accuracy": correct / max(count, 1), "eval_perplexity": perplexity}
 
     def describe(self, result: dict) -> str:
         return (
