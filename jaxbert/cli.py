@@ -125,13 +125,13 @@ def _embed(args) -> int:
     import jaxbert
     from jaxbert.files import atomic_file, check_output_file
     from jaxbert.sentence_dir import embedding_options
-    from jaxbert.texts import read_text_file
+    from jaxbert.texts import is_jsonl, read_text_file
 
     if not args.output.endswith(".npy"):
         raise ValueError(f"--output {args.output}: expected a .npy file")
     check_output_file(args.output)  # before any work
     read = read_text_file(args.input, allow_empty=True, keep_empty=True)  # a row per line, blank ones too
-    texts, blank = read.texts, 0 if args.input.endswith(".jsonl") else read.empty_lines
+    texts, blank = read.texts, 0 if is_jsonl(args.input) else read.empty_lines
     blanks = f" ({blank} of them blank lines, as empty texts)" if blank else ""
     bert = jaxbert.load(args.dir, dtype=args.dtype)
     emb = bert.embed(

@@ -26,6 +26,11 @@ def utf8_lines(path: str):
                 raise ValueError(f"{path}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
 
 
+def is_jsonl(path: str) -> bool:
+    """JSON lines by the extension, in any case (TEXTS.JSONL too: read as plain lines, its records would be texts)."""
+    return path.lower().endswith(".jsonl")
+
+
 def read_text_file(path: str, allow_empty: bool = False, keep_empty: bool = False) -> TextFile:
     """txt: one text per line; jsonl: a "text" field per line. Empty (or whitespace-only) lines are skipped and
     counted, or with `keep_empty` a .txt file's are texts too: where outputs go line for line with the input
@@ -37,9 +42,9 @@ def read_text_file(path: str, allow_empty: bool = False, keep_empty: bool = Fals
     for n, line in utf8_lines(path):
         if not line.strip():
             empty += 1
-            if not keep_empty or path.endswith(".jsonl"):
+            if not keep_empty or is_jsonl(path):
                 continue
-        if path.endswith(".jsonl"):
+        if is_jsonl(path):
             record = json_line(line, f"{path}:{n}")
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                 raise ValueError(f'{path}:{n}: expected an object with a string "text" field')

@@ -160,6 +160,31 @@ def test_bad_train_files_fail_before_compiling(tiny, tmp_path, capsys, content, 
     assert rc == 1 and match in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("name", ["train.json", "train.csv", "train.TSV"])
+def test_record_formats_are_not_read_as_text_lines(tiny, tmp_path, capsys, name):
+    """run_mlm.py's .json and .csv inputs were read as plain lines: braces, keys, quotes and the CSV header were
+    trained on as text, without a word."""
+    path = tmp_path / name
+    path.write_text('{"text": "paris is the capital of france."}\n' * 50)
+    rc = main(
+        ["train-mlm", "--model", tiny, "--train-file", str(path), "--output-dir", str(tmp_path / "o")]
+        + ["--max-seq-length", "32"]
+    )
+    err = capsys.readouterr().err
+    assert rc == 1 and len(err.strip().splitlines()) == 1, err
+    assert f'--train-file {path}: expected a .txt file (one text per line) or .jsonl (a "text" field per line)' in err
+    assert not (tmp_path / "o" / "cache").exists()
+
+
+def test_jsonl_extension_in_capitals_is_json_lines(tmp_path):
+    from jaxbert.texts import read_text_file
+
+    path = tmp_path / "TRAIN.JSONL"
+    path.write_text('{"text": "paris is the capital of france."}\n\n{"text": "rome is in italy."}\n')
+    read = read_text_file(str(path))
+    assert read.texts == ["paris is the capital of france.", "rome is in italy."] and read.empty_lines == 1
+
+
 def test_max_seq_length_above_positions(tiny, tmp_path, capsys):
     rc = main(_args(tiny, tmp_path / "o") + ["--max-seq-length", "65"])
     err = capsys.readouterr().err

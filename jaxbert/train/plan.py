@@ -145,15 +145,26 @@ def model_and_batch(cfg: TrainConfig) -> tuple[BertConfig, int]:
     return config, batch
 
 
+def _texts(path: str, flag: str):
+    """The texts of a .txt (one per line) or .jsonl file. Data formats that hold records (.json, .csv, .tsv: what
+    run_mlm.py reads) are refused: read line by line, their syntax and header would be trained on as text."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext in (".json", ".csv", ".tsv"):
+        raise ValueError(
+            f'{flag} {path}: expected a .txt file (one text per line) or .jsonl (a "text" field per line), not {ext}'
+        )
+    return read_text_file(path)
+
+
 def prepare(cfg: TrainConfig) -> Run:
     """Everything that can be wrong with the inputs is found here, before any compilation."""
     from jaxbert.tokenizer import WordPiece
 
     config, batch = model_and_batch(cfg)
     n = jax.device_count()
-    train_text = read_text_file(cfg.train_file)
+    train_text = _texts(cfg.train_file, "--train-file")
     if cfg.validation_file:
-        val_texts = read_text_file(cfg.validation_file).texts
+        val_texts = _texts(cfg.validation_file, "--validation-file").texts
         train_texts = train_text.texts
     else:
         cut = len(train_text.texts) * cfg.validation_split_percentage // 100
