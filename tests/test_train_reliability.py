@@ -315,11 +315,27 @@ def test_resume_refuses_other_data_or_optimizer_settings(tiny, trained, tmp_path
         (("--weight-decay", "0.5"), "weight_decay=0.0"),
         (("--adam-epsilon", "1e-6"), "adam_epsilon=1e-08"),
         (("--max-grad-norm", "2.0"), "max_grad_norm=1.0"),
+        (("--max-predictions-per-seq", "3"), "max_predictions_per_seq=None"),  # other masked positions
     ):
         capsys.readouterr()
         assert main(_args(tiny, out, *STEPS, *extra, "--resume", "auto")) == 1
         err = _one_line(capsys.readouterr().err)
         assert f"was made with {field}" in err, err
+
+
+def test_resume_refuses_another_validation_split(tiny, tmp_path, capsys):
+    """--validation-split-percentage 11 after 10 holds out two more lines of the same file: as many training
+    sequences (61 of 32 tokens), other contents. The resumed run trained on them without a word."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(open(CORPUS, encoding="utf-8").readlines()[:200]), encoding="utf-8")
+    out = tmp_path / "out"
+    run = _args(tiny, out, "--max-steps", 1, "--train-file", corpus, "--validation-split-percentage")
+    assert main([*run, "10"]) == 0
+    capsys.readouterr()
+    assert main([*run, "11", "--resume", "auto"]) == 1
+    err = _one_line(capsys.readouterr().err)
+    assert "was made with validation_split_percentage=10, this run has 11" in err, err
+    assert main([*run, "10", "--resume", "auto"]) == 0
 
 
 def test_a_checkpoint_that_cannot_be_written_names_it_and_the_last_good_one(tiny, trained, child_env, tmp_path):

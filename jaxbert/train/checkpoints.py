@@ -179,7 +179,13 @@ def model_fields(config) -> dict:
 
 RUN_OUTPUTS = ("final", "best", "best.json", "metrics.jsonl")  # what a run writes in OUT beside its checkpoints
 # Meta keys that checkpoints of earlier jaxbert versions lack: checked only where stored.
-LATER_KEYS = ("train_file_sha256", "metric_for_best_model", *OPTIMIZER_KEYS)
+LATER_KEYS = (
+    "train_file_sha256",
+    "metric_for_best_model",
+    "validation_split_percentage",
+    "max_predictions_per_seq",
+    *OPTIMIZER_KEYS,
+)
 
 
 def check_meta(meta: dict, expected: dict, where: str) -> None:

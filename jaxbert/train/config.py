@@ -142,6 +142,7 @@ class TrainConfig:
         "line_by_line",
         "mlm_probability",
         "whole_word_mask",
+        "max_predictions_per_seq",
         "grad_accum_steps",
         "max_steps",
         "num_train_epochs",

@@ -105,6 +105,8 @@ def _meta(run, step: int) -> dict:
         **run.train.position(step),
         "train_sequences": len(run.train.blocks),
         "train_file_sha256": checkpoints.file_sha256(run.cfg.train_file),  # the same data, not only as many
+        # The share of it held out for validation (None: a validation file; it all trains): the same training rows.
+        "validation_split_percentage": None if run.cfg.validation_file else run.cfg.validation_split_percentage,
         "global_batch_size": run.train.batch_size,
         "model_config": checkpoints.model_fields(run.config),
         "clip_gradients": run.cfg.max_grad_norm > 0,  # shapes the optimizer state (--max-grad-norm 0: none)
