@@ -84,3 +84,26 @@ def test_cap_and_determinism(corpus):
     for x, y in zip(a, _mask(ids, [1, 5], continuation, k=4)):
         assert np.array_equal(x, y)
     assert not np.array_equal(a[1], _mask(ids, [1, 6], continuation, k=4)[1])
+
+
+@pytest.mark.parametrize("whole_word", [False, True])
+def test_a_binding_cap_keeps_a_random_subset_not_the_first(corpus, whole_word):
+    """BERT's max_predictions_per_seq keeps shuffled candidates. Keeping the first ones selected masked a row's
+    later positions less often: at 20 of 128 tokens, the last quarter 0.117 against the first quarter's 0.150."""
+    ids = np.random.default_rng(0).integers(1000, 30000, (32, 128))
+    ids[:, 0], ids[:, -1] = 101, 102
+    continuation = corpus[1] if whole_word else None
+    counts = np.zeros(128)
+    for seed in range(100):
+        _, positions, labels = _mask(ids, [9, seed], continuation, k=20)
+        assert ((labels != -100).sum(1) <= 20).all()
+        rows, cols = np.nonzero(labels != -100)
+        np.add.at(counts, positions[rows, cols], 1)
+        if whole_word:  # every piece of a word or none
+            chosen = np.zeros(ids.shape, bool)
+            chosen[rows, positions[rows, cols]] = True
+            pieces = continuation[ids][:, 1:] & ~np.isin(ids[:, :-1], SPECIAL)  # after [CLS]: a word of its own
+            assert (chosen[:, 1:] == chosen[:, :-1])[pieces].all()
+    rate = counts / (100 * len(ids))
+    first, last = rate[1:33].mean(), rate[95:127].mean()
+    assert abs(last / first - 1) < 0.05, (first, last)
