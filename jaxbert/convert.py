@@ -23,6 +23,7 @@ _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 _BASE_PREFIXES = ("embeddings.", "encoder.", "pooler.")
 _LEAF_TO_TORCH = {"kernel": "weight", "embedding": "weight", "scale": "weight", "bias": "bias"}
 _TIED_DECODER = "cls.predictions.decoder.weight"
+_TIED_REASON = "tied to the word embeddings"
 _LAYER = re.compile(r"(?:^|\.)encoder\.layer\.(\d+)\.")
 
 
@@ -143,7 +144,7 @@ def _route(state_dict, config: BertConfig, head: str, report: ConversionReport) 
             report.ignored[key] = "buffer, not a parameter"
             continue
         if name == _TIED_DECODER and config.tie_word_embeddings:
-            report.ignored[key] = "tied to the word embeddings"
+            report.ignored[key] = _TIED_REASON
             continue
         if name not in expected:
             others = _other_heads_keys(config, head) if others is None else others
@@ -201,7 +202,23 @@ def torch_to_flax(
             continue
         sources[name] = key
         found[path] = value.T if path[-1] == "kernel" else value
+    _check_tied_decoder(state_dict, found, sources, report)
     return traverse_util.unflatten_dict(found), report
+
+
+def _check_tied_decoder(state_dict, found: dict, sources: dict, report: ConversionReport) -> None:
+    """A tied decoder weight stored beside the word embeddings must equal them: with another value, transformers 5
+    keeps it untied and applies it, 4.x ties it to the embeddings, so either reading gives logits of one only."""
+    embeddings = found.get(("bert", "embeddings", "word_embeddings", "embedding"))
+    if embeddings is None or ("cls", "predictions", "bias") not in found:  # a head without the decoder
+        return
+    for key in [k for k, why in report.ignored.items() if why == _TIED_REASON]:
+        if np.shape(state_dict[key]) != embeddings.shape or not np.array_equal(np.asarray(state_dict[key]), embeddings):
+            raise ValueError(
+                f"{key}: differs from {sources['bert.embeddings.word_embeddings.weight']} although the config ties "
+                "them (tie_word_embeddings=true; transformers 5 would apply it untied, 4.x the word embeddings): "
+                "set tie_word_embeddings to false to use it, or leave it out"
+            )
 
 
 def flax_to_torch(

@@ -110,6 +110,23 @@ def test_unknown_key_shape_mismatch_and_duplicates_name_the_key(mlm):
         torch_to_flax(sd, config, "BertForRanking")
 
 
+def test_a_tied_decoder_weight_unlike_the_embeddings_is_refused(mlm):
+    """transformers 5 keeps a stored decoder weight that differs from the word embeddings untied and applies it
+    (4.57 ties it to the embeddings): taking the embeddings silently gave logits 21.8 away from transformers 5."""
+    _, config, sd = mlm
+    for head in ("BertForMaskedLM", "BertForPreTraining"):
+        other = {**sd, "cls.predictions.decoder.weight": sd["cls.predictions.decoder.weight"] + 1}
+        if head == "BertForPreTraining":
+            other.update(state_dict(hf_model("BertForPreTraining")))
+            other["cls.predictions.decoder.weight"] = other["bert.embeddings.word_embeddings.weight"] * 2
+        with pytest.raises(ValueError, match=r"cls\.predictions\.decoder\.weight: differs from bert\.embeddings"):
+            torch_to_flax(other, config, head)
+    torch_to_flax(sd, config, "BertModel")  # no decoder there: nothing to compare
+    untied = config.replace(tie_word_embeddings=False)
+    params, _ = torch_to_flax(other, untied, "BertForPreTraining")  # what transformers 5 applies
+    assert np.array_equal(params["cls"]["predictions"]["decoder"]["kernel"], other["cls.predictions.decoder.weight"].T)
+
+
 def test_flax_to_torch_checks_the_tree(mlm):
     _, config, sd = mlm
     params, _ = torch_to_flax(sd, config, "mlm")
