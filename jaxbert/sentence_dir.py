@@ -227,7 +227,7 @@ def companion_files(directory: str) -> list[str]:
     if "modules.json" in names:
         for module in read_json(existing_file(directory, "modules.json"), list):
             _, sub = _module_type(directory, module)
-            if sub not in ("", "."):
+            if os.path.normpath(sub) != ".":  # "./" too (sentence-transformers reads the root there): not the model
                 names += _module_files(directory, sub)
     return list(dict.fromkeys(names))
 

@@ -303,6 +303,20 @@ def test_convert_and_export_keep_the_weights_of_the_other_modules(tmp_path):
     _assert_same(_reference(tmp_path / "pt"), want)
 
 
+def test_a_module_at_the_root_spelt_otherwise_does_not_copy_the_model_over_the_conversion(tmp_path, capsys):
+    """A Transformer module at path "./" (sentence-transformers reads the root there, as for ""): its files were
+    taken for a module directory's, so convert copied the source's config.json over the one it had written and
+    its model.safetensors beside flax_model.msgpack; `convert --dtype bfloat16` gave a directory that loaded the
+    float32 source weights, and its config said float32."""
+    directory = _st_dir(tmp_path, {"pooling_mode": "mean"}, max_seq_length=12)
+    _modules(directory, [{**_T, "path": "./"}, _P])
+    assert main(["convert", directory, str(tmp_path / "jax"), "--dtype", "bfloat16"]) == 0
+    assert not (tmp_path / "jax" / "model.safetensors").exists()
+    assert (tmp_path / "jax" / "1_Pooling" / "config.json").is_file()
+    assert json.loads((tmp_path / "jax" / "config.json").read_text())["dtype"] == "bfloat16"
+    assert jaxbert.load(tmp_path / "jax").params_dtype == "bfloat16"
+
+
 def test_truncation_side_left_keeps_the_end_of_long_texts(tmp_path):
     """tokenizer_config.json's truncation_side "left" makes transformers' tokenizer (and so sentence-transformers)
     cut a long text's beginning; jaxbert cut its end (max |diff| 0.05 on normalized vectors, no error)."""
