@@ -98,7 +98,7 @@ def _convert(args) -> int:
     from jaxbert.verify import verify
 
     worst_ok = True
-    for field, (err, tol) in verify(args.src, args.dst).items():
+    for field, (err, tol) in verify(summary.src, args.dst).items():  # a hub id's snapshot directory
         ok = err <= tol
         worst_ok &= ok
         verdict = (

@@ -67,6 +67,14 @@ def test_commands_take_hub_ids(cache, tmp_path, capsys):
     assert main(["fill-mask", "acme/tiny-bert", "paris is the [MASK] of france.", "--top-k", "1"]) == 0
 
 
+def test_convert_verify_takes_a_hub_id(cache, tmp_path, capsys):
+    """--verify read the hub id as a directory: the conversion was written, then 'acme/tiny-bert/config.json:
+    config.json not found' and exit 1, nothing verified."""
+    pytest.importorskip("torch")
+    assert main(["convert", "acme/tiny-bert", str(tmp_path / "jax"), "--verify"]) == 0
+    assert "verify logits" in capsys.readouterr().out
+
+
 def test_an_absent_id_names_itself_and_the_cache(cache, tmp_path, capsys):
     with pytest.raises(
         FileNotFoundError,
