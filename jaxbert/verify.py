@@ -71,7 +71,7 @@ def verify(src: str, dst: str) -> dict[str, tuple[float, float]]:
 
     transformers.utils.logging.disable_progress_bar()
     config = load_config(src)
-    head = resolve_head(None, config)
+    head = resolve_head(None, load_config(dst))  # what convert wrote (a sentence-transformers base model: BertModel)
     if head == "EncoderDecoderModel":
         sides = (config.encoder, config.decoder)
     else:

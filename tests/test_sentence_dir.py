@@ -245,6 +245,9 @@ def test_a_directory_whose_config_names_a_head_its_weights_lack_embeds_as_its_ba
     out = tmp_path / "converted"  # convert writes what it holds: a base model
     assert main(["convert", directory, str(out)]) == 0
     assert json.loads((out / "config.json").read_text())["architectures"] == ["BertModel"]
+    # --verify compares it with transformers' BertModel (it asked for a BertForMaskedLM of the converted directory)
+    assert main(["convert", directory, str(tmp_path / "verified"), "--verify"]) == 0
+    assert "verify pooler_output" in capsys.readouterr().out
     _assert_same(jaxbert.load(str(out)).embed(TEXTS), _reference(directory))
     os.remove(os.path.join(directory, "modules.json"))
     with pytest.raises(ValueError, match="missing keys for BertForMaskedLM"):
