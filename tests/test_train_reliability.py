@@ -310,15 +310,26 @@ def test_resume_refuses_other_data_or_optimizer_settings(tiny, trained, tmp_path
     lines = open(CORPUS, encoding="utf-8").read().splitlines()
     edited = tmp_path / "corpus.txt"
     edited.write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n", encoding="utf-8")  # two lines swapped
-    for extra, field in (
-        (("--train-file", edited), "train_file_sha256="),
-        (("--weight-decay", "0.5"), "weight_decay=0.0"),
-        (("--adam-epsilon", "1e-6"), "adam_epsilon=1e-08"),
-        (("--max-grad-norm", "2.0"), "max_grad_norm=1.0"),
-        (("--max-predictions-per-seq", "3"), "max_predictions_per_seq=None"),  # other masked positions
+    # The same model with two vocabulary entries swapped: the same config and token counts, other token ids.
+    swapped = shutil.copytree(tiny, tmp_path / "swapped")
+    spec = json.load(open(swapped / "tokenizer.json", encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    vocab["the"], vocab["of"] = vocab["of"], vocab["the"]
+    json.dump(spec, open(swapped / "tokenizer.json", "w", encoding="utf-8"))
+    words = open(swapped / "vocab.txt", encoding="utf-8").read().split("\n")
+    i, j = words.index("the"), words.index("of")
+    words[i], words[j] = words[j], words[i]
+    (swapped / "vocab.txt").write_text("\n".join(words), encoding="utf-8")
+    for model, extra, field in (
+        (tiny, ("--train-file", edited), "train_file_sha256="),
+        (tiny, ("--weight-decay", "0.5"), "weight_decay=0.0"),
+        (tiny, ("--adam-epsilon", "1e-6"), "adam_epsilon=1e-08"),
+        (tiny, ("--max-grad-norm", "2.0"), "max_grad_norm=1.0"),
+        (tiny, ("--max-predictions-per-seq", "3"), "max_predictions_per_seq=None"),  # other masked positions
+        (swapped, (), "tokenizer_sha256="),
     ):
         capsys.readouterr()
-        assert main(_args(tiny, out, *STEPS, *extra, "--resume", "auto")) == 1
+        assert main(_args(model, out, *STEPS, *extra, "--resume", "auto")) == 1
         err = _one_line(capsys.readouterr().err)
         assert f"was made with {field}" in err, err
 
@@ -336,6 +347,21 @@ def test_resume_refuses_another_validation_split(tiny, tmp_path, capsys):
     err = _one_line(capsys.readouterr().err)
     assert "was made with validation_split_percentage=10, this run has 11" in err, err
     assert main([*run, "10", "--resume", "auto"]) == 0
+
+
+def test_resume_refuses_another_validation_file(tiny, tmp_path, capsys):
+    """best/ and early stopping compare evaluations across a run: resumed on another --validation-file (the same
+    training data), the run went on and mixed two validation sets without a word."""
+    lines = open(CORPUS, encoding="utf-8").read().splitlines()
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text("\n".join(lines[:40]) + "\n", encoding="utf-8")
+    second.write_text("\n".join(lines[40:80]) + "\n", encoding="utf-8")
+    run = _args(tiny, tmp_path / "out", "--max-steps", 1, "--validation-file")
+    assert main([*run, str(first)]) == 0
+    capsys.readouterr()
+    assert main([*run, str(second), "--resume", "auto"]) == 1
+    err = _one_line(capsys.readouterr().err)
+    assert "was made with validation_file_sha256=" in err, err
 
 
 def test_a_checkpoint_that_cannot_be_written_names_it_and_the_last_good_one(tiny, trained, child_env, tmp_path):

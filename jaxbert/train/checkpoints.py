@@ -184,6 +184,8 @@ LATER_KEYS = (
     "metric_for_best_model",
     "validation_split_percentage",
     "max_predictions_per_seq",
+    "validation_file_sha256",
+    "tokenizer_sha256",
     *OPTIMIZER_KEYS,
 )
 

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from jaxbert import cpu, distributed, failures, hub, sharding
 from jaxbert.files import check_disjoint
 from jaxbert.train import checkpoints, lock, outputs, plan, task_plan
+from jaxbert.train import data as D
 from jaxbert.train.best import Best, write_model
 from jaxbert.train.config import TrainConfig
 from jaxbert.train.interrupt import deferred_sigint
@@ -107,6 +108,9 @@ def _meta(run, step: int) -> dict:
         "train_file_sha256": checkpoints.file_sha256(run.cfg.train_file),  # the same data, not only as many
         # The share of it held out for validation (None: a validation file; it all trains): the same training rows.
         "validation_split_percentage": None if run.cfg.validation_file else run.cfg.validation_split_percentage,
+        # best/ and early stopping compare evaluations across the run: on another validation set they would mix two.
+        "validation_file_sha256": run.cfg.validation_file and checkpoints.file_sha256(run.cfg.validation_file),
+        "tokenizer_sha256": D.tokenizer_key(run.cfg.model),  # the same files, another vocabulary: other token ids
         "global_batch_size": run.train.batch_size,
         "model_config": checkpoints.model_fields(run.config),
         "clip_gradients": run.cfg.max_grad_norm > 0,  # shapes the optimizer state (--max-grad-norm 0: none)
