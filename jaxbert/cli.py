@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
+import os
 import signal
 import sys
 import threading
@@ -118,7 +120,25 @@ def _export(args) -> int:
     from jaxbert.transfer import export_checkpoint
 
     _print_summary("exported", export_checkpoint(args.src, args.dst, dtype=args.dtype, force=args.force))
+    relative = _relative_positions(args.dst)
+    if relative:  # loud here, since transformers 5 is silent: it drops distance_embedding and attends absolutely
+        print(
+            f"note: position_embedding_type {relative}: transformers 5 has no relative position embeddings and "
+            "reads this directory as absolute attention (other outputs); load it with transformers <= 4.57"
+        )
     return 0
+
+
+def _relative_positions(directory: str) -> str | None:
+    """The relative position_embedding_type of an exported config.json (of either half of an encoder-decoder)."""
+    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    kinds = {
+        c.get("position_embedding_type", "absolute")
+        for c in (config, config.get("encoder"), config.get("decoder"))
+        if isinstance(c, dict)
+    }
+    return next((k for k in sorted(kinds) if k != "absolute"), None)
 
 
 def _embed(args) -> int:

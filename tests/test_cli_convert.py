@@ -162,6 +162,23 @@ def test_convert_export_round_trip_equals_original(tmp_path, capsys):
     assert_close(torch_run(back.eval(), feed).prediction_logits.numpy(), torch_run(hf, feed).prediction_logits.numpy())
 
 
+def test_export_of_relative_positions_says_transformers_5_reads_them_wrong(tmp_path, capsys):
+    """transformers 5 loads an exported relative-position model without a word (distance_embedding listed as
+    unexpected) and attends absolutely: other outputs. export says so; an absolute model gets no note."""
+    rc, out, err = cli(capsys, "export", os.path.join(GOLDEN, "relative_key"), tmp_path / "pt")
+    assert rc == 0, err
+    assert "note: position_embedding_type relative_key: transformers 5 has no relative position" in out, out
+    io = np.load(os.path.join(GOLDEN, "relative_key", "io.npz"))
+    feed = {k: io[f"in.{k}"] for k in ("input_ids", "attention_mask", "token_type_ids")}
+    want = io["out.prediction_logits"]  # transformers 4.57's, which reads relative positions
+    back = transformers.BertForPreTraining.from_pretrained(tmp_path / "pt", attn_implementation="eager").eval()
+    assert np.abs(torch_run(back, feed).prediction_logits.numpy() - want).max() > 1e-2  # what the note warns of
+    assert_close(np.asarray(jaxbert.load(tmp_path / "pt")(**feed).prediction_logits), want, atol=1e-4)
+    hf_model("BertModel").save_pretrained(tmp_path / "abs")
+    rc, out, err = cli(capsys, "export", tmp_path / "abs", tmp_path / "abs_pt")
+    assert rc == 0 and "note:" not in out, out
+
+
 @pytest.mark.parametrize("head", ["BertForMaskedLM", "BertForPreTraining", "BertLMHeadModel"])
 def test_an_untied_decoder_keeps_its_bias_through_export(head, tmp_path, capsys):
     """With tie_word_embeddings=false, transformers 5's decoder has a bias of its own (not tied to
