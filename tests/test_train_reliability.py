@@ -57,6 +57,14 @@ if os.environ.get("FULL_AT_STEP"):  # from that checkpoint on, files cannot grow
             resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
         return save(mgr, step, *args)
     C.save = limited
+if os.environ.get("KILL_SEALING"):  # a kill -9 landing while that checkpoint is sealed (its digests written)
+    import jaxbert.train.checkpoints as C
+    seal = C.write_digests
+    def killed(directory):
+        if os.path.basename(directory) == os.environ["KILL_SEALING"]:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return seal(directory)
+    C.write_digests = killed
 from jaxbert.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -381,6 +389,21 @@ def test_a_checkpoint_that_cannot_be_written_names_it_and_the_last_good_one(tiny
     rc, printed, err = _run(child_env, *_args(tiny, out, *STEPS, "--resume", "auto"))
     assert rc == 0 and "restored step 2" in printed, err
     assert _max_diff(_final(out), _final(trained)) <= 1e-6  # resumed exactly
+
+
+def test_a_kill_while_a_checkpoint_is_sealed_keeps_the_previous_one(tiny, trained, child_env, tmp_path):
+    """--save-total-limit 1, killed after checkpoint 4 is written but before it is sealed: checkpoint 2 is still
+    there and the run resumes from it. orbax's max_to_keep had deleted 2 inside the save, before the seal, so
+    the resume found no intact checkpoint and started again from step 0."""
+    out = tmp_path / "out"
+    args = _args(tiny, out, *STEPS, "--save-total-limit", 1)
+    rc, _, err = _run(child_env, *args, KILL_SEALING="4")
+    assert rc == -signal.SIGKILL, err
+    checkpoints.verify(str(out / "checkpoints" / "2"))
+    rc, printed, err = _run(child_env, *args, "--resume", "auto", "--break-lock")
+    assert rc == 0 and "restored step 2" in printed, printed + err
+    assert _max_diff(_final(out), _final(trained)) <= 1e-6
+    assert sorted(os.listdir(out / "checkpoints")) == ["4.damaged", "6"]  # the limit still holds once sealed
 
 
 # 3. Non-finite parameters are never saved.

@@ -31,10 +31,11 @@ class DamagedCheckpoint(ValueError):
     """A step whose files do not match its digests, or that has none; the message names the file."""
 
 
-def manager(directory: str, keep: int, create: bool = True) -> ocp.CheckpointManager:
+def manager(directory: str, create: bool = True) -> ocp.CheckpointManager:
     """A manager of `directory`; with create=False it is only read from (another run's checkpoints)."""
-    # Synchronous saves: a step is only reported saved once it is complete on disk.
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=create, enable_async_checkpointing=False)
+    # Synchronous saves: a step is only reported saved once it is complete on disk. No max_to_keep: orbax
+    # deletes the old steps inside save(), before the new one is sealed (see `save`).
+    options = ocp.CheckpointManagerOptions(create=create, enable_async_checkpointing=False)
     return ocp.CheckpointManager(os.path.abspath(directory), options=options)
 
 
@@ -42,8 +43,9 @@ def step_dir(mgr: ocp.CheckpointManager, step: int) -> str:
     return os.path.join(mgr.directory.as_posix(), str(step))
 
 
-def save(mgr: ocp.CheckpointManager, step: int, state, meta: dict) -> None:
-    """Write and seal `step`; a failed write (a full disk) raises OSError and leaves no part of it (save_errors)."""
+def save(mgr: ocp.CheckpointManager, step: int, state, meta: dict, keep: int) -> None:
+    """Write and seal `step`, then keep only the newest `keep` steps; a failed write (a full disk) raises OSError
+    and leaves no part of it (save_errors), nor deletes anything."""
     with save_errors.writing(step_dir(mgr, step)):
         mgr.save(
             step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True
@@ -52,6 +54,10 @@ def save(mgr: ocp.CheckpointManager, step: int, state, meta: dict) -> None:
         if distributed.is_primary():  # every process saved its shards (orbax syncs them); one seals the step
             write_digests(step_dir(mgr, step))
     distributed.barrier(f"jaxbert-digests-{step}")
+    # Only now: orbax's max_to_keep deleted the older steps before this one was sealed, so a kill (or a failed
+    # digest write) in between left no intact checkpoint at --save-total-limit 1.
+    for old in sorted(mgr.all_steps())[:-keep]:
+        mgr.delete(old)  # all processes (a barrier); process 0 deletes
 
 
 def file_sha256(path: str) -> str:
@@ -237,7 +243,7 @@ def resume_point(cfg, own: ocp.CheckpointManager, expected_meta, say):
         return None
     root, step = resume_location(cfg.resume, cfg.output_dir)
     mine = os.path.realpath(root) == os.path.realpath(own.directory.as_posix())
-    source = own if mine else manager(root, cfg.save_total_limit, create=False)
+    source = own if mine else manager(root, create=False)
     if step is None:
         step = latest_intact(source, say)
         if step is None and source is not own:

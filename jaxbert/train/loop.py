@@ -162,7 +162,7 @@ def _train(cfg: TrainConfig) -> dict:
         run = qa_prepare(cfg)
     else:
         run = (plan.prepare if cfg.task == "mlm" else task_plan.prepare)(cfg)
-    own = checkpoints.manager(os.path.join(cfg.output_dir, "checkpoints"), cfg.save_total_limit)
+    own = checkpoints.manager(os.path.join(cfg.output_dir, "checkpoints"))
     point = checkpoints.resume_point(cfg, own, lambda step: _meta(run, step), run.say)
     metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl")
     records = [r for r in outputs.read_metrics(metrics_path) if r["step"] <= point[1]] if point else []
@@ -223,7 +223,7 @@ def _save(run, state, done, own, last_good):
             f"checkpoint: {_where(last_good, own)}"
         )
     try:
-        checkpoints.save(own, done, state, _meta(run, done))
+        checkpoints.save(own, done, state, _meta(run, done), run.cfg.save_total_limit)
     except OSError as e:  # a full disk: what failed, and where to continue from
         raise TrainingError(
             f"writing checkpoint {done} in {own.directory.as_posix()} failed ({e.strerror or e}); last good "
