@@ -162,6 +162,37 @@ def test_process_shares_of_a_batch_make_up_the_whole(tmp_path, tok, packed):
         assert any(batches.shape(s)[1] < 4 for s in range(batches.steps_per_epoch))
 
 
+def test_every_example_is_in_one_step_of_each_epoch(tmp_path, tok):
+    # 11 examples, 4 a step (2 × 2 accumulated): an epoch is 3 steps, the last with 3 examples and a padding row
+    # (no tokens, label -100, weight 0), as transformers' Trainer keeps its last batch. The epoch had been the 8
+    # examples of 2 full steps: 3 of 11 not trained on, other ones each epoch.
+    from jaxbert.train.data import Batches
+
+    records = [{"text": " ".join(["word"] * n), "label": n % 3} for n in (1, 9, 3, 20, 4, 2, 6, 7, 30, 5, 8)]
+    rows = read_rows(str(_jsonl(tmp_path / "r.jsonl", records)))
+    data = E.encode_sequences(tok, rows, ("text", None, "label"), sequence_labels(rows, "label", None, None), 64)[1]()
+    args = (data, 2, 2, 5, (16, 32, 64), 0)
+    for batches in (E.TaskBatches(*args), P.PackedTaskBatches(*args, length=32, segments=4, multiple=2)):
+        assert batches.steps_per_epoch == 3
+        for epoch in (0, 1):
+            steps = [batches(s) for s in range(3 * epoch, 3 * epoch + 3)]
+            seen = sorted(int(v) for b in steps for v in b["labels"][b["sample_weight"] > 0])
+            assert seen == sorted(data.targets.tolist())  # each example once (labels stand for them)
+            assert sum(int(b["sample_weight"].sum()) for b in steps) == 11
+        last = batches(2)
+        real = last["sample_weight"] > 0
+        assert int(real.sum()) == 3 and (last["labels"][~real] == E.IGNORE).all()
+        rows_real = real if real.ndim == 2 else real.any(-1)  # packed: [accum, rows, segments]
+        np.testing.assert_array_equal(last["attention_mask"].any(-1), rows_real)  # padding rows have no tokens
+    blocks = np.arange(1, 12)[:, None] * np.ones((1, 5), np.int32)  # block i: five tokens i
+    mlm = Batches(blocks, 2, 2, 5)
+    assert mlm.steps_per_epoch == 3
+    epoch = np.concatenate([mlm(s, pad_id=0).reshape(-1, 5) for s in range(3)])
+    assert sorted(epoch[:, 0].tolist()) == [0] + list(range(1, 12)) and (epoch[epoch[:, 0] == 0] == 0).all()
+    halves = [mlm(2, slice(0, 1), pad_id=0), mlm(2, slice(1, 2), pad_id=0)]  # a process's share of the last step
+    np.testing.assert_array_equal(np.concatenate(halves, axis=1), mlm(2, pad_id=0))
+
+
 # -- bad inputs: one line naming file, line and column; exit 1; nothing written ------------------------------------
 
 

@@ -372,6 +372,25 @@ def test_resume_refuses_another_validation_file(tiny, tmp_path, capsys):
     assert "was made with validation_file_sha256=" in err, err
 
 
+def test_resume_refuses_a_checkpoint_whose_epochs_left_out_the_last_examples(tiny, trained, tmp_path, capsys):
+    """A checkpoint of an earlier version (no steps_per_epoch in its meta) whose epochs were the full steps alone
+    (929 sequences, 8 a step: 116 steps; now 117, the last with one sequence): its later epochs would be other
+    steps, so it is refused; one whose step size divides the set resumes as before."""
+    out = _copy(trained, tmp_path)
+    step = out / "checkpoints" / "6"
+    meta = json.loads((step / "meta" / "metadata").read_text())
+    assert meta["steps_per_epoch"] == 117
+    del meta["steps_per_epoch"]
+    (step / "meta" / "metadata").write_text(json.dumps(meta))
+    os.unlink(step / checkpoints.DIGESTS)
+    checkpoints.write_digests(str(step))
+    capsys.readouterr()
+    assert main(_args(tiny, out, *STEPS, "--resume", step)) == 1
+    assert "was made with steps_per_epoch=116, this run has 117" in _one_line(capsys.readouterr().err)
+    expected = {"step": 6, "train_sequences": 928, "global_batch_size": 8, "grad_accum_steps": 1, "model_config": {}}
+    checkpoints.check_meta(expected, {**expected, "steps_per_epoch": 116}, "a checkpoint")  # 928 = 116 × 8
+
+
 def test_a_checkpoint_that_cannot_be_written_names_it_and_the_last_good_one(tiny, trained, child_env, tmp_path):
     """A full disk while checkpoint 4 is written (orbax's real writers failing): one line naming it and where to
     continue from, no part of step 4 left, and the run continues from step 2 to the uninterrupted run's result.

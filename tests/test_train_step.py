@@ -146,3 +146,38 @@ def test_accumulated_token_step_from_the_task_batcher_equals_the_whole_batch():
     np.testing.assert_allclose(float(m_split["grad_norm"]), float(m_whole["grad_norm"]), rtol=1e-5)
     diff = jax.tree_util.tree_map(lambda a, b: float(jnp.abs(a - b).max()), whole.params, split.params)
     assert max(jax.tree_util.tree_leaves(diff)) <= 1e-3 * opt.learning_rate  # Adam's first step: ±lr per element
+
+
+@pytest.mark.parametrize("head", ["BertForSequenceClassification", "BertForTokenClassification"])
+def test_an_epochs_padded_last_step_equals_the_step_on_its_examples(head):
+    """6 examples, 4 a step (2 × 2 accumulated): the epoch's last step holds the 2 examples left and 2 padding rows
+    (a whole micro-batch of them); its update is that of the 2 examples alone."""
+    from jaxbert.train.task_encode import IGNORE, Encodedset, TaskBatches
+
+    rng = np.random.default_rng(0)
+    lengths = np.array([10, 3, 9, 2, 8, 4])
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    tags, targets = np.zeros(0, np.int32), rng.integers(0, 3, 6).astype(np.int32)
+    if head == "BertForTokenClassification":
+        tags, targets = rng.integers(0, 3, starts[-1]).astype(np.int32), np.zeros(0, np.int32)
+        tags[starts[:-1]] = IGNORE  # [CLS]
+    data = Encodedset(
+        rng.integers(5, 50, starts[-1]).astype(np.int32), np.zeros(starts[-1], np.int8), starts, tags, targets
+    )
+    batches = TaskBatches(data, 2, 2, 0, (L,))
+    assert batches.steps_per_epoch == 2
+    last = batches(1)
+    left = batches.examples(1)
+    alone = {k: v[None] for k, v in data.batch(left, len(left), L, 0).items()}  # [1 micro-batch, 2, ...]
+    opt = OptimConfig(learning_rate=1e-2, total_steps=10)
+    tx = optimizer(opt)
+    state = init_state(jaxbert.init_params(CONFIG, jax.random.key(0), head), tx)
+    step = jax.jit(
+        lambda s, b: train_step(s, b, jax.random.key(1), config=CONFIG, tx=tx, schedule=schedule(opt), head=head)
+    )
+    with jax.default_matmul_precision("highest"):
+        (padded, m_padded), (real, m_real) = step(state, last), step(state, alone)
+    np.testing.assert_allclose(float(m_padded["loss"]), float(m_real["loss"]), rtol=1e-6)
+    np.testing.assert_allclose(float(m_padded["grad_norm"]), float(m_real["grad_norm"]), rtol=1e-5)
+    diff = jax.tree_util.tree_map(lambda a, b: float(jnp.abs(a - b).max()), padded.params, real.params)
+    assert max(jax.tree_util.tree_leaves(diff)) <= 1e-3 * opt.learning_rate

@@ -207,6 +207,10 @@ def check_meta(meta: dict, expected: dict, where: str) -> None:
                 f"--resume: {where} was made for a different model: {key}={stored.get(key)!r} there, "
                 f"{model[key]!r} in --model"
             )
+    if "steps_per_epoch" not in meta:  # an earlier version's, which left out the examples after each epoch's
+        # last full step: its later epochs would now be other steps
+        per_step = meta.get("global_batch_size", 1) * meta.get("grad_accum_steps", 1)
+        meta = {**meta, "steps_per_epoch": meta.get("train_sequences", 0) // max(per_step, 1)}
     for key, value in expected.items():
         if key in LATER_KEYS and key not in meta:
             continue

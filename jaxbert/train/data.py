@@ -86,7 +86,9 @@ def tokenizer_key(directory: str) -> str:
 
 @dataclasses.dataclass
 class Batches:
-    """Deterministic batches of `blocks`: step s uses rows of a per-epoch permutation seeded by (seed, epoch)."""
+    """Deterministic batches of `blocks`: step s uses rows of a per-epoch permutation seeded by (seed, epoch). Every
+    block is in one step of each epoch: when the step size does not divide the set, the epoch's last step takes the
+    rest and padding rows (no tokens, nothing to learn from), as transformers' Trainer keeps its last batch."""
 
     blocks: np.ndarray  # [N, L]
     batch_size: int  # global, per micro-batch
@@ -95,8 +97,8 @@ class Batches:
 
     def __post_init__(self):
         self.per_step = self.batch_size * self.accum
-        self.steps_per_epoch = len(self.blocks) // self.per_step
-        if self.steps_per_epoch == 0:
+        self.steps_per_epoch = -(-len(self.blocks) // self.per_step)
+        if len(self.blocks) < self.per_step:
             raise ValueError(
                 f"the training set has {len(self.blocks)} sequences, fewer than one step needs "
                 f"({self.batch_size} per batch × {self.accum} accumulation steps)"
@@ -109,11 +111,26 @@ class Batches:
         """[accum, rows] of step `step`'s batch (every process knows it before reading its share)."""
         return self.accum, self.batch_size
 
-    def __call__(self, step: int, rows: slice | None = None) -> np.ndarray:
-        """The token ids of optimizer step `step`: [accum, batch_size, L]; with `rows`, only those rows of each
-        micro-batch (a process's share: only they are read from the memory-mapped blocks)."""
+    def examples(self, step: int) -> np.ndarray:
+        """The examples of optimizer step `step`, micro-batch after micro-batch (fewer in an epoch's last step)."""
         pos = self.position(step)
         order = np.random.default_rng([self.seed, pos["epoch"]]).permutation(len(self.blocks))
-        index = order[pos["offset"] : pos["offset"] + self.per_step].reshape(self.accum, self.batch_size)
+        return order[pos["offset"] : pos["offset"] + self.per_step]
+
+    def index(self, step: int) -> np.ndarray:
+        """[accum, batch_size] examples of step `step`; -1 marks padding rows (after an epoch's last example)."""
+        index = np.full(self.per_step, -1, np.int64)
+        examples = self.examples(step)
+        index[: len(examples)] = examples
+        return index.reshape(self.accum, self.batch_size)
+
+    def __call__(self, step: int, rows: slice | None = None, pad_id: int = 0) -> np.ndarray:
+        """The token ids of optimizer step `step`: [accum, batch_size, L]; with `rows`, only those rows of each
+        micro-batch (a process's share: only they are read from the memory-mapped blocks). Padding rows are
+        `pad_id` throughout."""
+        index = self.index(step)
         index = index[:, rows] if rows is not None else index
-        return np.asarray(self.blocks[index.reshape(-1)]).reshape(*index.shape, -1)
+        flat = index.reshape(-1)
+        ids = np.asarray(self.blocks[np.maximum(flat, 0)])
+        ids[flat < 0] = pad_id
+        return ids.reshape(*index.shape, -1)

@@ -105,6 +105,7 @@ def _meta(run, step: int) -> dict:
         "step": step,
         **run.train.position(step),
         "train_sequences": len(run.train.blocks),
+        "steps_per_epoch": run.train.steps_per_epoch,  # earlier versions left out each epoch's last examples
         "train_file_sha256": checkpoints.file_sha256(run.cfg.train_file),  # the same data, not only as many
         # The share of it held out for validation (None: a validation file; it all trains): the same training rows.
         "validation_split_percentage": None if run.cfg.validation_file else run.cfg.validation_split_percentage,

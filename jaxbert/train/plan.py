@@ -75,7 +75,7 @@ class Run:
     def batch(self, step: int, rows: slice | None = None) -> dict:
         """Step `step`'s batch [accum, batch, ...], or only `rows` of its batch axis (a process's share). Each row
         is masked by its own Generator seeded by (seed, step, row), so a row is the same whoever masks it."""
-        ids = self.train(step, rows)
+        ids = self.train(step, rows, self.config.pad_token_id)
         A, R = ids.shape[:2]
         first = rows.start if rows else 0
         one = [

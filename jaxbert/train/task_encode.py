@@ -40,12 +40,18 @@ class Encodedset:
         return np.diff(self.starts).reshape(-1, self.choices).max(1)
 
     def batch(self, rows, n_rows: int, length: int, pad_id: int) -> dict:
-        """Examples `rows`, padded to n_rows × length; padding rows have label -100 (per-example labels: weight 0)."""
+        """Examples `rows` (-1: a padding row), padded to n_rows × length; padding rows have label -100
+        (per-example labels: weight 0)."""
         C = self.choices
         ids = np.full((n_rows, C, length), pad_id, np.int32)
         types, mask = np.zeros_like(ids), np.zeros_like(ids)
         tags = np.full((n_rows, length), IGNORE, np.int32)
+        rows = np.asarray(rows, np.int64)
+        real = np.zeros(n_rows, bool)
+        real[: len(rows)] = rows >= 0  # -1: a padding row (an epoch's last training step, data.Batches.index)
         for r, e in enumerate(rows):
+            if e < 0:
+                continue
             for c in range(C):
                 a, b = self.starts[e * C + c], self.starts[e * C + c + 1]
                 ids[r, c, : b - a], types[r, c, : b - a], mask[r, c, : b - a] = self.ids[a:b], self.types[a:b], 1
@@ -59,8 +65,8 @@ class Encodedset:
             return {**batch, "labels": tags}
         pad = IGNORE if self.targets.dtype == np.int32 else 0
         labels = np.full((n_rows, *self.targets.shape[1:]), pad, self.targets.dtype)
-        labels[: len(rows)] = self.targets[np.asarray(rows, np.int64)]
-        weight = (np.arange(n_rows) < len(rows)).astype(np.float32)
+        labels[real] = self.targets[rows[rows >= 0]]
+        weight = real.astype(np.float32)
         return {**batch, "labels": labels, "sample_weight": weight}
 
 
@@ -175,18 +181,11 @@ class TaskBatches(D.Batches):
     buckets: tuple[int, ...] = (128,)
     pad_id: int = 0
 
-    def examples(self, step: int) -> np.ndarray:
-        """The examples of optimizer step `step`, micro-batch after micro-batch."""
-        pos = self.position(step)
-        order = np.random.default_rng([self.seed, pos["epoch"]]).permutation(len(self.blocks))
-        return order[pos["offset"] : pos["offset"] + self.per_step]
-
     def __call__(self, step: int, rows: slice | None = None) -> dict:
         """The batch of optimizer step `step`: every leaf [accum, batch_size, ...]; with `rows`, only those rows of
         each micro-batch (a process's share), padded to the length bucket of the whole step."""
-        examples = self.examples(step)
-        length = batching.bucket(int(self.blocks.lengths()[examples].max()), self.buckets)
-        chosen = examples.reshape(self.accum, self.batch_size)[:, slice(None) if rows is None else rows]
+        length = batching.bucket(int(self.blocks.lengths()[self.examples(step)].max()), self.buckets)
+        chosen = self.index(step)[:, slice(None) if rows is None else rows]  # -1: padding rows
         batch = self.blocks.batch(chosen.reshape(-1), chosen.size, length, self.pad_id)
         return {k: v.reshape(*chosen.shape, *v.shape[1:]) for k, v in batch.items()}
 
