@@ -6,6 +6,8 @@ A process that fails alone stops the others too (failures.py).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 
 import jax
@@ -76,6 +78,33 @@ def any_process(flag: bool) -> bool:
     from jax.experimental import multihost_utils
 
     return bool(multihost_utils.process_allgather(np.asarray(flag)).any())
+
+
+def same_everywhere(settings: dict) -> None:
+    """Refuse a multi-process run whose processes disagree on `settings` (JSON values: the training data's digest,
+    the model config, the batch, schedule and optimizer options). Each would read its rows of other data, or
+    update its share of the parameters otherwise, and the run would end as if nothing were wrong. A collective."""
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+
+    text = json.dumps(settings, sort_keys=True)
+    if is_primary():  # posted before the gather: every process can read it after
+        failures.post_setting("jaxbert/settings", text)
+    digest = np.frombuffer(hashlib.sha256(text.encode()).digest(), np.uint8)
+    digests = multihost_utils.process_allgather(digest)
+    differ = [i for i, d in enumerate(digests) if not np.array_equal(d, digests[0])]
+    if not differ:
+        return
+    if is_primary():  # the first differing process names what differs; process 0 follows it
+        failures.await_failure(10.0)
+        raise ValueError(f"process {differ[0]} runs with other options or data than process 0")
+    mine, first = json.loads(text), json.loads(failures.read_setting("jaxbert/settings"))
+    key = next(k for k in sorted(set(mine) | set(first)) if mine.get(k) != first.get(k))
+    raise ValueError(
+        f"process {jax.process_index()} has {key}={mine.get(key)!r}, process 0 has {first.get(key)!r}: every process "
+        "must run with the same options and data"
+    )
 
 
 def to_primary(tree):

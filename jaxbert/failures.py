@@ -79,6 +79,24 @@ def _follow(client, posted: dict) -> None:
     _exit(posted["code"])
 
 
+def post_setting(key: str, value: str) -> None:
+    """Put `key` in the run's key-value store (multi-process runs only)."""
+    _client().key_value_set(key, value)
+
+
+def read_setting(key: str) -> str:
+    return _client().key_value_try_get(key)
+
+
+def await_failure(seconds: float) -> None:
+    """Leave as another process's failure says (see _follow), once it is posted; return if none is in `seconds`."""
+    try:
+        posted = json.loads(_client().blocking_key_value_get(_FAILED, int(seconds * 1000)))
+    except Exception:
+        return
+    _follow(_client(), posted)
+
+
 def _post(client, key: str, value: str) -> None:
     with contextlib.suppress(Exception):  # already there: another process failed first
         client.key_value_set(key, value)

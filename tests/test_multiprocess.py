@@ -269,3 +269,18 @@ def test_only_process_0_gathers_and_any_process_agrees():
     assert zero["equal"] == dict.fromkeys(["across", "all", "mixed", "replicated", "within"], True)
     assert one["equal"] is None  # process 1 joins the gathers but keeps no copy
     assert zero["agreed"] == one["agreed"] == [True, False]
+
+
+def test_processes_with_other_options_are_refused(tiny, tmp_path):
+    # Process 1 given another --seed (or another copy of the training file) took its rows of another permutation
+    # with other masks, and the run ended as if all were well: every process must run the same options and data.
+    out, join = tmp_path / "out", _join()
+    procs = [
+        _run(tiny, out, 2, "--mesh", "fsdp=2", *join, "--process-id", i, *(("--seed", 6) if i else ())) for i in (0, 1)
+    ]
+    printed = _both(procs)
+    assert [p.returncode for p in procs] == [1, 1], printed
+    said = printed[1][1].strip().splitlines()[-1]
+    assert said.endswith("process 1 has seed=6, process 0 has 5: every process must run with the same options and data")
+    assert printed[0][1].strip().splitlines()[-1].startswith("jaxbert: error: process 1 failed (process 1 has seed=6")
+    assert not (out / "metrics.jsonl").exists() and not (out / "final").exists()

@@ -163,6 +163,8 @@ def _train(cfg: TrainConfig) -> dict:
         run = qa_prepare(cfg)
     else:
         run = (plan.prepare if cfg.task == "mlm" else task_plan.prepare)(cfg)
+    # Processes given other options or data would each compute their share of another run, silently.
+    distributed.same_everywhere({k: v for k, v in _meta(run, 0).items() if k not in ("step", "epoch", "offset")})
     own = checkpoints.manager(os.path.join(cfg.output_dir, "checkpoints"))
     point = checkpoints.resume_point(cfg, own, lambda step: _meta(run, step), run.say)
     metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl")
