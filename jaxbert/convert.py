@@ -197,13 +197,32 @@ def torch_to_flax(
         check_tensor(key, value)
         if name in sources:  # cls.predictions.bias, stored again as the tied decoder's bias
             if not np.array_equal(found[path], value):
-                raise ValueError(f"duplicate key {key!r}: maps to {name!r} like {sources[name]!r}")
+                key = _untied_decoder_bias(config, key, sources[name], found, path, value, report)
+                sources[name] = key
+                continue
             report.ignored[key] = f"duplicate of {sources[name]}"
             continue
         sources[name] = key
         found[path] = value.T if path[-1] == "kernel" else value
     _check_tied_decoder(state_dict, found, sources, report)
     return traverse_util.unflatten_dict(found), report
+
+
+def _untied_decoder_bias(config: BertConfig, key: str, first: str, found: dict, path, value, report) -> str:
+    """Two different MLM biases (cls.predictions.bias and the decoder's): only transformers 5 writes them, from an
+    untied head (tie_word_embeddings false), where it applies the decoder's and leaves the other at its zeros.
+    Read that way (returns the key used); tied, 4.x and 5 would read different ones: refused."""
+    decoder = next((k for k in (key, first) if k.endswith("predictions.decoder.bias")), None)
+    if config.tie_word_embeddings or decoder is None:
+        raise ValueError(
+            f"{key} and {first} differ, and with tie_word_embeddings=true transformers 4.x and 5 would apply "
+            "different ones: keep one of them"
+        )
+    other = first if decoder == key else key
+    if decoder == key:
+        found[path] = value
+    report.ignored[other] = f"the untied decoder's {decoder} applies (as transformers 5)"
+    return decoder
 
 
 def _check_tied_decoder(state_dict, found: dict, sources: dict, report: ConversionReport) -> None:

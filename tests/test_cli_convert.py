@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import assert_close, hf_model, padded_batch, state_dict, torch_run
 from flax import serialization
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
 import jaxbert
 from jaxbert.cli import main
@@ -195,6 +195,36 @@ def test_an_untied_decoder_keeps_its_bias_through_export(head, tmp_path, capsys)
     field = "prediction_logits" if head == "BertForPreTraining" else "logits"
     feed = padded_batch(1)
     assert_close(torch_run(back.eval(), feed)[field].numpy(), torch_run(hf, feed)[field].numpy())
+
+
+def test_a_head_trained_untied_in_transformers_5_reads_its_decoders_bias(tmp_path, capsys):
+    """transformers 5 trains an untied head's decoder bias and leaves cls.predictions.bias at its zeros; both are
+    saved. jaxbert refused the directory ('duplicate key'); it now applies the decoder's, as transformers 5 does,
+    through convert and export too."""
+    hf = hf_model("BertForMaskedLM", tie_word_embeddings=False)
+    with torch.no_grad():
+        hf.cls.predictions.decoder.bias.normal_()
+        hf.cls.predictions.bias.zero_()
+    hf.save_pretrained(tmp_path / "src")
+    stored = load_file(tmp_path / "src" / "model.safetensors")
+    assert {"cls.predictions.bias", "cls.predictions.decoder.bias"} <= set(stored)
+    feed = padded_batch(1)
+    want = torch_run(hf, feed).logits.numpy()
+    assert_close(np.asarray(jaxbert.load(tmp_path / "src")(**feed).logits), want)
+    assert cli(capsys, "convert", tmp_path / "src", tmp_path / "jax")[0] == 0
+    assert cli(capsys, "export", tmp_path / "jax", tmp_path / "pt")[0] == 0
+    back = transformers.BertForMaskedLM.from_pretrained(tmp_path / "pt").eval()
+    assert_close(torch_run(back, feed).logits.numpy(), want)
+    # Tied, transformers 4.x and 5 would read different biases: refused, naming both.
+    config = json.load(open(tmp_path / "src" / "config.json"))
+    json.dump({**config, "tie_word_embeddings": True}, open(tmp_path / "src" / "config.json", "w"))
+    (tmp_path / "src" / "model.safetensors").unlink()
+    save_file(
+        {k: v for k, v in stored.items() if k != "cls.predictions.decoder.weight"},
+        tmp_path / "src" / "model.safetensors",
+    )
+    rc, _, err = cli(capsys, "convert", tmp_path / "src", tmp_path / "tied")
+    assert rc == 1 and "differ, and with tie_word_embeddings=true" in err and "cls.predictions.bias" in err, err
 
 
 def test_bfloat16_convert_and_float32_export(tmp_path, capsys):
