@@ -67,8 +67,10 @@ def _pooling(directory: str, modules_path: str, sub: str) -> tuple[tuple[str, ..
         return modes, f"{config_path}: {unknown[0]!r} is not a setting of sentence-transformers' Pooling"
     if bad:
         return modes, f"{config_path}: pooling mode {bad[0]!r} is not implemented by jaxbert"
-    if config.get("include_prompt", True) is not True:
-        return modes, f"{config_path}: include_prompt=false is not implemented by jaxbert"
+    if not isinstance(config.get("include_prompt", True), bool):
+        return modes, f"{config_path}: include_prompt must be true or false"
+    # include_prompt=false leaves a prompt's tokens out of the pooling: jaxbert applies no prompt (a default prompt
+    # is refused), so every token pools, as in sentence-transformers' encode without one.
     return modes, None
 
 

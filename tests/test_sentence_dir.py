@@ -91,12 +91,15 @@ def _st_dir(tmp_path, pooling: dict, modules=("Pooling",), **settings) -> str:
             dict(max_seq_length=12, do_lower_case=True),
         ),  # legacy keys: concatenated as cls, max, mean
         ({"pooling_mode": ["mean_sqrt_len_tokens", "max"]}, dict(max_seq_length=30)),
+        # Pools all tokens but a prompt's; with none (jaxbert refuses default prompts) all of them: was refused.
+        ({"pooling_mode_mean_tokens": True, "include_prompt": False}, dict(max_seq_length=30)),
     ],
 )
 def test_other_pooling_modes_truncation_and_lower_case(tmp_path, pooling, settings):
     directory = _st_dir(tmp_path, pooling, **settings)
     got = jaxbert.load(directory).embed(TEXTS)
-    assert got.shape[1] == 32 * (3 if "pooling_mode_cls_token" in pooling else 2)
+    modes = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v] or pooling["pooling_mode"]
+    assert got.shape[1] == 32 * len(modes)
     _assert_same(got, _reference(directory))
 
 
