@@ -420,8 +420,9 @@ class Bert:
     def classify(self, texts, pairs=None, batch_size: int = 32) -> list[dict]:
         return tasks.classify(self, texts, pairs, batch_size)
 
-    def tag(self, texts, batch_size: int = 32) -> list[list[dict]]:
-        return tasks.tag(self, texts, batch_size)
+    def tag(self, texts, batch_size: int = 32, max_length: int | None = None, stride: int | None = None):
+        """Per text, its words {word, label, score, start, end}; long texts in overlapping windows (tasks.tag)."""
+        return tasks.tag(self, texts, batch_size, max_length, stride)
 
     def answer(self, question: str, context: str, top_k: int = 1, **options) -> list[dict]:
         """[{answer, score, start, end}] best first: the question-answering pipeline's answers (see qa.answer)."""

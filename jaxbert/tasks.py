@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxbert import sentence_dir
+from jaxbert import sentence_dir, windows
 from jaxbert.inputs import check_encoded, positive_int
+from jaxbert.tokenizer import NO_LIMIT
 
 _MLM_HEADS = ("BertForMaskedLM", "BertForPreTraining")
 
@@ -150,16 +151,23 @@ def classify(bert, texts, pairs=None, batch_size: int = 32) -> list[dict]:
     return results
 
 
-def tag(bert, texts, batch_size: int = 32) -> list[list[dict]]:
+def tag(bert, texts, batch_size: int = 32, max_length: int | None = None, stride: int | None = None):
     """Token classification aligned to words: each word takes the label of its first word piece, and carries
-    its character span {word, label, score, start, end} in the original text."""
+    its character span {word, label, score, start, end} in the original text. A text longer than `max_length`
+    tokens (default: the model's limit) is read in windows of that length overlapping by `stride` tokens
+    (default: half a window, at most 128), each word labelled from the window where it has the most context
+    (windows.py): every word of every text is tagged."""
     _require(bert, ("BertForTokenClassification",), "tag")
     batch_size = positive_int("batch_size", batch_size)
     texts = texts if isinstance(texts, str) else list(texts)  # read twice: by the tokenizer, then for the words
-    enc = bert.tokenizer.encode(texts, max_length=bert.max_length(None))
+    length = bert.max_length(max_length)
+    enc = bert.tokenizer.encode(texts, max_length=NO_LIMIT, truncation=False)
+    stride = _stride(stride, length, bert.tokenizer)
+    check_encoded(bert.config, enc)  # named by text and position in it, not by window
+    pieces, home = windows.split(enc, length, stride)
     names = [bert.config.id2label[i] for i in range(bert.config.num_labels)]
     results = []
-    for t, logits in enumerate(_logits(bert, enc, batch_size)):
+    for t, logits in enumerate(windows.join(enc, pieces, home, _logits(bert, pieces, batch_size))):
         probs = _softmax(logits)
         words: dict[int, dict] = {}
         for pos, word in enumerate(enc.word_ids[t]):
@@ -173,6 +181,20 @@ def tag(bert, texts, batch_size: int = 32) -> list[list[dict]]:
         text = texts[t]
         results.append([{"word": text[w["start"] : w["end"]], **w} for w in words.values()])
     return results
+
+
+def _stride(stride, length: int, tok) -> int:
+    """tag's window overlap: an integer in [0, the window's room for text), by default half of it, at most 128."""
+    room = length - tok._tok.num_special_tokens_to_add(False)
+    if room < 1:
+        raise ValueError(f"max_length {length}: too short for the special tokens around a text")
+    if stride is None:
+        return min(room // 2, 128)
+    if isinstance(stride, bool) or not isinstance(stride, (int, np.integer)):
+        raise TypeError(f"stride must be an integer, got {type(stride).__name__} {stride!r}")
+    if not 0 <= stride < room:
+        raise ValueError(f"stride {stride}: must be in [0, {room}) (max_length {length} less its special tokens)")
+    return int(stride)
 
 
 def generate_text(model, prompt: str, **options) -> list[str]:

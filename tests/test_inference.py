@@ -235,6 +235,35 @@ def test_classify_and_tag_match_transformers(tmp_path_factory):
         assert all(text[t["start"] : t["end"]] == t["word"] for t in tags)
 
 
+def test_tag_reads_a_text_beyond_the_positions_in_windows_and_tags_every_word(tmp_path_factory):
+    """A text longer than the model's positions was cut silently: 60 words gave 31 tagged words, no word of the
+    rest. It is read in windows overlapping by `stride` tokens (transformers' token-classification pipeline's
+    `stride`, from the tokenizer's overflow), each word labelled from the window where it has the most context."""
+    hf, directory = _with_tokenizer(tmp_path_factory, "BertForTokenClassification", num_labels=5)
+    bert = jaxbert.load(directory)
+    text = " ".join(w for w in _long_texts(np.random.default_rng(0), [300])[0].split() if w.isalpha())[:900]
+    text = text[: text.rindex(" ")]
+    tok = transformers.AutoTokenizer.from_pretrained(directory)
+    for stride in (None, 0, 7):
+        got = bert.tag(["Ada wrote", text, "x"], **({} if stride is None else {"stride": stride}))
+        assert [[t["word"] for t in tags] for tags in got] == [["Ada", "wrote"], text.split(), ["x"]]
+        assert all(text[t["start"] : t["end"]] == t["word"] for t in got[1])
+        step = 31 if stride is None else stride  # default: half the window's 62 text tokens
+        feed = tok([text], truncation=True, max_length=64, stride=step, return_overflowing_tokens=True)
+        feed.pop("overflow_to_sample_mapping")
+        logits = torch_run(hf, dict(tok.pad(feed, return_tensors="np"))).logits.numpy()
+        assert len(logits) > 2
+        for w, t in enumerate(got[1]):  # the reference: the window where the word's first token is most central
+            seen = [(k, feed.word_ids(k).index(w)) for k in range(len(logits)) if w in feed.word_ids(k)]
+            context = [min(p - 1, len(feed["input_ids"][k]) - 2 - p) for k, p in seen]
+            k, p = seen[int(np.argmax(context))]
+            assert t["label"] == f"LABEL_{logits[k, p].argmax()}", (stride, w)
+    with pytest.raises(ValueError, match=r"stride 62: must be in \[0, 62\)"):
+        bert.tag([text], stride=62)
+    with pytest.raises(TypeError, match="stride must be an integer"):
+        bert.tag([text], stride=2.5)
+
+
 def test_classify_of_one_single_label_class_gives_the_pipelines_sigmoid(tmp_path_factory):
     """A single-label classifier with one class (written by transformers 4, which accepted the config; jaxbert's
     training refuses one-class data) scored 1.0 for every text, a softmax over one logit; transformers 4's
