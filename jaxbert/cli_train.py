@@ -100,6 +100,7 @@ def _predict(args) -> int:
         batch_size=args.batch_size,
         text_column=args.text_column,
         pair_column=args.text_pair_column,
+        max_length=args.max_seq_length,
     )
     print(f"predicted {n} inputs -> {args.output}")
     return 0
@@ -144,6 +145,9 @@ def add_parsers(sub) -> None:
     predict.add_argument("--batch-size", type=int, default=32)
     predict.add_argument("--text-column", default=None)
     predict.add_argument("--text-pair-column", default=None)
+    predict.add_argument(
+        "--max-seq-length", type=int, default=None, help="tokens a text is read at (default: as trained, as evaluate)"
+    )
     predict.set_defaults(func=_predict)
     evaluate = sub.add_parser("evaluate", help="a fine-tuned model's validation metrics on a labelled file")
     evaluate.add_argument("dir")

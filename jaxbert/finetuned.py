@@ -36,7 +36,7 @@ def _trained_columns(config, text: str | None, pair: str | None) -> tuple[str | 
     return text or trained[0], pair or trained[1]
 
 
-def _choose(bert, path: str, context: str, options: str, batch_size: int) -> list[dict]:
+def _choose(bert, path: str, context: str, options: str, batch_size: int, max_length: int) -> list[dict]:
     """Multiple choice: per example {label: index of the best option, scores: softmax over the options}. Examples
     with the same number of options run `batch_size` at a time, longest first, in (batch, length) buckets."""
     from jaxbert.tokenizer import pad
@@ -51,7 +51,7 @@ def _choose(bert, path: str, context: str, options: str, batch_size: int) -> lis
     for count in sorted({len(opts) for _, opts in pairs}):
         group = [i for i, (_, opts) in enumerate(pairs) if len(opts) == count]
         flat = [(pairs[i][0], o) for i in group for o in pairs[i][1]]
-        enc = bert.tokenizer.encode([c for c, _ in flat], [o for _, o in flat], max_length=bert.max_length(None))
+        enc = bert.tokenizer.encode([c for c, _ in flat], [o for _, o in flat], max_length=max_length)
         longest = np.asarray(enc.lengths()).reshape(len(group), count).max(1)
         for idx, n, length in batching.plan(longest, batch_size, bert.length_buckets):
             order = [e * count + k for e in idx for k in range(count)]
@@ -65,7 +65,7 @@ def _choose(bert, path: str, context: str, options: str, batch_size: int) -> lis
     return out
 
 
-def _answers(bert, path: str, question: str, context: str, batch_size: int) -> list[dict]:
+def _answers(bert, path: str, question: str, context: str, batch_size: int, length: int | None) -> list[dict]:
     """A model fine-tuned here answers as its validation scored it (its windows, answer length and SQuAD v2 null
     answers, kept in its config: qa.trained_answers), so `predict` and `evaluate` agree; others as transformers'
     question-answering pipeline with its defaults (Bert.answer)."""
@@ -80,8 +80,12 @@ def _answers(bert, path: str, question: str, context: str, batch_size: int) -> l
                 raise ValueError(f"{row.where(column)}: empty text; each row needs a question and a context")
     trained = bert.config.extra.get("question_answering")
     if isinstance(trained, dict):
+        if length is not None:  # as evaluate: the trained stride where it fits, else the pipeline's
+            trained = {**trained, "max_seq_length": length}
+            if trained.get("doc_stride", length) >= length:
+                trained["doc_stride"] = qa.default_stride(length)
         return qa.trained_answers(bert, *map(list, zip(*pairs)), trained, batch_size)
-    return [bert.answer(q, c, batch_size=batch_size)[0] for q, c in pairs]
+    return [bert.answer(q, c, batch_size=batch_size, max_seq_len=length)[0] for q, c in pairs]
 
 
 def _check_vocabulary(data, vocab_size: int, path: str) -> None:
@@ -106,17 +110,27 @@ def predict(
     batch_size: int = 32,
     text_column: str | None = None,
     pair_column: str | None = None,
+    max_length: int | None = None,
 ) -> int:
     """Predictions of the model in `directory` for every input, written to `output` (.jsonl) atomically:
     classify's dicts (sequence classification), {"words": tag's list} (token classification), {label, scores}
-    (multiple choice), {answer, score, start, end} (question answering: _answers). Returns the number of inputs."""
+    (multiple choice), {answer, score, start, end} (question answering: _answers). Returns the number of inputs.
+
+    Texts are read at `max_length` tokens (tag's windows; classify and multiple choice cut longer ones), by default
+    the length the model was trained with, else the model's, as `evaluate` reads them: the predictions are the
+    ones it scores."""
     import jaxbert
+    from jaxbert.train.task_table import trained_length
 
     if not output.endswith(".jsonl"):
         raise ValueError(f"--output {output}: expected a .jsonl file")
     check_output_file(output)  # before any work
     check_not_read(output, [input_path, *model_files(directory)])
     bert = jaxbert.load(directory)
+    if max_length is not None:
+        positive_int("--max-seq-length", max_length, bert.config.max_position_embeddings)
+    trained = trained_length(bert.config)
+    length = max_length or (min(trained, bert.config.max_position_embeddings) if trained else bert.max_length(None))
     if bert.head == "BertForSequenceClassification":
         text_column, pair_column = _trained_columns(bert.config, text_column, pair_column)
         if input_path.endswith(".txt") and pair_column is not None:
@@ -124,14 +138,17 @@ def predict(
                 f"{input_path}: this model reads text pairs (columns {text_column!r}, {pair_column!r}) and a .txt "
                 "file holds single texts; give a .jsonl, .csv or .tsv file with both columns"
             )
-        results = bert.classify(*_inputs(input_path, text_column or "text", pair_column), batch_size=batch_size)
+        texts, pairs = _inputs(input_path, text_column or "text", pair_column)
+        results = bert.classify(texts, pairs, batch_size=batch_size, max_length=length)
     elif bert.head == "BertForTokenClassification":
         texts = _inputs(input_path, text_column or "text", None)[0]
-        results = [{"words": words} for words in bert.tag(texts, batch_size=batch_size)]
+        results = [{"words": words} for words in bert.tag(texts, batch_size=batch_size, max_length=length)]
     elif bert.head == "BertForMultipleChoice":
-        results = _choose(bert, input_path, text_column or "context", pair_column or "choices", batch_size)
+        results = _choose(bert, input_path, text_column or "context", pair_column or "choices", batch_size, length)
     elif bert.head == "BertForQuestionAnswering":  # the best answer of each (question, context) row
-        results = _answers(bert, input_path, text_column or "question", pair_column or "context", batch_size)
+        results = _answers(
+            bert, input_path, text_column or "question", pair_column or "context", batch_size, max_length
+        )
     else:
         raise ValueError(
             f"{directory}: predict needs a sequence classification, token classification, multiple choice "

@@ -417,8 +417,9 @@ class Bert:
         gives one such list per text, the texts packed into rows (packing.py), `batch_size` rows a call."""
         return tasks.fill_mask(self, text, top_k, batch_size)
 
-    def classify(self, texts, pairs=None, batch_size: int = 32) -> list[dict]:
-        return tasks.classify(self, texts, pairs, batch_size)
+    def classify(self, texts, pairs=None, batch_size: int = 32, max_length: int | None = None) -> list[dict]:
+        """Per text (and pair), its label and scores; texts beyond max_length tokens cut (tasks.classify)."""
+        return tasks.classify(self, texts, pairs, batch_size, max_length)
 
     def tag(self, texts, batch_size: int = 32, max_length: int | None = None, stride: int | None = None):
         """Per text, its words {word, label, score, start, end}; long texts in overlapping windows (tasks.tag)."""

@@ -123,13 +123,14 @@ def _named(names: list[str], values) -> dict[str, float]:
     return dict(zip(names, map(float, values)))
 
 
-def classify(bert, texts, pairs=None, batch_size: int = 32) -> list[dict]:
+def classify(bert, texts, pairs=None, batch_size: int = 32, max_length: int | None = None) -> list[dict]:
     """Sequence classification: per text {label, score, scores: {label: probability}}; for regression
     {score} ({scores: {name: value}} with several outputs); for multi-label {labels: [label with probability >
-    0.5], scores}."""
+    0.5], scores}. Texts (with their pairs) longer than `max_length` tokens (default: the model's limit) are cut
+    to it, longest first, as training and `evaluate` cut them."""
     _require(bert, ("BertForSequenceClassification",), "classify")
     batch_size = positive_int("batch_size", batch_size)
-    enc = bert.tokenizer.encode(texts, pairs, max_length=bert.max_length(None))
+    enc = bert.tokenizer.encode(texts, pairs, max_length=bert.max_length(max_length))
     names = [bert.config.id2label[i] for i in range(bert.config.num_labels)]
     problem = bert.config.problem_type
     results = []

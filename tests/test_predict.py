@@ -1,5 +1,6 @@
 """`jaxbert predict` on a multiple-choice model: examples batched (several per call, any mix of option counts and
-lengths) give, in input order, the softmax over each example's options that transformers' PyTorch model gives."""
+lengths) give, in input order, the softmax over each example's options that transformers' PyTorch model gives;
+predict reads texts at the length `evaluate` scores them at."""
 
 import json
 
@@ -38,3 +39,28 @@ def test_multiple_choice_predict_equals_pytorch(tmp_path):
         want = torch.softmax(logits, -1).numpy()
         np.testing.assert_allclose(row["scores"], want, atol=1e-5)
         assert row["label"] == int(want.argmax())
+
+
+def test_predict_reads_texts_at_the_length_evaluate_scores(tmp_path):
+    """A classifier trained at --max-seq-length 16 (kept in its config.json) was predicted at its 40 positions and
+    evaluated at 16 tokens: on texts longer than 16 tokens, the predictions were not the ones evaluate scored (the
+    loss of predict's scores 1.1163, evaluate's 1.1130). predict now defaults to the trained length, as evaluate
+    does, and both take --max-seq-length."""
+    directory = model_dir(tmp_path / "cls", "BertForSequenceClassification", num_labels=3)
+    config = json.loads((tmp_path / "cls" / "config.json").read_text())
+    config["jaxbert_text_columns"] = {"text": "text", "pair": None, "max_seq_length": 16}
+    (tmp_path / "cls" / "config.json").write_text(json.dumps(config))
+    rng = np.random.default_rng(0)
+    words = "the river city runs past old walls and green hills under a grey sky".split()
+    rows = [{"text": " ".join(rng.choice(words, 30)), "label": i % 3} for i in range(8)]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for length in ([], ["--max-seq-length", "24"]):
+        out, metrics = tmp_path / "p.jsonl", tmp_path / "m.json"
+        assert main(["predict", directory, "--input", str(data), "--output", str(out), *length]) == 0
+        args = ["--task", "sequence-classification", "--file", str(data), "--output", str(metrics), *length]
+        assert main(["evaluate", directory, *args]) == 0
+        got = [json.loads(line)["scores"] for line in out.read_text().splitlines()]
+        loss = np.mean([-np.log(p[f"LABEL_{r['label']}"]) for p, r in zip(got, rows, strict=True)])
+        assert abs(loss - json.loads(metrics.read_text())["loss"]) < 1e-5, length
+        out.unlink(), metrics.unlink()
