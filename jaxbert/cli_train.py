@@ -121,7 +121,7 @@ def _evaluate(args) -> int:
         max_length=args.max_seq_length,
     )
     for name, value in result.items():
-        print(f"  {name:<12} {value:.4f}")
+        print(f"  {name:<12} {value}" if isinstance(value, int) else f"  {name:<12} {value:.4f}")
     print(f"wrote {args.output}")
     return 0
 

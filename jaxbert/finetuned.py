@@ -174,7 +174,8 @@ def evaluate(
 ) -> dict:
     """The task's metrics of the model in `directory` on the labelled file `path` (labels named through the
     model's label2id) at `max_length` tokens (default: the length it was trained with, else the model's), written
-    to `output` (.json) atomically and returned."""
+    to `output` (.json) atomically and returned. Token classification also counts the words beyond that length,
+    which are not scored (words_not_scored)."""
     from types import SimpleNamespace
 
     from jaxbert import qa
@@ -236,6 +237,8 @@ def evaluate(
         eval_fn, params, data, task, labels, batch_size, batching.length_buckets(limit), 1, config.pad_token_id
     )
     result = {k.removeprefix("eval_"): v for k, v in result.items()}
+    if task_name == "token-classification":  # words beyond `limit` tokens: cut, as training cuts them, and counted
+        result["words_not_scored"] = int(data.truncated)
     with atomic_file(output, ".json") as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(

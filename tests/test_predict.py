@@ -64,3 +64,21 @@ def test_predict_reads_texts_at_the_length_evaluate_scores(tmp_path):
         loss = np.mean([-np.log(p[f"LABEL_{r['label']}"]) for p, r in zip(got, rows, strict=True)])
         assert abs(loss - json.loads(metrics.read_text())["loss"]) < 1e-5, length
         out.unlink(), metrics.unlink()
+
+
+def test_evaluate_counts_the_words_it_does_not_score(tmp_path, capsys):
+    """evaluate cuts a token-classification example at its length, as training does, but said nothing of it (the
+    training log names the words it cuts): a 63-word sentence on a model of 40 positions was scored on its first
+    38 words, the metrics' file not saying that 25 gold tags were left out. It now counts them."""
+    directory = model_dir(tmp_path / "tag", "BertForTokenClassification", num_labels=3)
+    words = "the river city runs past old walls".split()
+    rows = [{"tokens": words * k, "ner_tags": [i % 3 for i in range(7 * k)]} for k in (1, 2, 9)]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    metrics = tmp_path / "m.json"
+    args = ["evaluate", directory, "--task", "token-classification", "--file", str(data), "--output", str(metrics)]
+    for flags, unscored in (([], 63 - 38), (["--max-seq-length", "16"], 63 - 14)):
+        assert main([*args, *flags]) == 0
+        assert json.loads(metrics.read_text())["words_not_scored"] == unscored
+        assert f"words_not_scored {unscored}\n" in capsys.readouterr().out
+        metrics.unlink()
