@@ -180,6 +180,15 @@ class BertConfig:
     def num_labels(self) -> int:
         return len(self.id2label)
 
+    def label_names(self, why: str) -> list[str]:
+        """id2label's names in id order, each naming one id: `why` says what reads labels by name (transformers
+        accepts one name for several ids; a dict by name would then keep one of their scores)."""
+        names = [self.id2label[i] for i in range(self.num_labels)]
+        for i, name in enumerate(names):
+            if names.index(name) != i:
+                raise ValueError(f"config.json id2label names {name!r} for ids {names.index(name)} and {i}: {why}")
+        return names
+
     def kept_heads(self, layer: int) -> tuple[int, ...]:
         """Original indices of the heads that remain in `layer` after pruning."""
         pruned = set(self.pruned_heads.get(layer, ()))

@@ -199,6 +199,8 @@ def evaluate(
     head = resolve_head(None, config)
     if head != task.head:
         raise ValueError(f"{directory}: a {head} checkpoint; --task {task_name} needs a {task.head}")
+    if head in ("BertForSequenceClassification", "BertForTokenClassification"):
+        config.label_names("the file's labels are matched to the model's by name")
     rows = read_rows(path, "--file")
     if head == "BertForSequenceClassification":
         text_column, pair_column = _trained_columns(config, text_column, pair_column)

@@ -130,8 +130,8 @@ def classify(bert, texts, pairs=None, batch_size: int = 32, max_length: int | No
     to it, longest first, as training and `evaluate` cut them."""
     _require(bert, ("BertForSequenceClassification",), "classify")
     batch_size = positive_int("batch_size", batch_size)
+    names = bert.config.label_names("classify's scores are keyed by label name")
     enc = bert.tokenizer.encode(texts, pairs, max_length=bert.max_length(max_length))
-    names = [bert.config.id2label[i] for i in range(bert.config.num_labels)]
     problem = bert.config.problem_type
     results = []
     for logits in _logits(bert, enc, batch_size):

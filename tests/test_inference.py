@@ -7,7 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import hf_model, torch_run
+from conftest import cli_fails, hf_model, torch_run
 
 import jaxbert
 from jaxbert import packing
@@ -280,6 +280,27 @@ def test_classify_of_one_single_label_class_gives_the_pipelines_sigmoid(tmp_path
     for g, w in zip(got, want, strict=True):
         assert g["label"] == "LABEL_0" and abs(g["score"] - w) < 1e-5, (g, w)
         assert g["scores"] == {"LABEL_0": g["score"]}
+
+
+def test_one_label_name_for_two_ids_is_refused_where_labels_are_read_by_name(tmp_path_factory, capsys):
+    """config.json's id2label {0: neg, 1: pos, 2: pos} (transformers 5 loads it; its pipeline lists three scores):
+    classify returned label 'pos' with score 0.987 and scores {'neg': 0.008, 'pos': 0.005}, the dict keeping the
+    last 'pos' only, and evaluate matched the file's 'pos' to id 2 while the model chose id 1: accuracy 0 on rows
+    predict labels 'pos' throughout. Both are now a one-line error naming the name and its ids."""
+    hf, directory = _with_tokenizer(tmp_path_factory, "BertForSequenceClassification", num_labels=3)
+    path = os.path.join(directory, "config.json")
+    config = json.load(open(path))
+    json.dump({**config, "id2label": {"0": "neg", "1": "pos", "2": "pos"}}, open(path, "w"))
+    bert = jaxbert.load(directory)  # loads, as in transformers: embeddings and the logits do not use the names
+    assert bert(np.array([[101, 7592, 102]])).logits.shape == (1, 3)
+    with pytest.raises(ValueError, match=r"^config.json id2label names 'pos' for ids 1 and 2: classify's scores"):
+        bert.classify(["I loved it."])
+    rows = os.path.join(directory, "..", "rows.jsonl")
+    open(rows, "w").write(json.dumps({"text": "I loved it.", "label": "pos"}) + "\n")
+    args = ["evaluate", directory, "--task", "sequence-classification", "--file", rows, "--output"]
+    tmp = tmp_path_factory.mktemp("out")
+    capsys.readouterr()
+    cli_fails(capsys, tmp, *args, tmp / "m.json", match="id2label names 'pos' for ids 1 and 2")
 
 
 def test_tag_takes_any_iterable_of_texts_as_classify_and_embed_do(tmp_path_factory):
