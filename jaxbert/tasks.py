@@ -3,6 +3,8 @@ around the jitted forward: tokenization, bucketed batches, softmax, alignment of
 
 from __future__ import annotations
 
+import unicodedata
+
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -180,6 +182,9 @@ def tag(bert, texts, batch_size: int = 32, max_length: int | None = None, stride
                 words[word] = {"label": names[best], "score": float(probs[pos, best]), "start": start, "end": end}
             words[word]["end"] = end
         text = texts[t]
+        for w in words.values():  # accents the tokenizer stripped (NFD text) after a word's last letter: its own
+            while w["end"] < len(text) and unicodedata.category(text[w["end"]]) == "Mn":
+                w["end"] += 1
         results.append([{"word": text[w["start"] : w["end"]], **w} for w in words.values()])
     return results
 

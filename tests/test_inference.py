@@ -303,6 +303,18 @@ def test_one_label_name_for_two_ids_is_refused_where_labels_are_read_by_name(tmp
     cli_fails(capsys, tmp, *args, tmp / "m.json", match="id2label names 'pos' for ids 1 and 2")
 
 
+def test_tag_keeps_the_accents_an_uncased_tokenizer_strips_from_a_words_end(tmp_path_factory):
+    """Text in NFD (an accent as its own combining character, as macOS file names and some corpora write it):
+    MiniLM's uncased tokenizer strips the accents, so a word's last token ended before its trailing accent and tag
+    gave 'Cafe' (0, 4) for 'Café' (0, 5), the accent in no word. A word now takes the accents that follow it."""
+    _, directory = _with_tokenizer(tmp_path_factory, "BertForTokenClassification", num_labels=4)
+    texts = ["Cafe\u0301 au lait", "Jose\u0301, naive\u0308\u0301 e\u0301te\u0301", "北京\u0301 ok"]
+    words = [texts[0].split(), ["Jose\u0301", ",", "naive\u0308\u0301", "e\u0301te\u0301"], ["北", "京\u0301", "ok"]]
+    for text, want, tags in zip(texts, words, jaxbert.load(directory).tag(texts), strict=True):
+        assert [t["word"] for t in tags] == want, text
+        assert all(text[t["start"] : t["end"]] == t["word"] for t in tags)
+
+
 def test_tag_takes_any_iterable_of_texts_as_classify_and_embed_do(tmp_path_factory):
     """tag read each word's text back from `texts[t]` after the tokenizer had consumed them: a generator (which the
     tokenizer's check takes, as classify's and embed's do) ran the model, then failed with 'generator' object is
