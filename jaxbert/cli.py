@@ -360,10 +360,11 @@ def _terminate_as_interrupt(came: list[int]):
 
 
 def _show_warning(command: str, show, message, category, *args, **kwargs) -> None:
-    """jaxbert's own notes (cpu.SlowDtypeWarning) as one line on stderr; any other warning as Python shows it."""
+    """jaxbert's own notes (cpu.SlowDtypeWarning, cpu.RoundedFloat32Warning) as one line on stderr; any other
+    warning as Python shows it."""
     from jaxbert import cpu
 
-    if issubclass(category, cpu.SlowDtypeWarning):
+    if issubclass(category, (cpu.SlowDtypeWarning, cpu.RoundedFloat32Warning)):
         print(f"jaxbert {command}: note: {message}", file=sys.stderr)
     else:
         show(message, category, *args, **kwargs)

@@ -55,6 +55,10 @@ class SlowDtypeWarning(UserWarning):
     """A reduced precision that this CPU computes no faster than float32 (see slow_dtype)."""
 
 
+class RoundedFloat32Warning(UserWarning):
+    """A model with float32 matmuls loaded in a process whose float32 matmuls run in bfloat16 (see rounded_float32)."""
+
+
 def _cpu_flags() -> set[str] | None:
     """The x86 instruction-set flags of /proc/cpuinfo; None where it cannot tell (not Linux, not x86)."""
     try:
@@ -123,6 +127,20 @@ def active() -> bool:
     """Whether float32 matmuls of this process go to oneDNN in bfloat16 (set before the backend started)."""
     flags = os.environ.get("XLA_FLAGS", "").split()
     return os.environ.get(MATH_MODE[0]) == MATH_MODE[1] and all(f in flags for f in FLAGS)
+
+
+def rounded_float32() -> str | None:
+    """Why this process's float32 matmuls are not float32, in one sentence; None when they are. The mode is
+    process-wide and inherited through the environment: a program that ran `jaxbert.cli.main(["train", ...,
+    "--dtype", "bfloat16"])` first, or any process it starts, computes a float32 model's matmuls with bfloat16
+    inputs (MiniLM's last_hidden_state 1.2e-2 from PyTorch's instead of 3e-6), which nothing else would say."""
+    if not active():
+        return None
+    return (
+        f"this process computes float32 matmuls in bfloat16 (oneDNN's bfloat16 math mode: XLA_FLAGS has "
+        f"{' '.join(FLAGS)} and {MATH_MODE[0]}={MATH_MODE[1]}, as `jaxbert train --dtype bfloat16` sets them for "
+        f"itself and the processes it starts): float32 outputs are rounded to bfloat16's precision"
+    )
 
 
 def bf16_matmuls() -> bool:

@@ -112,6 +112,9 @@ class Bert:
 
         floats = [x.dtype for x in jax.tree_util.tree_leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)]
         f32 = dtype != "int8" and all((cast or d) == jnp.float32 for d in floats)
+        rounded = cpu.rounded_float32()
+        if rounded and any((cast or d) == jnp.float32 for d in floats):  # float32 (and int8's float32 parts)
+            warnings.warn(rounded, cpu.RoundedFloat32Warning, stacklevel=2)
         # A float32 model's layers are held apart (layout.apart_layers: faster matmuls); 16-bit ones stay stacked,
         # where the scan's slices of the weights run beside the matmuls and leave them in cache (apart, bfloat16
         # 1 x 128 ran 5% slower on a Xeon with AMX); a mesh's sharding rules are written for the stacked layout.

@@ -163,6 +163,33 @@ def test_load_warns_of_a_slow_dtype_and_the_cli_says_it_in_one_line(tmp_path, mo
     assert capsys.readouterr().err.splitlines() == [f"jaxbert embed: note: {cpu.slow_dtype('bfloat16')}"]
 
 
+def test_a_float32_model_in_a_process_with_bfloat16_matmuls_is_said(tmp_path, monkeypatch, capsys):
+    # The environment `jaxbert.cli.main(["train", ..., "--dtype", "bfloat16"])` leaves in the program that ran it
+    # (and in every process that program starts): its float32 matmuls then take bfloat16 inputs, MiniLM's
+    # last_hidden_state 1.2e-2 from PyTorch's instead of 3e-6 (test_on_rounds_float32_matmul_inputs_to_bfloat16).
+    # This process's backend started long ago, so here only the words are tested, not the arithmetic.
+    import jaxbert
+    from jaxbert.cli import main
+
+    directory = model_dir(tmp_path / "m")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", cpu.RoundedFloat32Warning)
+        jaxbert.load(directory)  # the mode is off: nothing to say
+    monkeypatch.setenv("XLA_FLAGS", " ".join(cpu.FLAGS))
+    monkeypatch.setenv(*cpu.MATH_MODE)
+    for dtype in (None, "int8"):  # int8 keeps embeddings, pooler and heads float32
+        with pytest.warns(cpu.RoundedFloat32Warning, match="^this process computes float32 matmuls in bfloat16"):
+            jaxbert.load(directory, dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", cpu.RoundedFloat32Warning)
+        jaxbert.load(directory, dtype="bfloat16")  # its matmuls are bfloat16 anyway
+    (tmp_path / "in.txt").write_text("a sentence\n")
+    capsys.readouterr()
+    rc = main(["embed", directory, "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "o.npy")])
+    assert rc == 0
+    assert f"jaxbert embed: note: {cpu.rounded_float32()}" in capsys.readouterr().err.splitlines()
+
+
 def test_onednn_float32_options_only_where_measured_to_win(monkeypatch):
     monkeypatch.delenv("JAXBERT_ONEDNN", raising=False)
     monkeypatch.delenv(cpu.MATH_MODE[0], raising=False)
