@@ -120,12 +120,17 @@ def test_minilm_int8_embeddings_within_cosine_0_99(tmp_path):
     rng = np.random.default_rng(0)
     texts = [" ".join(rng.choice(lines, rng.integers(1, 8))) for _ in range(64)] + ["short", "北京"]
     tiny = ["", "   ", "ok", "I", "x", "a", "yes", "Hi!"]  # a few rows, nothing to average the rounding away
+    # Everyday sentences of two to five words, the worst of README's set: [SEP] and the closing punctuation weigh
+    # more in their mean than in a long sentence's.
+    short = ["Thank you so much.", "Well done!", "Thanks a lot!", "I love it.", "No way!", "Please call me back."]
     f32, int8 = jaxbert.load(MINILM), jaxbert.load(MINILM, dtype="int8")
     for kwargs in ({}, {"pooling": "cls", "normalize": False}):
-        a, b = f32.embed(texts + tiny, **kwargs), int8.embed(texts + tiny, **kwargs)
+        a, b = f32.embed(texts + tiny + short, **kwargs), int8.embed(texts + tiny + short, **kwargs)
         cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
-        assert cos[: len(texts)].min() >= 0.99, (kwargs, cos[: len(texts)].min())
-        assert cos[len(texts) :].min() >= 0.975, (kwargs, cos[len(texts) :].min())  # README: 0.979-0.99
+        n, m = len(texts), len(texts) + len(tiny)
+        assert cos[:n].min() >= 0.99, (kwargs, cos[:n].min())
+        assert cos[n:m].min() >= 0.975, (kwargs, cos[n:m].min())  # README: 0.979-0.99
+        assert cos[m:].min() >= 0.965, (kwargs, cos[m:].min())  # README: 0.971-0.997
     # The CLI on a file of the corpus's first lines (not the whole corpus: the same code path, a fraction of the
     # time) gives the API's embeddings.
     (tmp_path / "lines.txt").write_text("\n".join(lines[:96]) + "\n", encoding="utf-8")
