@@ -182,6 +182,13 @@ def test_bad_rows_name_file_and_line(tmp_path, capsys):
                          match=match)  # fmt: skip
         assert f"bad{i}.jsonl:2:" in line
         assert not (out / "cache").exists()
+    # transformers' Trainer smooths `labels` only, which QA batches lack: its span loss is never smoothed.
+    data.write_text(json.dumps(good) + "\n" + json.dumps(good) + "\n")
+    refused = "--label-smoothing 0.1: applies to classes, not to --task question-answering"
+    cli_fails(capsys, tmp_path, "train", "--task", "question-answering", "--model", model, "--train-file", data,
+              "--validation-file", data, "--output-dir", tmp_path / "smoothed", "--max-seq-length", 32,
+              "--label-smoothing", 0.1, match=refused)  # fmt: skip
+    assert not (tmp_path / "smoothed").exists()
 
 
 def test_squad_json_reads_as_jsonl(tmp_path):

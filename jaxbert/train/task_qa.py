@@ -240,6 +240,10 @@ class QARun(task_plan.TaskRun):
 
 
 def prepare(cfg) -> QARun:
+    if cfg.label_smoothing:  # transformers' Trainer smooths `labels` only: a QA batch has none, its span loss is plain.
+        # Here it spread the target over every position of the window, question, [SEP] and bucket padding included.
+        what = "applies to classes, not to --task question-answering"
+        raise ValueError(f"--label-smoothing {cfg.label_smoothing}: {what}")
     base = task_plan.prepare(cfg)
     run = QARun(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
     if run.config.num_labels != 2:  # the span head has two outputs (start, end), whatever the base was a head for:
