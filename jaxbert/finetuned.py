@@ -235,9 +235,9 @@ def evaluate(
     if task_name != "embedding":
         step = task_qa.eval_step if task_name == "question-answering" else task_eval_step
         eval_fn = cpu.onednn_jit(functools.partial(step, config=config, head=head), tokens=cpu.batch_tokens)
-    result = evaluate_examples(
-        eval_fn, params, data, task, labels, batch_size, batching.length_buckets(limit), 1, config.pad_token_id
-    )
+    # QA windows are padded to their length, as training pads them (task_qa.prepare: the span loss counts padding).
+    buckets = (limit,) if task_name == "question-answering" else batching.length_buckets(limit)
+    result = evaluate_examples(eval_fn, params, data, task, labels, batch_size, buckets, 1, config.pad_token_id)
     result = {k.removeprefix("eval_"): v for k, v in result.items()}
     if task_name == "token-classification":  # words beyond `limit` tokens: cut, as training cuts them, and counted
         result["words_not_scored"] = int(data.truncated)

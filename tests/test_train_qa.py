@@ -93,8 +93,8 @@ def test_one_step_equals_pytorch(tmp_path, capsys):
                    "--output", str(tmp_path / "eval.json")])  # fmt: skip
     assert result == 0, capsys.readouterr().err
     written = json.loads((tmp_path / "eval.json").read_text())
-    for key in ("exact_match", "f1", "HasAns_f1", "NoAns_f1"):
-        assert written[key] == pytest.approx(final[f"eval_{key}"], abs=1e-6), key
+    for key in ("exact_match", "f1", "HasAns_f1", "NoAns_f1", "loss"):
+        assert written[key] == pytest.approx(final[f"eval_{key}"], abs=1e-5), key
     assert written["examples"] == len(records)  # questions, not their windows
     # predict answers as evaluate scored: the trained windows and SQuAD v2 null answers ("" at 0-0)
     assert main(["predict", str(out / "final"), "--input", str(data), "--output", str(tmp_path / "p.jsonl")]) == 0
@@ -263,3 +263,42 @@ def test_a_base_model_with_other_num_labels_gets_a_span_head(tmp_path, capsys):
     flags = ["--max-seq-length", MAX_LEN, "--doc-stride", STRIDE, "--global-batch-size", 4, "--max-steps", 1]
     assert _cli_train(model, data, tmp_path / "out", *flags, "--version-2-with-negative") == 0, capsys.readouterr().err
     assert jaxbert.load(tmp_path / "out" / "final").config.num_labels == 2
+
+
+def test_the_span_loss_of_short_windows_is_run_qas_padded_to_the_window_length(tmp_path):
+    """BertForQuestionAnswering's softmax runs over padding positions too, so its loss depends on how far a batch is
+    padded: run_qa.py pads every window to --max-seq-length (pad_to_max_length, its default). Windows shorter than
+    that (here both: 64 positions, windows of 13 and 28 tokens) are padded to it, not to the batch's length bucket
+    (32), so a window's loss does not depend on the windows it shares a step with."""
+    import dataclasses
+
+    import jax
+
+    from jaxbert.train.config import TrainConfig
+    from jaxbert.train.task_qa import prepare, train_loss
+
+    head, length = "BertForQuestionAnswering", 64
+    model = model_dir(tmp_path / "model", head, **SMALL, num_labels=2)
+    records = [_records()[i] for i in (0, 2)]  # one-fact contexts
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    files = dict(train_file=str(data), validation_file=str(data))
+    cfg = TrainConfig(model, output_dir=str(tmp_path / "out"), task="question-answering", **files)
+    cfg = dataclasses.replace(cfg, max_seq_length=length, doc_stride=16, global_batch_size=2, progress=False)
+    run = prepare(cfg)
+    params = run.initial_params()
+    batch = jax.tree_util.tree_map(lambda a: a[0], run.batch(0))
+    _, ours, _ = train_loss(params, batch, None, np.float32, False, config=run.config, head=head, smoothing=0.0)
+
+    tok = transformers.BertTokenizerFast.from_pretrained(model)
+    enc = tok([r["question"] for r in records], [r["context"] for r in records], truncation="only_second",
+              max_length=length, stride=16, padding="max_length", return_tensors="pt")  # fmt: skip
+    assert [int(m.sum()) for m in enc["attention_mask"]] == [13, 28]
+    pt = transformers.BertForQuestionAnswering.from_pretrained(model).eval()
+    order = [int(x) for x in run.train.examples(0)]  # the step's windows: one per question here
+    feed = {k: enc[k][order] for k in ("input_ids", "attention_mask", "token_type_ids")}
+    labels = torch.tensor(np.asarray(batch["labels"], np.int64))
+    with torch.no_grad():
+        theirs = pt(**feed, start_positions=labels[:, 0], end_positions=labels[:, 1]).loss
+    assert abs(float(ours) - float(theirs)) <= 1e-5, (float(ours), float(theirs))
+    assert batch["input_ids"].shape[-1] == length

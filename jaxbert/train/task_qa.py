@@ -246,6 +246,10 @@ def prepare(cfg) -> QARun:
         raise ValueError(f"--label-smoothing {cfg.label_smoothing}: {what}")
     base = task_plan.prepare(cfg)
     run = QARun(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
+    # The span softmax runs over padding positions too (transformers'), so the loss depends on how far a window is
+    # padded: to --max-seq-length, as run_qa.py (pad_to_max_length, its default), never to whichever length bucket
+    # its step's longest window fell in (a window's loss then changed with the windows beside it).
+    run.train.buckets = (cfg.max_seq_length,)
     if run.config.num_labels != 2:  # the span head has two outputs (start, end), whatever the base was a head for:
         # a base model's num_labels of 3 (an NLI model's) built a 3-output head that failed at the first evaluation
         run.config = run.config.replace(id2label=None, label2id=None)
