@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 
+from jaxbert import sentence_dir
 from jaxbert.files import one_line
 
 # transformers' legacy ids have no organisation ("bert-base-uncased"); a revision is a branch, tag or commit.
@@ -27,8 +28,7 @@ _FILES = [
     "tokenizer_config.json",
     "special_tokens_map.json",
     "added_tokens.json",
-    "modules.json",
-    "sentence_bert_config.json",
+    *sentence_dir.FILES,  # all of them: config_sentence_transformers.json can hold a default prompt embed refuses
     "1_Pooling/config.json",
     "2_Normalize/*",
 ]

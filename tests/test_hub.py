@@ -120,6 +120,42 @@ def test_download_when_online_and_older_weights_fetched_only_without_safetensors
         hub.resolve("acme/new")
 
 
+def _fake_hub(monkeypatch, source, target):
+    """snapshot_download as the hub would answer it for a repo holding `source`'s files: those matching
+    allow_patterns (filtered as huggingface_hub filters them) copied into `target`; nothing cached."""
+    import huggingface_hub
+    from huggingface_hub.utils import filter_repo_objects
+
+    files = [os.path.relpath(os.path.join(top, n), source) for top, _, names in os.walk(source) for n in names]
+
+    def fake(repo, *, local_files_only=False, allow_patterns=None, **kwargs):
+        if local_files_only:
+            raise huggingface_hub.errors.LocalEntryNotFoundError("not cached")
+        for name in filter_repo_objects(files, allow_patterns=allow_patterns):
+            os.makedirs(os.path.dirname(os.path.join(target, name)), exist_ok=True)
+            shutil.copy(os.path.join(source, name), os.path.join(target, name))
+        return str(target)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+
+def test_a_downloaded_sentence_model_keeps_the_settings_embed_refuses(tmp_path, monkeypatch):
+    """config_sentence_transformers.json was not downloaded: a model whose default prompt embed refuses from its
+    directory embedded without it, silently, when loaded by hub id."""
+    from jaxbert.sentence_out import write_sentence_files
+
+    source = model_dir(tmp_path / "source", "BertModel")
+    write_sentence_files(source, 32, "mean", True, 16)
+    with open(os.path.join(source, "config_sentence_transformers.json"), "w") as f:
+        f.write('{"default_prompt_name": "query", "prompts": {"query": "query: "}}')
+    _fake_hub(monkeypatch, source, tmp_path / "downloaded")
+    monkeypatch.chdir(tmp_path)
+    for name in (source, "acme/prompted"):
+        with pytest.raises(ValueError, match="config_sentence_transformers.json: a default prompt is not implemented"):
+            jaxbert.load(name).embed(["hello"])
+
+
 def test_paths_stay_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "org").mkdir()
