@@ -3,7 +3,8 @@ the way transformers resolves them.
 
 An existing path is always a path. Otherwise a name shaped like a hub id is looked up in the local cache first
 (`HF_HUB_CACHE`, else `HF_HOME/hub`, else ~/.cache/huggingface/hub: snapshots whose files are symlinks into the
-entry's `blobs/`, which files.py allows), then downloaded unless `HF_HUB_OFFLINE` is set. Only the files jaxbert
+entry's `blobs/`, which files.py allows), then downloaded unless `HF_HUB_OFFLINE` is set; a cached snapshot is
+trusted only when huggingface_hub's listing of the commit shows it complete. Only the files jaxbert
 reads are fetched: config, safetensors weights (the `.bin` / msgpack files only when there are none), tokenizer,
 generation and sentence-transformers files.
 """
@@ -51,10 +52,22 @@ def _has_weights(directory: str) -> bool:
     return any(name.endswith(".safetensors") for name in os.listdir(directory))
 
 
+def _listed(repo: str, revision: str | None, cache: str) -> bool:
+    """Whether huggingface_hub holds the file listing of the cached commit, so that its cache lookup has checked
+    the snapshot has every file asked for. Without it (files cached one by one, as transformers and older
+    huggingface_hub versions leave them) a snapshot may lack some: modules.json missing, embed pools [CLS]."""
+    try:
+        from huggingface_hub import get_cached_repo_tree
+
+        return bool(get_cached_repo_tree(repo, revision=revision, cache_dir=cache))
+    except Exception:  # an older huggingface_hub, or no listing
+        return False
+
+
 def resolve(name: str | os.PathLike) -> str:
-    """`name` itself when it exists or cannot be a hub id, else the local snapshot directory of that hub model
-    (downloaded if need be). A hub id found neither in the cache nor on the hub is a FileNotFoundError naming
-    the id and the cache searched."""
+    """`name` itself when it exists or cannot be a hub id, else the local snapshot directory of that hub model:
+    the cached one when it is known complete (or HF_HUB_OFFLINE is set), else downloaded (only missing files).
+    A hub id found neither in the cache nor on the hub is a FileNotFoundError naming the id and the cache searched."""
     path = os.fspath(name)
     if os.path.exists(path) or not _ID.match(path):
         return path
@@ -64,8 +77,10 @@ def resolve(name: str | os.PathLike) -> str:
     cache = cache_dir()
     fetch = dict(revision=revision or None, cache_dir=cache, allow_patterns=_FILES)
     try:
-        return snapshot_download(repo, local_files_only=True, **fetch)
-    except Exception:  # not cached (huggingface_hub raises several kinds): try the hub below
+        directory = snapshot_download(repo, local_files_only=True, **fetch)
+        if _offline() or _listed(repo, revision or None, cache):
+            return directory
+    except Exception:  # not cached, or incomplete (huggingface_hub raises several kinds): try the hub below
         pass
     where = f"{path}: no such directory, and not in the Hugging Face cache {cache}"
     if _offline():

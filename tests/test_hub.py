@@ -16,6 +16,10 @@ from jaxbert.cli import main
 REV = "0123456789abcdef0123456789abcdef01234567"
 
 
+def _files(source) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(top, n), source) for top, _, names in os.walk(source) for n in names)
+
+
 def _cache_entry(cache, repo: str, source: str, link=None) -> str:
     """huggingface_hub's layout: blobs/<hash> files, snapshots/<commit>/<name> -> ../../blobs/<hash>, refs/main.
     `link` replaces one snapshot file by a symlink to another target: (name, target)."""
@@ -26,12 +30,14 @@ def _cache_entry(cache, repo: str, source: str, link=None) -> str:
     os.makedirs(os.path.join(entry, "refs"))
     with open(os.path.join(entry, "refs", "main"), "w") as f:
         f.write(REV)
-    for name in os.listdir(source):
+    for name in _files(source):
         data = open(os.path.join(source, name), "rb").read()
         digest = hashlib.sha256(data).hexdigest()
         with open(os.path.join(entry, "blobs", digest), "wb") as f:
             f.write(data)
-        os.symlink(os.path.join("..", "..", "blobs", digest), os.path.join(snapshot, name))
+        os.makedirs(os.path.dirname(os.path.join(snapshot, name)), exist_ok=True)
+        up = os.path.join(*[os.pardir] * (name.count(os.sep) + 2))
+        os.symlink(os.path.join(up, "blobs", digest), os.path.join(snapshot, name))
     if link:
         os.remove(os.path.join(snapshot, link[0]))
         os.symlink(link[1], os.path.join(snapshot, link[0]))
@@ -122,16 +128,18 @@ def test_download_when_online_and_older_weights_fetched_only_without_safetensors
 
 def _fake_hub(monkeypatch, source, target):
     """snapshot_download as the hub would answer it for a repo holding `source`'s files: those matching
-    allow_patterns (filtered as huggingface_hub filters them) copied into `target`; nothing cached."""
+    allow_patterns (filtered as huggingface_hub filters them) copied into `target`. With local_files_only, the
+    real function reads the cache (HF_HUB_CACHE, empty unless the test fills it)."""
     import huggingface_hub
     from huggingface_hub.utils import filter_repo_objects
 
-    files = [os.path.relpath(os.path.join(top, n), source) for top, _, names in os.walk(source) for n in names]
+    real = huggingface_hub.snapshot_download
+    monkeypatch.setenv("HF_HUB_CACHE", os.environ.get("HF_HUB_CACHE") or str(target) + "-cache")
 
     def fake(repo, *, local_files_only=False, allow_patterns=None, **kwargs):
         if local_files_only:
-            raise huggingface_hub.errors.LocalEntryNotFoundError("not cached")
-        for name in filter_repo_objects(files, allow_patterns=allow_patterns):
+            return real(repo, local_files_only=True, allow_patterns=allow_patterns, **kwargs)
+        for name in filter_repo_objects(_files(source), allow_patterns=allow_patterns):
             os.makedirs(os.path.dirname(os.path.join(target, name)), exist_ok=True)
             shutil.copy(os.path.join(source, name), os.path.join(target, name))
         return str(target)
@@ -154,6 +162,44 @@ def test_a_downloaded_sentence_model_keeps_the_settings_embed_refuses(tmp_path, 
     for name in (source, "acme/prompted"):
         with pytest.raises(ValueError, match="config_sentence_transformers.json: a default prompt is not implemented"):
             jaxbert.load(name).embed(["hello"])
+
+
+def _sentence_model(tmp_path):
+    from jaxbert.sentence_out import write_sentence_files
+
+    source = model_dir(tmp_path / "source", "BertModel")
+    write_sentence_files(source, 32, "mean", True, 16)
+    return source
+
+
+def test_a_cached_snapshot_that_may_be_incomplete_is_completed_from_the_hub(tmp_path, monkeypatch):
+    """transformers caches a model file by file and records no listing of the repo: its snapshot of a
+    sentence-transformers model lacks modules.json and the Pooling config. Taken from the cache as it was, the hub
+    id embedded with [CLS] pooling, unnormalized, where the directory itself (and sentence-transformers, which
+    downloads those files) pools the mean and normalizes."""
+    source = _sentence_model(tmp_path)
+    transformers_files = tmp_path / "transformers-files"
+    shutil.copytree(source, transformers_files, ignore=shutil.ignore_patterns("modules.json", "?_*", "sentence_*"))
+    snapshot = _cache_entry(str(tmp_path / "hub"), "acme/st", str(transformers_files))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    _fake_hub(monkeypatch, source, tmp_path / "downloaded")
+    monkeypatch.chdir(tmp_path)
+    expected = jaxbert.load(source).embed(["hello world"])
+    np.testing.assert_allclose(jaxbert.load("acme/st").embed(["hello world"]), expected, atol=1e-6)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing to complete it with: the cache as it is
+    assert hub.resolve("acme/st") == snapshot
+
+
+def test_a_cached_snapshot_its_listing_shows_complete_is_read_without_the_hub(tmp_path, monkeypatch):
+    tree_cache = pytest.importorskip("huggingface_hub._tree_cache")
+    source = _sentence_model(tmp_path)
+    snapshot = _cache_entry(str(tmp_path / "hub"), "acme/st", source)
+    listing = {name: tree_cache.TreeCacheEntry(size=1, blob_id="0") for name in _files(source)}
+    tree_cache.write_tree_cache(os.path.dirname(os.path.dirname(snapshot)), REV, listing)  # as snapshot_download
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    _fake_hub(monkeypatch, source, tmp_path / "downloaded")
+    monkeypatch.chdir(tmp_path)
+    assert hub.resolve("acme/st") == snapshot and not (tmp_path / "downloaded").exists()
 
 
 def test_paths_stay_paths(tmp_path, monkeypatch):
