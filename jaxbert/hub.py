@@ -2,7 +2,7 @@
 the way transformers resolves them.
 
 An existing path is always a path. Otherwise a name shaped like a hub id is looked up in the local cache first
-(`HF_HUB_CACHE`, else `HF_HOME/hub`, else ~/.cache/huggingface/hub: snapshots whose files are symlinks into the
+(where huggingface_hub keeps it, see cache_dir: snapshots whose files are symlinks into the
 entry's `blobs/`, which files.py allows), then downloaded unless `HF_HUB_OFFLINE` is set; a cached snapshot is
 trusted only when huggingface_hub's listing of the commit shows it complete. Only the files jaxbert
 reads are fetched: config, safetensors weights (the `.bin` / msgpack files only when there are none), tokenizer,
@@ -37,11 +37,18 @@ _OTHER_WEIGHTS = ["pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_
 
 
 def cache_dir() -> str:
-    """The hub cache as huggingface_hub would use it, read from the environment at call time."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return os.environ["HF_HUB_CACHE"]
-    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    return os.path.join(home, "hub")
+    """The hub cache as huggingface_hub would use it (its constants.py), read from the environment at call time:
+    HF_HUB_CACHE, its legacy name HUGGINGFACE_HUB_CACHE, HF_HOME/hub, XDG_CACHE_HOME/huggingface/hub, ~ and
+    $VARIABLES expanded."""
+    env = os.environ
+    xdg = env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    home = env.get("HF_HOME") or os.path.join(xdg, "huggingface")
+    hub = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE") or os.path.join(_expand(home), "hub")
+    return _expand(hub)
+
+
+def _expand(path: str) -> str:
+    return os.path.expandvars(os.path.expanduser(path))
 
 
 def _offline() -> bool:

@@ -202,6 +202,35 @@ def test_a_cached_snapshot_its_listing_shows_complete_is_read_without_the_hub(tm
     assert hub.resolve("acme/st") == snapshot and not (tmp_path / "downloaded").exists()
 
 
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"XDG_CACHE_HOME": "/xdg"},
+        {"HUGGINGFACE_HUB_CACHE": "/legacy", "HF_HOME": "/home-hf"},
+        {"HF_HOME": "~/hf"},
+        {"HF_HOME": "$JAXBERT_TEST_ROOT/hf", "JAXBERT_TEST_ROOT": "/scratch"},
+        {"HF_HUB_CACHE": "/hub", "HUGGINGFACE_HUB_CACHE": "/legacy", "XDG_CACHE_HOME": "/xdg"},
+    ],
+)
+def test_the_cache_is_where_huggingface_hub_puts_it(env, monkeypatch):
+    """XDG_CACHE_HOME and HUGGINGFACE_HUB_CACHE were ignored and HF_HOME's ~ and $VARIABLE kept as written: with
+    XDG_CACHE_HOME set, a model transformers had cached was 'not in the Hugging Face cache ~/.cache/...'."""
+    import subprocess
+    import sys
+
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    reference = subprocess.run(
+        [sys.executable, "-c", "from huggingface_hub import constants; print(constants.HF_HUB_CACHE)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert hub.cache_dir() == reference.stdout.strip()
+
+
 def test_paths_stay_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "org").mkdir()
