@@ -27,14 +27,36 @@ WEIGHT_FILES = (SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN, TORCH_BIN_INDEX, FLAX
 
 
 def find_weights(directory: str) -> str:
-    """The weights file of a directory, in transformers' order of preference."""
+    """The weights file of a directory: the one config.json names, else the first in transformers' order of
+    preference."""
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"{directory}: no such directory")
+    named = _named_weights(directory)
+    if named:
+        return named
     for name in WEIGHT_FILES:
         path = existing_file(directory, name)
         if path:
             return path
     raise FileNotFoundError(f"{directory}: no weights file found (looked for {', '.join(WEIGHT_FILES)})")
+
+
+def _named_weights(directory: str) -> str | None:
+    """config.json's `transformers_weights`: the safetensors file (or index) transformers 5 loads in place of the
+    usual names, which may then hold other weights. It must lie inside the directory and exist."""
+    config = existing_file(directory, "config.json")
+    name = read_json(config).get("transformers_weights") if config else None
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name.endswith((".safetensors", ".safetensors.index.json")):
+        raise ValueError(f"{config}: transformers_weights {name!r} is not a .safetensors or .safetensors.index.json")
+    # transformers 5 reads an index's shards from the directory's root, jaxbert beside the index: keep them one.
+    if name.endswith(".json") and os.path.dirname(os.path.normpath(name)):
+        raise ValueError(f"{config}: transformers_weights {name!r}: an index outside the root is not supported")
+    path = checkpoint_file(directory, name)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: not found (config.json names it as the weights: transformers_weights)")
+    return path
 
 
 # What numpy (with ml_dtypes' bfloat16) holds, complex aside (never a parameter); float8/6/4 tensors and the like
@@ -152,7 +174,7 @@ def read_state_dict(path: str) -> dict[str, np.ndarray | SafetensorsTensor]:
     """A PyTorch-named state dict from a safetensors / .bin file or a shard index. safetensors values are read
     by `np.asarray` (`np.shape` reads nothing); `torch_to_flax` reads each once its name and shape fit."""
     name = os.path.basename(path)
-    if name == SAFETENSORS_INDEX:
+    if name.endswith(".safetensors.index.json"):  # SAFETENSORS_INDEX, or another that config.json names
         return _read_sharded(path, _read_safetensors)
     if name == TORCH_BIN_INDEX:
         return _read_sharded(path, _read_torch_bin)

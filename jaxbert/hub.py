@@ -23,7 +23,7 @@ _FILES = [
     "config.json",
     "generation_config.json",
     "*.safetensors",
-    "model.safetensors.index.json",
+    "*.safetensors.index.json",  # model.safetensors.index.json, or the one config.json's transformers_weights names
     "vocab.txt",
     "tokenizer.json",
     "tokenizer_config.json",

@@ -89,6 +89,7 @@ def _read(src: str, dtype: str | None):
 def _write_config(config: BertConfig, head: str, dtype: str, directory: str) -> None:
     data = config.to_dict()
     data["architectures"] = list(config.architectures or (head,))
+    data.pop("transformers_weights", None)  # the source's weights file: this directory holds its own
     # transformers 4.x reads torch_dtype, 5.x writes dtype (and reads both): keep whichever the source had.
     keys = [k for k in ("torch_dtype", "dtype") if k in data] or ["torch_dtype"]
     for key in keys:

@@ -82,6 +82,42 @@ def test_bad_inputs_are_named(saved):
         jaxbert.load(dirs["safetensors"], head="BertForRanking")
 
 
+def test_the_weights_config_json_names_win_as_in_transformers(tmp_path, saved):
+    """transformers 5 loads the file config.json's transformers_weights names in place of model.safetensors;
+    jaxbert read model.safetensors beside it, other weights (logits 3.99 apart), without a word."""
+    import shutil
+
+    from jaxbert.cli import main
+
+    hf, dirs = saved
+    other = hf_model("BertForTokenClassification", initializer_range=0.5)
+    other.save_pretrained(tmp_path / "other", max_shard_size="20KB")
+    model = tmp_path / "model"
+    shutil.copytree(dirs["safetensors"], model)  # model.safetensors: hf's weights
+    shutil.copytree(tmp_path / "other", model, ignore=shutil.ignore_patterns("*.json"), dirs_exist_ok=True)
+    shutil.copy(tmp_path / "other" / "model.safetensors.index.json", model / "other.safetensors.index.json")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "transformers_weights": "other.safetensors.index.json"}))
+    transformers = pytest.importorskip("transformers")
+    reference = transformers.BertForTokenClassification.from_pretrained(model).eval()
+    feed = padded_batch(0)
+    expected = torch_run(other, feed).logits.numpy()
+    assert_close(torch_run(reference, feed).logits.numpy(), expected, "transformers itself")
+    assert_close(jaxbert.load(model)(**feed).logits, expected, "named weights", atol=1e-4)
+    assert main(["convert", str(model), str(tmp_path / "jax")]) == 0  # its own weights: the name is not kept
+    assert "transformers_weights" not in (tmp_path / "jax" / "config.json").read_text()
+    assert_close(jaxbert.load(tmp_path / "jax")(**feed).logits, expected, "converted", atol=1e-4)
+    refused = (
+        ("../model.safetensors", "outside the checkpoint"),
+        ("pytorch_model.bin", "is not a .safetensors"),
+        ("sub/other.safetensors.index.json", "an index outside the root"),
+    )
+    for name, error in refused:
+        (model / "config.json").write_text(json.dumps({**config, "transformers_weights": name}))
+        with pytest.raises(ValueError, match=error):
+            jaxbert.load(model)
+
+
 def test_missing_files_are_named(tmp_path, saved):
     _, dirs = saved
     with pytest.raises(FileNotFoundError, match="config.json not found"):
