@@ -89,6 +89,38 @@ def _with_unknown(path: str, tok: Tokenizer) -> Tokenizer:
     return tok
 
 
+def _tokens(value) -> list:
+    """The token strings of a special-tokens entry: a string, an AddedToken dict, or a list of them."""
+    if isinstance(value, list):
+        return [t for v in value for t in _tokens(v)]
+    return [value.get("content")] if isinstance(value, dict) else [value]
+
+
+def _refuse_added_tokens(directory: str, config: dict, config_path: str, vocab: dict) -> None:
+    """transformers adds to a vocab.txt tokenizer the tokens of added_tokens.json, tokenizer_config.json's
+    added_tokens_decoder and the special tokens it names; built from vocab.txt alone, a text's "[NEW]" was split
+    into word pieces where transformers gives it its own id. A token of theirs missing from the vocabulary is
+    refused, naming it (tokenizer.json, which holds them, is read whole)."""
+    added = []
+    path = existing_file(directory, "added_tokens.json")
+    if path:
+        added += [(path, token) for token in read_json(path)]
+    decoder = config.get("added_tokens_decoder")
+    if isinstance(decoder, dict):
+        added += [(config_path, token) for entry in decoder.values() for token in _tokens(entry)]
+    path = existing_file(directory, "special_tokens_map.json")
+    for where, settings in ((path, read_json(path) if path else {}), (config_path, config)):
+        for key, value in settings.items():
+            if key.endswith("_token") or key in ("additional_special_tokens", "extra_special_tokens"):
+                added += [(where, token) for token in _tokens(value)]
+    for where, token in added:
+        if isinstance(token, str) and token not in vocab:
+            raise ValueError(
+                f"{where}: adds the token {token!r}, which vocab.txt lacks (jaxbert reads added tokens "
+                "only from tokenizer.json)"
+            )
+
+
 def _load(path: str, build):
     """Build a tokenizer from `path`; the tokenizers library raises many types for a corrupt file."""
     try:
@@ -132,6 +164,7 @@ class WordPiece:
         never_split = _setting(config, config_path, "never_split", (list, type(None)), None) or []
         tok = _load(vocab, lambda: BertWordPieceTokenizer(vocab, clean_text=True, **options)._tokenizer)
         tok = _with_unknown(vocab, tok)
+        _refuse_added_tokens(directory, config, config_path, tok.get_vocab())
         never_split = [t for t in never_split if isinstance(t, str) and t in tok.get_vocab()]
         if never_split:  # whole tokens, matched before normalization, never split into word pieces
             tok.add_tokens([AddedToken(t, single_word=True, normalized=False) for t in never_split])

@@ -42,6 +42,29 @@ def _unknown_token(name: str):
     return edit
 
 
+NEW = "[NEW]"
+
+
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("added_tokens.json", {"[NEW]": 30522}),
+        ("tokenizer_config.json", {"added_tokens_decoder": {"100": {"content": "[UNK]"}, "30522": {"content": NEW}}}),
+        ("special_tokens_map.json", {"unk_token": "[UNK]", "additional_special_tokens": ["[NEW]"]}),
+    ],
+)
+def test_tokens_added_beside_a_vocabulary_are_refused_not_split(tmp_path, name, content):
+    """transformers 5's BertTokenizer gives 'hello [NEW] world' [101, 7592, 30522, 2088, 102] with those files;
+    jaxbert built the tokenizer from vocab.txt alone: [101, 7592, 1031, 2047, 1033, 2088, 102], without a word."""
+    directory = _tokenizer_dir(tmp_path, "vocab.txt")
+    with open(os.path.join(directory, name), "w") as f:
+        json.dump(content, f)
+    with pytest.raises(ValueError, match=rf"{name}: adds the token '\[NEW\]', which vocab.txt lacks"):
+        WordPiece.from_dir(directory)
+    os.remove(os.path.join(directory, name))
+    assert WordPiece.from_dir(directory).encode(["hello [NEW] world"]).ids == [[101, 7592, 1031, 2047, 1033, 2088, 102]]
+
+
 def test_a_vocabulary_without_its_unknown_token_is_refused_when_loaded(tmp_path):
     with pytest.raises(ValueError, match=r"vocab.txt: the unknown token '\[UNK\]' is not in the vocabulary$"):
         WordPiece.from_dir(_tokenizer_dir(tmp_path / "vocab", "vocab.txt", _without_unk))
