@@ -124,7 +124,8 @@ _JSON_NAMES = {
 
 def check_disjoint(src: str, dst: str) -> None:
     """Refuse a destination that is the source, lies inside it, or contains it (replacing it would delete the
-    source): writers never write into, over or above what they read. Symlinks are resolved first."""
+    source): writers never write into, over or above what they read. Symlinks are resolved first; a Hugging Face
+    cache snapshot's files are its entry's blobs, so the whole entry counts as the source."""
     a, b = os.path.realpath(src), os.path.realpath(dst)
     if a == b:
         raise ValueError(f"{dst}: is the source {src} itself; choose another destination")
@@ -132,6 +133,9 @@ def check_disjoint(src: str, dst: str) -> None:
         raise ValueError(f"{dst}: lies inside the source {src}; choose a destination outside it")
     if _within(a, b):
         raise ValueError(f"{dst}: contains the source {src}; choose a destination that does not")
+    for entry in allowed_roots(src)[1:]:
+        if _within(b, entry):
+            raise ValueError(f"{dst}: lies inside {entry}, the cache entry whose blobs {src} reads; choose another")
 
 
 def _remove(path: str) -> None:

@@ -141,6 +141,19 @@ def test_hugging_face_cache_snapshots_load_but_links_out_of_the_entry_are_refuse
     cli_fails(capsys, tmp_path, "convert", src, match="tokenizer.json: resolves to")
 
 
+@pytest.mark.parametrize("command", ["convert", "export"])
+def test_a_writer_never_replaces_the_blobs_a_cache_snapshot_reads(src, tmp_path, capsys, command):
+    """The snapshot's files are links into its entry's blobs/: `convert SNAPSHOT ENTRY/blobs --force` replaced
+    blobs/ by the conversion, and the snapshot (every id resolving to it) lost every file."""
+    snapshot = _hub_cache(src, tmp_path / "hub")
+    before = _digest(tmp_path / "hub")
+    for dst in (snapshot.parent.parent / "blobs", snapshot.parent.parent / "converted"):
+        assert main([command, str(snapshot), str(dst), "--force"]) == 1
+        err = capsys.readouterr().err.strip()
+        assert "the cache entry whose blobs" in err and len(err.splitlines()) == 1, err
+    assert _digest(tmp_path / "hub") == before and jaxbert.load(snapshot).embed(["still there"]).shape == (1, 32)
+
+
 @pytest.mark.parametrize("kind", ["file", "symlink"])
 def test_force_onto_a_file_or_symlink_replaces_it_and_leaves_nothing_behind(src, tmp_path, capsys, kind):
     dst = tmp_path / "dst"
