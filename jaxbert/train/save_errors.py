@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import sys
+import time
 import types
 
 from jaxbert import distributed
@@ -74,9 +75,20 @@ def _remove_partial(directory: str) -> None:
     if not distributed.is_primary():  # one process removes; a shared directory is the same for all
         return
     parent, name = os.path.split(directory)
-    for entry in os.listdir(parent) if os.path.isdir(parent) else ():
-        if entry == name or entry.startswith(name + ".orbax-checkpoint-tmp"):
+
+    def partial() -> list[str]:
+        entries = os.listdir(parent) if os.path.isdir(parent) else ()
+        return [e for e in entries if e == name or e.startswith(name + ".orbax-checkpoint-tmp")]
+
+    # The failed write's other threads may still be adding files: a removal racing one of them leaves a non-empty
+    # directory behind (seen under load), so remove until the step is gone and stays gone, for at most 10 s.
+    deadline, gone = time.monotonic() + 10.0, 0
+    while gone < 2 and time.monotonic() < deadline:
+        left = partial()
+        for entry in left:
             shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+        gone = 0 if left else gone + 1
+        time.sleep(0.05)
 
 
 def _close_unstarted() -> None:
