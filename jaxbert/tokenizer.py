@@ -21,6 +21,9 @@ from jaxbert.inputs import check_unicode, positive_int
 # decide (Bert.max_length, sentence-transformers' max_seq_length); kept small enough for the tokenizers library.
 NO_LIMIT = 10**6
 
+# transformers' BERT special tokens and their default names; tokenizer_config.json / special_tokens_map.json rename
+SPECIAL = dict(unk_token="[UNK]", sep_token="[SEP]", cls_token="[CLS]", pad_token="[PAD]", mask_token="[MASK]")
+
 
 @dataclasses.dataclass
 class Encoded:
@@ -96,6 +99,22 @@ def _tokens(value) -> list:
     return [value.get("content")] if isinstance(value, dict) else [value]
 
 
+def _special_tokens(directory: str, config: dict, config_path: str) -> dict[str, str]:
+    """The special tokens' names as transformers reads them: tokenizer_config.json's, special_tokens_map.json's
+    over them unless tokenizer_config.json has added_tokens_decoder; a vocab.txt tokenizer built with the
+    default names put [CLS]/[SEP] (101/102) where transformers puts a renamed cls_token's and sep_token's ids."""
+    names = {key: (config_path, config.get(key, default)) for key, default in SPECIAL.items()}
+    path = existing_file(directory, "special_tokens_map.json")
+    if path and "added_tokens_decoder" not in config:
+        names.update({key: (path, value) for key, value in read_json(path).items() if key in SPECIAL})
+    for key, (where, value) in names.items():
+        token = (_tokens(value) or [None])[0]
+        if not isinstance(token, str) or not token:
+            raise ValueError(f"{where}: {key}={value!r} is not a token")
+        names[key] = token
+    return names
+
+
 def _refuse_added_tokens(directory: str, config: dict, config_path: str, vocab: dict) -> None:
     """transformers adds to a vocab.txt tokenizer the tokens of added_tokens.json, tokenizer_config.json's
     added_tokens_decoder and the special tokens it names; built from vocab.txt alone, a text's "[NEW]" was split
@@ -135,7 +154,13 @@ class WordPiece:
     is a separate copy, built once (tokenizers' settings are shared mutable state, so toggling them per call
     would let concurrent calls see each other's settings)."""
 
-    def __init__(self, tokenizer: Tokenizer, model_max_length: int = 512, truncation_side: str = "right"):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        model_max_length: int = 512,
+        truncation_side: str = "right",
+        special_tokens: dict[str, str] | None = None,
+    ):
         tokenizer.no_padding()
         tokenizer.no_truncation()
         self._tok = tokenizer
@@ -143,6 +168,7 @@ class WordPiece:
         self._lock = threading.Lock()
         self.model_max_length = model_max_length
         self.truncation_side = truncation_side
+        self.special_tokens = dict(SPECIAL if special_tokens is None else special_tokens)
         self.vocab = tokenizer.get_vocab()
         self._lower: WordPiece | None = None  # see lowercased
 
@@ -150,9 +176,10 @@ class WordPiece:
     def from_dir(cls, directory: str) -> WordPiece:
         config, config_path = _read_config(directory)
         max_len, side = _max_length(config, config_path), _truncation_side(config, config_path)
+        special = _special_tokens(directory, config, config_path)
         path = existing_file(directory, "tokenizer.json")
         if path:
-            return cls(_with_unknown(path, _load(path, lambda: Tokenizer.from_file(path))), max_len, side)
+            return cls(_with_unknown(path, _load(path, lambda: Tokenizer.from_file(path))), max_len, side, special)
         vocab = existing_file(directory, "vocab.txt")
         if not vocab:
             raise FileNotFoundError(f"{directory}: no tokenizer (looked for tokenizer.json, vocab.txt)")
@@ -162,13 +189,14 @@ class WordPiece:
             handle_chinese_chars=_setting(config, config_path, "tokenize_chinese_chars", (bool,), True),
         )
         never_split = _setting(config, config_path, "never_split", (list, type(None)), None) or []
+        options.update(special)
         tok = _load(vocab, lambda: BertWordPieceTokenizer(vocab, clean_text=True, **options)._tokenizer)
         tok = _with_unknown(vocab, tok)
         _refuse_added_tokens(directory, config, config_path, tok.get_vocab())
         never_split = [t for t in never_split if isinstance(t, str) and t in tok.get_vocab()]
         if never_split:  # whole tokens, matched before normalization, never split into word pieces
             tok.add_tokens([AddedToken(t, single_word=True, normalized=False) for t in never_split])
-        return cls(tok, max_len, side)
+        return cls(tok, max_len, side, special)
 
     def lowercased(self) -> WordPiece:
         """This tokenizer lower-casing texts first, as sentence-transformers' do_lower_case does: a Lowercase
@@ -186,7 +214,7 @@ class WordPiece:
                 else:
                     tok = Tokenizer.from_str(self._tok.to_str())
                     tok.normalizer = Sequence([Lowercase(), *parts])
-                    self._lower = WordPiece(tok, self.model_max_length, self.truncation_side)
+                    self._lower = WordPiece(tok, self.model_max_length, self.truncation_side, self.special_tokens)
             return self._lower
 
     def _truncated(self, limit: int) -> Tokenizer:
@@ -207,7 +235,7 @@ class WordPiece:
 
     @property
     def mask_token(self) -> str:
-        return "[MASK]"
+        return self.special_tokens["mask_token"]
 
     @property
     def mask_token_id(self) -> int | None:
@@ -285,7 +313,8 @@ class WordPiece:
             max_length=max_length,
             truncation=truncation,
         )
-        return pad(enc, int(enc.lengths().max(initial=0)), len(enc), self.token_to_id("[PAD]") or 0)
+        pad_id = self.token_to_id(self.special_tokens["pad_token"]) or 0
+        return pad(enc, int(enc.lengths().max(initial=0)), len(enc), pad_id)
 
 
 def pad(enc: Encoded, length: int, rows: int, pad_id: int, order=None) -> dict[str, np.ndarray]:

@@ -235,3 +235,30 @@ def test_a_max_length_too_short_for_cls_and_sep_is_named(tmp_path):
     assert tok.encode(["a b c"], max_length=2).ids == [[101, 102]]
     with pytest.raises(ValueError, match="more than max_length 3 \\(pass truncation=True"):
         tok.encode(["a b c"], max_length=3, truncation=False)
+
+
+def _renamed(text: str) -> str:
+    for old, new in [("[unused1]", "<s>"), ("[unused2]", "</s>"), ("[unused3]", "<pad>"), ("[unused4]", "<mask>")]:
+        text = text.replace(f"\n{old}\n", f"\n{new}\n")
+    return text
+
+
+RENAMED = {"cls_token": "<s>", "sep_token": "</s>", "pad_token": "<pad>", "mask_token": "<mask>"}
+
+
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "special_tokens_map.json"])
+def test_special_tokens_renamed_beside_a_vocabulary_are_used(tmp_path, name):
+    """transformers 5 gives 'Hi' [2, 7632, 3] (<s> Hi </s>) and pads with <pad> (4); jaxbert built vocab.txt's
+    tokenizer with [CLS]/[SEP]/[PAD]/[MASK] whatever the files said: [101, 7632, 102], padded with 0."""
+    directory = _tokenizer_dir(tmp_path, "vocab.txt", _renamed)
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "BertTokenizer"}, f)
+    with open(os.path.join(directory, name), "w") as f:
+        json.dump({"tokenizer_class": "BertTokenizer", **RENAMED}, f)
+    tok = WordPiece.from_dir(directory)
+    assert tok(["Hi", "Hi there"], ["x", "x"])["input_ids"].tolist() == [
+        [2, 7632, 3, 1060, 3, 4],
+        [2, 7632, 2045, 3, 1060, 3],
+    ]
+    assert (tok.mask_token, tok.mask_token_id) == ("<mask>", 5)
+    assert tok.encode(["a <mask>"]).ids == [[2, 1037, 5, 3]]
