@@ -219,6 +219,39 @@ def test_a_diverged_model_has_infinite_validation_perplexity(tiny, tmp_path):
     assert "perplexity inf" in run.describe(result)
 
 
+def test_special_tokens_renamed_by_the_tokenizer_files_are_never_masked(tiny, tmp_path):
+    """A vocab.txt tokenizer whose tokenizer_config.json renames [CLS]/[SEP]/[PAD]/[MASK] to <s>, </s>, <pad>,
+    <mask>: training looked the special tokens up as "[CLS]" and the rest, so <s> and </s> (each line's) were
+    masked and predicted like words, and packed rows split at the wrong token."""
+    from jaxbert.train.config import TrainConfig
+    from jaxbert.train.plan import prepare
+
+    model = shutil.copytree(tiny, tmp_path / "renamed")
+    os.remove(model / "tokenizer.json")
+    renamed = {"[unused1]": "<s>", "[unused2]": "</s>", "[unused3]": "<pad>", "[unused4]": "<mask>"}
+    words = [renamed.get(w, w) for w in (model / "vocab.txt").read_text(encoding="utf-8").split("\n")]
+    (model / "vocab.txt").write_text("\n".join(words), encoding="utf-8")
+    names = dict(cls_token="<s>", sep_token="</s>", pad_token="<pad>", mask_token="<mask>")
+    (model / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer", **names}))
+    (model / "special_tokens_map.json").write_text(json.dumps(names))
+    ids = {words.index(t) for t in names.values()}
+    for line_by_line in (False, True):
+        cfg = TrainConfig(
+            str(model),
+            CORPUS,
+            str(tmp_path / f"o{line_by_line}"),
+            max_seq_length=32,
+            global_batch_size=8,
+            line_by_line=line_by_line,
+            progress=False,
+        )
+        run = prepare(cfg)
+        assert ids <= set(run.special) and run.mask_id == words.index("<mask>")
+        assert run.packed_cls == (words.index("<s>") if line_by_line else None)
+        labels = np.asarray(run.batch(0)["labels"])
+        assert not np.isin(labels[labels != -100], list(ids)).any()
+
+
 def test_final_directory_exports_to_transformers(tiny, tmp_path, capsys):
     out = tmp_path / "run"
     assert (

@@ -191,7 +191,9 @@ def prepare(cfg: TrainConfig) -> Run:
         continuation = np.zeros(max(config.vocab_size, max(tok.vocab.values()) + 1), bool)
         for token, i in tok.vocab.items():
             continuation[i] = token.startswith("##")
-    special = [tok.token_to_id(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]")]
+    # By the names the tokenizer's files give them (tokenizer_config.json may rename [CLS] to <s>): never masked.
+    names = ("pad_token", "cls_token", "sep_token", "mask_token", "unk_token")
+    special = [tok.token_to_id(tok.special_tokens[k]) for k in names]
     run = Run(
         cfg,
         config,
@@ -203,7 +205,7 @@ def prepare(cfg: TrainConfig) -> Run:
         cfg.max_predictions_per_seq or default_max_predictions(cfg.max_seq_length, cfg.mlm_probability),
         total,
         warmup,
-        packed_cls=tok.token_to_id("[CLS]") if packed else None,
+        packed_cls=tok.token_to_id(tok.special_tokens["cls_token"]) if packed else None,
     )
     if cfg.metric_for_best_model or cfg.early_stopping_patience:
         from jaxbert.train.task_table import metric_name

@@ -123,7 +123,7 @@ def encode(tok, rows, columns, labels: Labels, max_len: int, **opts):
         except ValueError as e:  # "example i: ..." -> the row's file and line
             i = int(str(e).split(":")[0].split()[1])
             raise ValueError(f"{rows[i].where(question)}: {str(e).split(': ', 1)[1]}") from None
-        cls = tok.token_to_id("[CLS]")
+        cls = tok.token_to_id(tok.special_tokens["cls_token"])  # as the tokenizer's files name it
         targets = []
         for f, offs in enumerate(w.offsets):
             texts, starts = golds[w.example[f]]
