@@ -140,31 +140,6 @@ def _refuse_added_tokens(directory: str, config: dict, config_path: str, vocab: 
             )
 
 
-def _check_normalizer(path: str, tok: Tokenizer, config: dict, config_path: str, options: dict) -> Tokenizer:
-    """transformers' BertTokenizer (5.x, and 4.x's fast one) lower-cases, strips accents and splits Chinese
-    characters as tokenizer_config.json says, over tokenizer.json's BertNormalizer; jaxbert followed
-    tokenizer.json: 'Hi' was [UNK] (100) where transformers gave 'hi' (7632). Where they differ: refused."""
-    norm = tok.normalizer
-    if config.get("tokenizer_class") not in ("BertTokenizer", "BertTokenizerFast") or type(norm).__name__ != (
-        "BertNormalizer"
-    ):
-        return tok
-    names = dict(lowercase="do_lower_case", strip_accents="strip_accents")
-    names["handle_chinese_chars"] = "tokenize_chinese_chars"
-    ours = {key: getattr(norm, key) for key in names}
-    for key in ours:  # strip_accents None: as lowercase
-        theirs = options[key]
-        if key == "strip_accents":
-            ours[key] = norm.lowercase if ours[key] is None else ours[key]
-            theirs = options["lowercase"] if theirs is None else theirs
-        if ours[key] != theirs:
-            raise ValueError(
-                f"{path}: its normalizer's {key}={ours[key]} contradicts {config_path}'s {names[key]}={theirs} "
-                "(transformers follows the latter): make them agree"
-            )
-    return tok
-
-
 def _load(path: str, build):
     """Build a tokenizer from `path`; the tokenizers library raises many types for a corrupt file."""
     try:
@@ -202,18 +177,17 @@ class WordPiece:
         config, config_path = _read_config(directory)
         max_len, side = _max_length(config, config_path), _truncation_side(config, config_path)
         special = _special_tokens(directory, config, config_path)
+        path = existing_file(directory, "tokenizer.json")
+        if path:
+            return cls(_with_unknown(path, _load(path, lambda: Tokenizer.from_file(path))), max_len, side, special)
+        vocab = existing_file(directory, "vocab.txt")
+        if not vocab:
+            raise FileNotFoundError(f"{directory}: no tokenizer (looked for tokenizer.json, vocab.txt)")
         options = dict(
             lowercase=_setting(config, config_path, "do_lower_case", (bool,), True),
             strip_accents=_setting(config, config_path, "strip_accents", (bool, type(None)), None),
             handle_chinese_chars=_setting(config, config_path, "tokenize_chinese_chars", (bool,), True),
         )
-        path = existing_file(directory, "tokenizer.json")
-        if path:
-            tok = _with_unknown(path, _load(path, lambda: Tokenizer.from_file(path)))
-            return cls(_check_normalizer(path, tok, config, config_path, options), max_len, side, special)
-        vocab = existing_file(directory, "vocab.txt")
-        if not vocab:
-            raise FileNotFoundError(f"{directory}: no tokenizer (looked for tokenizer.json, vocab.txt)")
         never_split = _setting(config, config_path, "never_split", (list, type(None)), None) or []
         options.update(special)
         tok = _load(vocab, lambda: BertWordPieceTokenizer(vocab, clean_text=True, **options)._tokenizer)

@@ -262,25 +262,3 @@ def test_special_tokens_renamed_beside_a_vocabulary_are_used(tmp_path, name):
     ]
     assert (tok.mask_token, tok.mask_token_id) == ("<mask>", 5)
     assert tok.encode(["a <mask>"]).ids == [[2, 1037, 5, 3]]
-
-
-@pytest.mark.parametrize(
-    "setting, normalizer",
-    [({"do_lower_case": True}, {"lowercase": False}), ({"do_lower_case": False}, {}), ({}, {"lowercase": False})],
-)
-def test_a_normalizer_contradicting_tokenizer_config_is_refused(tmp_path, setting, normalizer):
-    """transformers 5's BertTokenizer lower-cases as tokenizer_config.json says, whatever tokenizer.json's
-    BertNormalizer does: jaxbert followed tokenizer.json and gave 'Hi' [101, 100, 102] where transformers gave
-    [101, 7632, 102] (cased tokenizer.json, do_lower_case true), without a word."""
-
-    def edit(text):
-        tokenizer = json.loads(text)
-        tokenizer["normalizer"].update(normalizer)
-        return json.dumps(tokenizer)
-
-    directory = _tokenizer_dir(tmp_path, "tokenizer.json", edit)
-    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "BertTokenizer", **setting}, f)
-    refused = r"tokenizer.json: its normalizer's lowercase=.* do_lower_case=.*make them agree$"
-    with pytest.raises(ValueError, match=refused):
-        WordPiece.from_dir(directory)
