@@ -18,6 +18,11 @@ from jaxbert.config import BertConfig
 from jaxbert.heads import HEADS, TABLE, resolve_head
 from jaxbert.params import param_spec
 
+# Components of BertForPreTraining that other heads do not use. bert-base-uncased and the other original
+# checkpoints hold them under an MLM tag: read beside the head (`ConversionReport.unused`), so that a conversion
+# can keep them and a classifier fine-tuned from its output starts from the pretrained pooler, as one fine-tuned
+# by transformers from the original does.
+_COMPONENTS = (("bert", "pooler"), ("cls", "seq_relationship"))
 # Buffers transformers keeps in some checkpoints; they hold no learned weights.
 _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 _BASE_PREFIXES = ("embeddings.", "encoder.", "pooler.")
@@ -34,6 +39,8 @@ class ConversionReport:
     ignored: dict[str, str] = dataclasses.field(default_factory=dict)  # key -> reason
     missing: list[str] = dataclasses.field(default_factory=list)  # torch names left for the caller to initialize
     absent: list[str] = dataclasses.field(default_factory=list)  # optional components the checkpoint lacks
+    # Flax path -> array: pre-training components the head does not use (`unused_components`), read and checked.
+    unused: dict[tuple[str, ...], np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def torch_name(path: tuple[str, ...]) -> str:
@@ -205,7 +212,32 @@ def torch_to_flax(
         sources[name] = key
         found[path] = value.T if path[-1] == "kernel" else value
     _check_tied_decoder(state_dict, found, sources, report)
+    report.unused = _unused_components(state_dict, config, head, report)
     return traverse_util.unflatten_dict(found), report
+
+
+def _unused_components(state_dict, config: BertConfig, head: str, report: ConversionReport) -> dict:
+    """Flax path -> array for each pre-training component (`_COMPONENTS`) that `head` does not use and the
+    checkpoint holds whole, with the config's shapes and finite values; anything less stays merely ignored."""
+    if head == "BertModel":  # its tree has no `bert` level for them to sit in
+        return {}
+    unused = f"not used by {head}"
+    sources = {canonical_key(k, head): k for k, why in sorted(report.ignored.items(), reverse=True) if why == unused}
+    own, found = expected_keys(config, head), {}
+    for prefix in _COMPONENTS:
+        part = {n: v for n, v in expected_keys(config, "BertForPreTraining").items() if v[0][:2] == prefix}
+        if not part or set(part) & set(own) or not set(part) <= set(sources):
+            continue
+        if any(tuple(np.shape(state_dict[sources[n]])) != tuple(shape) for n, (_, shape) in part.items()):
+            continue
+        values = {path: np.asarray(state_dict[sources[n]]) for n, (path, _) in part.items()}
+        try:
+            for n, (path, _) in part.items():
+                check_tensor(sources[n], values[path])
+        except ValueError:
+            continue
+        found.update({path: v.T if path[-1] == "kernel" else v for path, v in values.items()})
+    return found
 
 
 def _untied_decoder_bias(config: BertConfig, key: str, first: str, found: dict, path, value, report) -> str:
@@ -245,6 +277,7 @@ def flax_to_torch(
 ) -> dict[str, np.ndarray]:
     """The inverse: the Flax tree -> transformers' state dict keys (kernels transposed back, contiguous).
 
+    Pre-training components kept beside the head (the pooler of an MLM tree) are written too.
     With `include_tied`, the tied decoder weight and bias are written as well, as `model.state_dict()` has them.
     An untied decoder's bias is always written: transformers 5 ties it to cls.predictions.bias only along with
     the weight, and would otherwise initialize it afresh (zeros).
@@ -254,6 +287,9 @@ def flax_to_torch(
     flat = traverse_util.flatten_dict(params)
     if head == "BertModel" and "pooler" not in params:  # read from a pooler-less checkpoint
         expected = {k: v for k, v in expected.items() if not k.startswith("pooler.")}
+    if head != "BertModel":  # pre-training components kept beside the head (`_unused_components`)
+        pre = expected_keys(config, "BertForPreTraining").items()
+        expected |= {n: v for n, v in pre if v[0][:2] in _COMPONENTS and n not in expected and v[0] in flat}
     unknown = sorted(set(flat) - {path for path, _ in expected.values()})
     if unknown:
         raise ValueError(f"unknown parameter {'/'.join(unknown[0])!r} for {head}")

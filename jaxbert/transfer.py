@@ -14,6 +14,7 @@ import time
 import jax
 import ml_dtypes
 import numpy as np
+from flax import traverse_util
 
 from jaxbert import hub, seq2seq
 from jaxbert.checkpoint import (
@@ -25,7 +26,7 @@ from jaxbert.checkpoint import (
     write_msgpack,
 )
 from jaxbert.config import BertConfig
-from jaxbert.convert import cast_checked, flax_to_torch
+from jaxbert.convert import canonical_key, cast_checked, flax_to_torch, one_float_dtype
 from jaxbert.files import atomic_directory, check_disjoint, existing_file
 from jaxbert.heads import resolve_head
 from jaxbert.params import count_params
@@ -77,6 +78,12 @@ def _read(src: str, dtype: str | None):
     source_file = find_weights(src)
     params, report, head = load_head_params(src, config, head, given=None)
     params = params.pop()
+    if report.unused:  # kept: a conversion loses no weights (convert._COMPONENTS)
+        flat = {**traverse_util.flatten_dict(params), **report.unused}
+        params = one_float_dtype(traverse_util.unflatten_dict(flat))
+        for key in [k for k, why in report.ignored.items() if why == f"not used by {head}"]:
+            if canonical_key(key, head).startswith(tuple(".".join(p[:2]) + "." for p in report.unused)):
+                report.ignored[key] += "; kept in the output"
     if head != resolve_head(None, config):  # a sentence-transformers base model under another head's name
         config = config.replace(architectures=(head,))
     if dtype is not None:

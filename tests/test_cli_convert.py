@@ -6,12 +6,13 @@ import os
 import jax
 import numpy as np
 import pytest
-from conftest import assert_close, hf_model, padded_batch, state_dict, torch_run
+from conftest import SIZES, assert_close, hf_model, padded_batch, state_dict, torch_run
 from flax import serialization
 from safetensors.numpy import load_file, save_file
 
 import jaxbert
 from jaxbert.cli import main
+from jaxbert.train.task_init import task_params
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -160,6 +161,46 @@ def test_convert_export_round_trip_equals_original(tmp_path, capsys):
         assert np.array_equal(exported[key], original[key]), key
     feed = padded_batch(1)
     assert_close(torch_run(back.eval(), feed).prediction_logits.numpy(), torch_run(hf, feed).prediction_logits.numpy())
+
+
+def test_an_mlm_tagged_pretraining_checkpoint_keeps_its_pooler_and_nsp(tmp_path, capsys):
+    """bert-base-uncased's layout: BertForPreTraining's weights under architectures ["BertForMaskedLM"]. convert
+    dropped the pooler and the NSP classifier, so a classifier fine-tuned from the converted directory started
+    from a new pooler where transformers' from the original starts from the pretrained one."""
+    hf = hf_model("BertForPreTraining")
+    hf.save_pretrained(tmp_path / "src")
+    config = json.loads((tmp_path / "src" / "config.json").read_text())
+    (tmp_path / "src" / "config.json").write_text(json.dumps({**config, "architectures": ["BertForMaskedLM"]}))
+    rc, out, _ = cli(capsys, "convert", tmp_path / "src", tmp_path / "jax", "--dtype", "bfloat16")
+    assert rc == 0 and "head BertForMaskedLM" in out
+    assert "ignored bert.pooler.dense.weight: not used by BertForMaskedLM; kept in the output" in out
+    tree = serialization.msgpack_restore((tmp_path / "jax" / "flax_model.msgpack").read_bytes())
+    assert set(tree["cls"]) == {"predictions", "seq_relationship"} and "pooler" in tree["bert"]
+    assert {str(x.dtype) for x in jax.tree_util.tree_leaves(tree)} == {"bfloat16"}
+    # Read back as transformers reads the original: the MLM head by default, the pooler for a base model.
+    assert jaxbert.load(str(tmp_path / "jax")).head == "BertForMaskedLM"
+    base = jaxbert.load(str(tmp_path / "jax"), head="BertModel", dtype="float32")
+    expected = torch_run(
+        transformers.BertModel.from_pretrained(tmp_path / "src", attn_implementation="eager"), _feed("")
+    )
+    assert_close(base(**_feed(""))["pooler_output"], expected["pooler_output"].numpy(), atol=2e-2)
+    params, notes = task_params(
+        str(tmp_path / "jax"),
+        jaxbert.BertConfig.from_dict({**SIZES, "num_labels": 2}),
+        "BertForSequenceClassification",
+        seed=0,
+    )
+    assert not any("pooler" in note for note in notes)
+    assert np.array_equal(
+        np.asarray(params["bert"]["pooler"]["dense"]["bias"]),
+        np.asarray(tree["bert"]["pooler"]["dense"]["bias"], np.float32),
+    )
+    assert cli(capsys, "export", tmp_path / "jax", tmp_path / "pt")[0] == 0
+    exported = load_file(tmp_path / "pt" / "model.safetensors")
+    original = load_file(tmp_path / "src" / "model.safetensors")
+    assert set(exported) == set(original)
+    for key in ("bert.pooler.dense.weight", "cls.seq_relationship.weight", "cls.seq_relationship.bias"):
+        assert_close(exported[key], original[key], key, atol=1e-2)
 
 
 def test_export_of_relative_positions_says_transformers_5_reads_them_wrong(tmp_path, capsys):
