@@ -186,12 +186,11 @@ def _fill_mask(args) -> int:
 
 
 def _answer(args) -> int:
-    import json
-
     import jaxbert
+    from jaxbert.finetuned import json_line
 
     answers = jaxbert.load(args.dir, dtype=args.dtype).answer(args.question, args.context, top_k=args.top_k)
-    print(json.dumps(answers, ensure_ascii=False))
+    print(json_line(answers))
     return 0
 
 

@@ -103,6 +103,12 @@ def _check_vocabulary(data, vocab_size: int, path: str) -> None:
         )
 
 
+def json_line(value) -> str:
+    """`value` as one line of JSON, text kept readable (not \\u-escaped) except the line and paragraph separators
+    U+2028 / U+2029: JSON allows them raw, but Python's `str.splitlines` and many readers of lines split there."""
+    return json.dumps(value, ensure_ascii=False).replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
 def predict(
     directory: str,
     input_path: str,
@@ -141,6 +147,8 @@ def predict(
         texts, pairs = _inputs(input_path, text_column or "text", pair_column)
         results = bert.classify(texts, pairs, batch_size=batch_size, max_length=length)
     elif bert.head == "BertForTokenClassification":
+        if pair_column is not None:  # a tagger reads one text: the pairs would go unread
+            raise ValueError(f"--text-pair-column {pair_column}: a token classification model tags single texts")
         texts = _inputs(input_path, text_column or "text", None)[0]
         results = [{"words": words} for words in bert.tag(texts, batch_size=batch_size, max_length=length)]
     elif bert.head == "BertForMultipleChoice":
@@ -156,7 +164,7 @@ def predict(
         )
     with atomic_file(output, ".jsonl") as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in results)
+            f.writelines(json_line(r) + "\n" for r in results)
     return len(results)
 
 

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import model_dir
+from conftest import cli_fails, model_dir
 
 from jaxbert.cli import main
 
@@ -82,3 +82,28 @@ def test_evaluate_counts_the_words_it_does_not_score(tmp_path, capsys):
         assert json.loads(metrics.read_text())["words_not_scored"] == unscored
         assert f"words_not_scored {unscored}\n" in capsys.readouterr().out
         metrics.unlink()
+
+
+def test_predict_lines_stay_one_per_input_and_a_tagger_refuses_pairs(tmp_path, capsys):
+    """predict wrote label names holding U+2028 / U+2029 raw: valid JSON, but `str.splitlines` (and many line
+    readers) split there, so 2 inputs read back as 4 lines. And a tagger given --text-pair-column tagged the first
+    column alone, without a word."""
+    names = {"0": "line\u2028break", "1": "para\u2029graph"}
+    directory = model_dir(
+        tmp_path / "cls",
+        "BertForSequenceClassification",
+        num_labels=2,
+        id2label=names,
+        label2id={v: int(k) for k, v in names.items()},
+    )
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "other": t}) + "\n" for t in ("a day", "the night")))
+    out = tmp_path / "p.jsonl"
+    assert main(["predict", directory, "--input", str(data), "--output", str(out)]) == 0
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 2 and {json.loads(line)["label"] for line in lines} <= set(names.values())
+    tagger = model_dir(tmp_path / "tag", "BertForTokenClassification", num_labels=3)
+    args = ["predict", tagger, "--input", data, "--output", tmp_path / "t.jsonl", "--text-pair-column", "other"]
+    capsys.readouterr()
+    cli_fails(capsys, tmp_path, *args, match="--text-pair-column other: a token classification model tags single")
+    assert not (tmp_path / "t.jsonl").exists()
