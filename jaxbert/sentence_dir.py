@@ -166,12 +166,17 @@ def read(directory: str) -> SentenceDefaults | None:
     if modules_path is None:
         return None
     pooling, normalize, unsupported = None, False, None
-    modules = [_module_type(modules_path, module) for module in read_json(modules_path, list)]
+    listed = read_json(modules_path, list)
+    modules = [_module_type(modules_path, module) for module in listed]
+    names = [str(module.get("name")) for module in listed]
+    twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
     for _, sub in modules:  # sentence-transformers refuses the directory if any module's path leaves it
         if sub not in ("", "."):
             checkpoint_file(directory, sub)
     if not modules or modules[0] not in (("Transformer", ""), ("Transformer", ".")):
         unsupported = f"{modules_path}: the first module is not the Transformer at the directory's root"
+    if twice is not None:  # sentence-transformers keys the modules by name: the last one listed replaces the first
+        unsupported = f"{modules_path}: two modules are named {twice!r}"
     for kind, sub in modules[1:]:
         if kind == "Pooling" and pooling is None:
             pooling, why = _pooling(directory, modules_path, sub)

@@ -136,7 +136,7 @@ def test_a_pipeline_jaxbert_cannot_run_is_refused_not_imitated(tmp_path):
 
 def _modules(directory, entries) -> None:
     with open(os.path.join(directory, "modules.json"), "w") as f:
-        json.dump([{"idx": i, "name": str(i), **e} for i, e in enumerate(entries)], f)
+        json.dump([{"idx": i, "name": str(i), **e} for i, e in enumerate(entries)], f)  # an entry's own name wins
 
 
 _T = {"path": "", "type": "sentence_transformers.models.Transformer"}
@@ -151,6 +151,8 @@ _N = {"path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
         ([_P, _N], r"modules.json: the first module is not the Transformer at the directory's root"),
         ([_T, _P, {**_N, "type": "mypkg.Normalize"}], r"module mypkg.Normalize at '2_Normalize' is not run by jaxbert"),
         ([_T, {**_P, "type": "mypkg.models.Pooling"}], r"module mypkg.models.Pooling at '1_Pooling' is not run"),
+        # sentence-transformers keys modules by name: Normalize replaces Pooling, a pipeline without pooling
+        ([_T, _P, {**_N, "name": "1"}], r"modules.json: two modules are named '1'"),
     ],
 )
 def test_pipelines_sentence_transformers_would_not_run_as_listed_are_refused(tmp_path, entries, match):
