@@ -101,6 +101,8 @@ def _predict(args) -> int:
         text_column=args.text_column,
         pair_column=args.text_pair_column,
         max_length=args.max_seq_length,
+        version_2_with_negative=args.version_2_with_negative,
+        null_score_diff_threshold=args.null_score_diff_threshold,
     )
     print(f"predicted {n} inputs -> {args.output}")
     return 0
@@ -119,11 +121,24 @@ def _evaluate(args) -> int:
         label_column=args.label_column,
         batch_size=args.batch_size,
         max_length=args.max_seq_length,
+        version_2_with_negative=args.version_2_with_negative,
+        null_score_diff_threshold=args.null_score_diff_threshold,
     )
     for name, value in result.items():
         print(f"  {name:<12} {value}" if isinstance(value, int) else f"  {name:<12} {value:.4f}")
     print(f"wrote {args.output}")
     return 0
+
+
+def _add_qa_flags(parser) -> None:
+    qa = parser.add_argument_group("question answering (default: as the model was trained here, else run_qa's)")
+    qa.add_argument(
+        "--version-2-with-negative",
+        action="store_true",
+        default=None,
+        help="SQuAD 2.0: a question may have no answer (the null answer when it beats the best span)",
+    )
+    qa.add_argument("--null-score-diff-threshold", type=float, default=None, help="null answer above this margin")
 
 
 def add_parsers(sub) -> None:
@@ -148,6 +163,7 @@ def add_parsers(sub) -> None:
     predict.add_argument(
         "--max-seq-length", type=int, default=None, help="tokens a text is read at (default: as trained, as evaluate)"
     )
+    _add_qa_flags(predict)
     predict.set_defaults(func=_predict)
     evaluate = sub.add_parser("evaluate", help="a fine-tuned model's validation metrics on a labelled file")
     evaluate.add_argument("dir")
@@ -169,4 +185,5 @@ def add_parsers(sub) -> None:
     evaluate.add_argument("--label-column", default=None)
     evaluate.add_argument("--batch-size", type=int, default=32)
     evaluate.add_argument("--max-seq-length", type=int, default=None)
+    _add_qa_flags(evaluate)
     evaluate.set_defaults(func=_evaluate)

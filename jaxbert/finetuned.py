@@ -65,10 +65,31 @@ def _choose(bert, path: str, context: str, options: str, batch_size: int, max_le
     return out
 
 
-def _answers(bert, path: str, question: str, context: str, batch_size: int, length: int | None) -> list[dict]:
+def qa_options(config, task: str, version_2_with_negative=None, null_score_diff_threshold=None) -> dict | None:
+    """The question-answering options a model is read with: the ones it was trained with (config.json's
+    question_answering block, task_qa.QARun.final_config), each one given here replacing its own; None for a model
+    not fine-tuned here when none is given. A model from elsewhere (a SQuAD 2.0 one from the hub, say) gets its
+    null answers from `version_2_with_negative`, as run_qa's flag gives them."""
+    import math
+
+    given = {"version_2_with_negative": version_2_with_negative, "null_score_diff_threshold": null_score_diff_threshold}
+    given = {k: v for k, v in given.items() if v is not None}
+    if given and task != "question-answering":
+        raise ValueError(f"--{next(iter(given)).replace('_', '-')}: only for question answering, not {task}")
+    threshold = given.get("null_score_diff_threshold", 0.0)
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+        raise ValueError(f"--null-score-diff-threshold {threshold}: must be a finite number")
+    trained = config.extra.get("question_answering")
+    if not isinstance(trained, dict) and not given:
+        return None
+    return {**(trained if isinstance(trained, dict) else {}), **given}
+
+
+def _answers(bert, path: str, question: str, context: str, batch_size: int, length: int | None, trained) -> list:
     """A model fine-tuned here answers as its validation scored it (its windows, answer length and SQuAD v2 null
-    answers, kept in its config: qa.trained_answers), so `predict` and `evaluate` agree; others as transformers'
-    question-answering pipeline with its defaults (Bert.answer)."""
+    answers, kept in its config: qa.trained_answers), so `predict` and `evaluate` agree, and so does one given
+    `trained` options (qa_options); others as transformers' question-answering pipeline with its defaults
+    (Bert.answer)."""
     from jaxbert import qa
     from jaxbert.train.task_data import read_rows
 
@@ -78,12 +99,13 @@ def _answers(bert, path: str, question: str, context: str, batch_size: int, leng
         for column, text in zip((question, context), pair):
             if not text.strip():
                 raise ValueError(f"{row.where(column)}: empty text; each row needs a question and a context")
-    trained = bert.config.extra.get("question_answering")
-    if isinstance(trained, dict):
-        if length is not None:  # as evaluate: the trained stride where it fits, else the pipeline's
-            trained = {**trained, "max_seq_length": length}
-            if trained.get("doc_stride", length) >= length:
-                trained["doc_stride"] = qa.default_stride(length)
+    if trained is not None:  # as evaluate: the trained stride where it fits, else the pipeline's
+        saved = trained.get("max_seq_length", 384)  # run_qa's default, as qa._trained_options
+        window = min(length or positive_int("config.json question_answering.max_seq_length", saved),
+                     bert.max_length(None))  # fmt: skip
+        trained = {**trained, "max_seq_length": window}
+        if trained.get("doc_stride", window) >= window:
+            trained["doc_stride"] = qa.default_stride(window)
         return qa.trained_answers(bert, *map(list, zip(*pairs)), trained, batch_size)
     return [bert.answer(q, c, batch_size=batch_size, max_seq_len=length)[0] for q, c in pairs]
 
@@ -117,6 +139,8 @@ def predict(
     text_column: str | None = None,
     pair_column: str | None = None,
     max_length: int | None = None,
+    version_2_with_negative: bool | None = None,
+    null_score_diff_threshold: float | None = None,
 ) -> int:
     """Predictions of the model in `directory` for every input, written to `output` (.jsonl) atomically:
     classify's dicts (sequence classification), {"words": tag's list} (token classification), {label, scores}
@@ -124,7 +148,8 @@ def predict(
 
     Texts are read at `max_length` tokens (tag's windows; classify and multiple choice cut longer ones), by default
     the length the model was trained with, else the model's, as `evaluate` reads them: the predictions are the
-    ones it scores."""
+    ones it scores. A question-answering model's `version_2_with_negative` and `null_score_diff_threshold` (None:
+    as trained) replace its trained options, as in `evaluate` (qa_options)."""
     import jaxbert
     from jaxbert.train.task_table import trained_length
 
@@ -133,6 +158,8 @@ def predict(
     check_output_file(output)  # before any work
     check_not_read(output, [input_path, *model_files(directory)])
     bert = jaxbert.load(directory)
+    task = "question-answering" if bert.head == "BertForQuestionAnswering" else bert.head
+    trained_qa = qa_options(bert.config, task, version_2_with_negative, null_score_diff_threshold)
     if max_length is not None:
         positive_int("--max-seq-length", max_length, bert.config.max_position_embeddings)
     trained = trained_length(bert.config)
@@ -155,7 +182,7 @@ def predict(
         results = _choose(bert, input_path, text_column or "context", pair_column or "choices", batch_size, length)
     elif bert.head == "BertForQuestionAnswering":  # the best answer of each (question, context) row
         results = _answers(
-            bert, input_path, text_column or "question", pair_column or "context", batch_size, max_length
+            bert, input_path, text_column or "question", pair_column or "context", batch_size, max_length, trained_qa
         )
     else:
         raise ValueError(
@@ -179,11 +206,14 @@ def evaluate(
     label_column=None,
     batch_size: int = 32,
     max_length: int | None = None,
+    version_2_with_negative: bool | None = None,
+    null_score_diff_threshold: float | None = None,
 ) -> dict:
     """The task's metrics of the model in `directory` on the labelled file `path` (labels named through the
     model's label2id) at `max_length` tokens (default: the length it was trained with, else the model's), written
     to `output` (.json) atomically and returned. Token classification also counts the words beyond that length,
-    which are not scored (words_not_scored)."""
+    which are not scored (words_not_scored). Question answering reads with the options it was trained with, or
+    with `version_2_with_negative` and `null_score_diff_threshold` where given (qa_options)."""
     from types import SimpleNamespace
 
     from jaxbert import qa
@@ -204,6 +234,7 @@ def evaluate(
     check_not_read(output, [path, *model_files(directory)])
     task = TASKS[task_name]
     config = load_config(directory)
+    trained_qa = qa_options(config, task_name, version_2_with_negative, null_score_diff_threshold)
     head = resolve_head(None, config)
     if head != task.head:
         raise ValueError(f"{directory}: a {head} checkpoint; --task {task_name} needs a {task.head}")
@@ -230,7 +261,7 @@ def evaluate(
         tok = tok.lowercased() if lower else tok
     opts = {}
     if task_name == "question-answering":  # the options it was trained with (task_qa.QARun.final_config)
-        opts = dict(config.extra.get("question_answering") or {})
+        opts = dict(trained_qa or {})
         trained = opts.pop("max_seq_length", 384)
         limit = min(max_length or trained, limit)
         # A model not fine-tuned here (or a --max-seq-length below the trained stride): the QA pipeline's default

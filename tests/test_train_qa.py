@@ -253,6 +253,54 @@ def test_evaluate_a_short_model_not_fine_tuned_here(tmp_path):
     assert json.loads(out.read_text())["examples"] == len(answered)
 
 
+def test_a_squad_2_model_not_fine_tuned_here_is_read_with_null_answers(tmp_path, capsys):
+    """A SQuAD 2.0 model from elsewhere (its config.json keeps no trained options): evaluate refused v2 data, a flag
+    it lacked, and predict never abstained. --version-2-with-negative and --null-score-diff-threshold now set
+    them, as run_qa's flags do: at a threshold every null answer beats, every question is answered ""."""
+    model = model_dir(
+        tmp_path / "qa", "BertForQuestionAnswering", num_labels=2, max_position_embeddings=64, num_hidden_layers=2
+    )
+    records = _records()
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    args = ["--task", "question-answering", "--file", data, "--output", tmp_path / "eval.json"]
+    capsys.readouterr()
+    cli_fails(capsys, tmp_path, "evaluate", model, *args, match="no answer; unanswerable questions need --version-2")
+    v2 = ["--version-2-with-negative", "--null-score-diff-threshold=-1e9"]
+    assert main(["evaluate", model, *map(str, args), *v2]) == 0
+    unanswerable = 100 * sum(not r["answers"]["text"] for r in records) / len(records)
+    scores = json.loads((tmp_path / "eval.json").read_text())
+    assert scores["exact_match"] == pytest.approx(unanswerable) and scores["f1"] == pytest.approx(unanswerable)
+    out = tmp_path / "p.jsonl"
+    for flags, abstains in (([], False), (v2, True)):
+        assert main(["predict", model, "--input", str(data), "--output", str(out), *flags]) == 0
+        answers = [json.loads(line)["answer"] for line in out.read_text().splitlines()]
+        assert len(answers) == len(records) and all(a == "" for a in answers) == abstains, flags
+        out.unlink()
+    args = ["--task", "sequence-classification", "--file", data, "--output", tmp_path / "m.json"]
+    cli_fails(
+        capsys,
+        tmp_path,
+        "evaluate",
+        model,
+        *args,
+        "--version-2-with-negative",
+        match="--version-2-with-negative: only for question answering, not sequence-classification",
+    )
+    cli_fails(
+        capsys,
+        tmp_path,
+        "evaluate",
+        model,
+        *args[:1],
+        "question-answering",
+        *args[2:],
+        "--null-score-diff-threshold",
+        "nan",
+        match="--null-score-diff-threshold nan: must be a finite number",
+    )
+
+
 def test_a_base_model_with_other_num_labels_gets_a_span_head(tmp_path, capsys):
     """A base model whose config keeps another head's num_labels (a 3-label NLI model's encoder): the new span
     head has two outputs. It had three, and the run failed at its first evaluation ('needs num_labels=2'), after
