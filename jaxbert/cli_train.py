@@ -4,6 +4,7 @@ fields, so the two never drift apart."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import sys
 
@@ -57,11 +58,23 @@ def _add_config_flags(parser, skip: tuple[str, ...] = ()) -> None:
             )
         elif field.name == "pooling":
             parser.add_argument(
-                flag, choices=("cls", "mean", "max"), default="mean", help="--task embedding: the embedding's pooling"
+                flag,
+                choices=("cls", "mean", "max"),
+                default=None,
+                help="--task embedding: the embedding's pooling (default: the model's sentence-transformers "
+                "pipeline's, else mean)",
             )
-        elif field.name in ("normalize", "symmetric"):
-            what = {"normalize": "unit-length embeddings", "symmetric": "also positives -> anchors in the loss"}
-            parser.add_argument(flag, action="store_true", help=f"--task embedding: {what[field.name]}")
+        elif field.name == "normalize":
+            parser.add_argument(
+                flag,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help="--task embedding: unit-length embeddings (default: as the model's sentence-transformers "
+                "pipeline, else not)",
+            )
+        elif field.name == "symmetric":
+            what = "--task embedding: also positives -> anchors in the loss"
+            parser.add_argument(flag, action="store_true", help=what)
         elif field.type == "bool":
             parser.add_argument(flag, action="store_true")
         elif field.default is dataclasses.MISSING:

@@ -30,7 +30,9 @@ def _json(path: str, value) -> None:
         f.write("\n")
 
 
-def write_sentence_files(directory: str, hidden: int, pooling: str, normalize: bool, max_seq_length: int) -> None:
+def write_sentence_files(
+    directory: str, hidden: int, pooling: str, normalize: bool, max_seq_length: int, lower_case: bool = False
+) -> None:
     """The pipeline files of a sentence-transformers directory (the model and tokenizer are written apart)."""
     if pooling not in MODES:
         raise ValueError(f"pooling {pooling!r}: expected one of {', '.join(MODES)}")
@@ -47,7 +49,8 @@ def write_sentence_files(directory: str, hidden: int, pooling: str, normalize: b
     pool.update(pooling_mode_lasttoken=False, include_prompt=True)
     _json(os.path.join(directory, "1_Pooling", "config.json"), pool)
     _json(
-        os.path.join(directory, "sentence_bert_config.json"), {"max_seq_length": max_seq_length, "do_lower_case": False}
+        os.path.join(directory, "sentence_bert_config.json"),
+        {"max_seq_length": max_seq_length, "do_lower_case": lower_case},
     )
 
 
@@ -66,7 +69,15 @@ def _drop_sentence_files(directory: str) -> None:
 
 
 def write_sentence_model(
-    params, config: BertConfig, dst: str, *, pooling: str, normalize: bool, max_seq_length: int, tokenizer_from: str
+    params,
+    config: BertConfig,
+    dst: str,
+    *,
+    pooling: str,
+    normalize: bool,
+    max_seq_length: int,
+    tokenizer_from: str,
+    lower_case: bool = False,
 ) -> None:
     """A complete sentence-transformers directory of the base-model `params`, written atomically (a failure
     leaves no `dst`; an existing one is replaced)."""
@@ -90,4 +101,4 @@ def write_sentence_model(
         )
         copy_companion_files(tokenizer_from, tmp)
         _drop_sentence_files(tmp)
-        write_sentence_files(tmp, config.hidden_size, pooling, normalize, max_seq_length)
+        write_sentence_files(tmp, config.hidden_size, pooling, normalize, max_seq_length, lower_case)

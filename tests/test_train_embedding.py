@@ -351,3 +351,54 @@ def test_a_source_whose_modules_json_leaves_it_fails_before_training(tmp_path, c
     line = cli_fails(capsys, tmp_path, *args, match="/../outside")
     assert line.endswith("names a file outside the checkpoint directory"), line
     assert not (out / "checkpoints").exists() and not (out / "final").exists()
+
+
+def test_a_sentence_transformers_model_is_trained_in_its_own_pipeline(tiny, tmp_path):
+    """Fine-tuned without pipeline flags, a CLS-pooled, normalized sentence-transformers model of 20 tokens that
+    lower-cases texts (bge's kind, over a cased tokenizer) was trained mean-pooled at 128 tokens on cased text, and
+    written so: another model than the one given, without a word. Each part left open now comes from the model's
+    pipeline, as sentence-transformers fine-tunes it: the run's evaluation before its first step equals `evaluate`
+    of the source, and OUT/final keeps the pipeline."""
+    source, bert = tiny
+    model = tmp_path / "st"
+    write_sentence_model(bert.params, bert.config, str(model), pooling="cls", normalize=True, max_seq_length=20,
+                         tokenizer_from=source, lower_case=True)  # fmt: skip
+    spec = json.load(open(model / "tokenizer.json"))
+    spec["normalizer"]["lowercase"] = False
+    json.dump(spec, open(model / "tokenizer.json", "w"))
+    rng = np.random.default_rng(5)
+    text = lambda: " ".join(w.upper() if rng.random() < 0.5 else w for w in rng.choice(WORDS, 30))  # noqa: E731
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"anchor": text(), "positive": text()}) + "\n" for _ in range(8)))
+    metrics = str(tmp_path / "m.json")
+    assert main(["evaluate", str(model), "--task", "embedding", "--file", str(data), "--output", metrics]) == 0
+    out = tmp_path / "out"
+    args = ["--validation-file", data, "--global-batch-size", 4, "--max-steps", 1, "--eval-steps", 1]
+    assert main(train_args("embedding", model, data, out, *args)) == 0
+    first = next(r for r in _log(out) if "eval_loss" in r)
+    assert first["step"] == 0 and abs(first["eval_loss"] - json.load(open(metrics))["loss"]) <= 1e-5
+    final = out / "final"
+    assert json.load(open(final / "1_Pooling" / "config.json"))["pooling_mode_cls_token"] is True
+    assert (final / "2_Normalize").is_dir()
+    assert json.load(open(final / "sentence_bert_config.json")) == {"max_seq_length": 20, "do_lower_case": True}
+
+
+def test_pipeline_flags_replace_the_models_and_an_unrunnable_one_needs_pooling(tiny, tmp_path):
+    from jaxbert.train.config import TrainConfig
+    from jaxbert.train.task_embedding import with_pipeline
+
+    source, bert = tiny
+    model = str(tmp_path / "st")
+    write_sentence_model(bert.params, bert.config, model, pooling="max", normalize=True, max_seq_length=20,
+                         tokenizer_from=source)  # fmt: skip
+    cfg = lambda **kw: TrainConfig(task="embedding", train_file="x", output_dir="o", **kw)  # noqa: E731
+    got = lambda c: (c.pooling, c.normalize, c.max_seq_length)  # noqa: E731
+    assert got(with_pipeline(cfg(model=model))) == ("max", True, 20)
+    assert got(with_pipeline(cfg(model=model, pooling="cls", normalize=False, max_seq_length=16))) == ("cls", False, 16)
+    assert got(with_pipeline(cfg(model=source))) == ("mean", False, 128)  # a plain model: jaxbert's defaults
+    modules = json.load(open(os.path.join(model, "modules.json")))
+    modules.append({"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"})
+    json.dump(modules, open(os.path.join(model, "modules.json"), "w"))
+    with pytest.raises(ValueError, match=r"module Dense at '3_Dense' is not run by jaxbert; pass --pooling to train"):
+        with_pipeline(cfg(model=model))
+    assert got(with_pipeline(cfg(model=model, pooling="mean"))) == ("mean", True, 20)

@@ -64,8 +64,10 @@ class TrainConfig:
     metric_for_best_model: str | None = None
     early_stopping_patience: int | None = None
     pack: bool = True  # line-by-line MLM, sequence / token classification: examples share rows (--no-pack)
-    pooling: str = "mean"
-    normalize: bool = False
+    # --task embedding's pipeline; None: the model's sentence-transformers one, else mean, not normalized
+    # (task_embedding.with_pipeline, which also takes max_seq_length from there)
+    pooling: str | None = None
+    normalize: bool | None = None
     symmetric: bool = False
     doc_stride: int | None = None  # 128, or half of a shorter --max-seq-length (the QA pipeline's rule)
     n_best_size: int = 20
@@ -76,7 +78,7 @@ class TrainConfig:
     def __post_init__(self):
         for field in dataclasses.fields(self):
             object.__setattr__(self, field.name, _check_type(field.name, str(field.type), getattr(self, field.name)))
-        if self.max_seq_length is None:
+        if self.max_seq_length is None and self.task != "embedding":
             object.__setattr__(self, "max_seq_length", 384 if self.task == "question-answering" else 128)
         if self.doc_stride is None and self.task == "question-answering":
             object.__setattr__(self, "doc_stride", min(128, self.max_seq_length // 2))

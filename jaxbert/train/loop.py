@@ -154,9 +154,10 @@ def train_mlm(cfg: TrainConfig) -> dict:
 def _train(cfg: TrainConfig) -> dict:
     distributed.barrier("jaxbert-lock")  # the others start once process 0 owns OUT (if it cannot, none go on)
     if cfg.task == "embedding":
-        from jaxbert.train.task_embedding import prepare as embedding_prepare
+        from jaxbert.train import task_embedding
 
-        run = embedding_prepare(cfg)
+        cfg = task_embedding.with_pipeline(cfg)  # before anything reads the pipeline or the length
+        run = task_embedding.prepare(cfg)
     elif cfg.task == "question-answering":
         from jaxbert.train.task_qa import prepare as qa_prepare
 

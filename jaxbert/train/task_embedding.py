@@ -184,7 +184,36 @@ class EmbeddingRun(task_plan.TaskRun):
             normalize=self.cfg.normalize,
             max_seq_length=self.cfg.max_seq_length,
             tokenizer_from=self.cfg.model,
+            lower_case=task_plan.embedding_lower_case(self.cfg.model),
         )
+
+
+def with_pipeline(cfg):
+    """`cfg` with each part of the embedding pipeline it leaves open (None) taken from the model's
+    sentence-transformers directory, as sentence-transformers fine-tunes a model in its own pipeline: its pooling,
+    normalization and max_seq_length (capped at the positions); from a plain model: mean pooling, not normalized,
+    128 tokens. The default was that whatever the model: a CLS-pooled model (bge's kind) was trained and written
+    mean-pooled without a word. A pipeline jaxbert cannot train (another pooling, a Dense module, ...) is refused
+    unless --pooling says what to train instead."""
+    from jaxbert.sentence_dir import read
+
+    found = read(cfg.model)
+    pooling = cfg.pooling
+    if pooling is None and found is not None:
+        if found.unsupported:
+            raise ValueError(f"{found.unsupported}; pass --pooling to train jaxbert's own pipeline instead")
+        if len(found.pooling) != 1 or found.pooling[0] not in ("cls", "mean", "max"):
+            raise ValueError(
+                f"{cfg.model}: pooling {'+'.join(found.pooling)}; --task embedding trains cls, mean or max: pass "
+                "--pooling"
+            )
+        pooling = found.pooling[0]
+    return dataclasses.replace(
+        cfg,
+        pooling=pooling or "mean",
+        normalize=bool(found and found.normalize) if cfg.normalize is None else cfg.normalize,
+        max_seq_length=cfg.max_seq_length or (found and found.max_seq_length) or 128,
+    )
 
 
 def prepare(cfg) -> EmbeddingRun:

@@ -164,6 +164,14 @@ def task_labels(task: Task, rows, cols, problem_type, fixed) -> tuple[Labels, st
 PACKED_TASKS = ("sequence-classification", "token-classification")  # --pack: examples share rows
 
 
+def embedding_lower_case(directory: str) -> bool:
+    """Whether a sentence-transformers directory lower-cases texts (sentence_bert_config.json's do_lower_case)."""
+    from jaxbert.sentence_dir import read
+
+    found = read(directory)
+    return bool(found and found.lower_case)
+
+
 def prepare(cfg: TrainConfig) -> TaskRun:
     """Everything that can be wrong with the inputs is found here, before any compilation."""
     from jaxbert.sentence_dir import companion_files
@@ -197,6 +205,8 @@ def prepare(cfg: TrainConfig) -> TaskRun:
     tok = WordPiece.from_dir(cfg.model)
     companion_files(cfg.model)  # what the written model copies: a path leaving the source fails now, not at the end
     key = [D.tokenizer_key(cfg.model), task.name, cfg.max_seq_length, labels.names, labels.problem_type]
+    if task.name == "embedding" and embedding_lower_case(cfg.model):  # as sentence-transformers trains it
+        tok, key = tok.lowercased(), [*key, "lower-cased"]
 
     opts = task.options(cfg)
     pending = [task.encode(tok, rows, cols, labels, cfg.max_seq_length, **opts) for rows in (train_rows, val_rows)]
