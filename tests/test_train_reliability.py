@@ -328,6 +328,10 @@ def test_resume_refuses_other_data_or_optimizer_settings(tiny, trained, tmp_path
     i, j = words.index("the"), words.index("of")
     words[i], words[j] = words[j], words[i]
     (swapped / "vocab.txt").write_text("\n".join(words), encoding="utf-8")
+    # special_tokens_map.json naming another mask token: the same vocabulary, other ids put in place of masked words
+    renamed = shutil.copytree(tiny, tmp_path / "renamed")
+    special = json.load(open(renamed / "special_tokens_map.json", encoding="utf-8"))
+    json.dump({**special, "mask_token": "[unused0]"}, open(renamed / "special_tokens_map.json", "w", encoding="utf-8"))
     for model, extra, field in (
         (tiny, ("--train-file", edited), "train_file_sha256="),
         (tiny, ("--weight-decay", "0.5"), "weight_decay=0.0"),
@@ -335,6 +339,7 @@ def test_resume_refuses_other_data_or_optimizer_settings(tiny, trained, tmp_path
         (tiny, ("--max-grad-norm", "2.0"), "max_grad_norm=1.0"),
         (tiny, ("--max-predictions-per-seq", "3"), "max_predictions_per_seq=None"),  # other masked positions
         (swapped, (), "tokenizer_sha256="),
+        (renamed, (), "special_tokens_sha256="),
     ):
         capsys.readouterr()
         assert main(_args(model, out, *STEPS, *extra, "--resume", "auto")) == 1

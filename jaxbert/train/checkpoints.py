@@ -192,6 +192,7 @@ LATER_KEYS = (
     "max_predictions_per_seq",
     "validation_file_sha256",
     "tokenizer_sha256",
+    "special_tokens_sha256",
     *OPTIMIZER_KEYS,
 )
 

@@ -72,11 +72,18 @@ def segments(ids: np.ndarray, cls_id: int, pad_id: int) -> tuple[np.ndarray, np.
     return seg.astype(np.int32), (col - first).astype(np.int32)
 
 
-def tokenizer_key(directory: str) -> str:
-    """A hash of the tokenizer files, part of the cache key. They are read through files.existing_file, so a
-    symlink leading out of the model directory is refused as the tokenizer itself would refuse it."""
+# The files the tokenizer reads: those of the first key, then the special and added tokens' (read since; kept apart so
+# that checkpoints' tokenizer_sha256 of the first three stays comparable).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
+SPECIAL_TOKEN_FILES = ("special_tokens_map.json", "added_tokens.json")
+
+
+def tokenizer_key(directory: str, names: tuple[str, ...] = TOKENIZER_FILES + SPECIAL_TOKEN_FILES) -> str:
+    """A hash of the tokenizer files `names`, part of the cache key and of a checkpoint's meta. They are read
+    through files.existing_file, so a symlink leading out of the model directory is refused as the tokenizer
+    itself would refuse it."""
     h = hashlib.sha256()
-    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
+    for name in names:
         path = existing_file(directory, name)
         if path is not None:
             with open(path, "rb") as f:

@@ -111,7 +111,9 @@ def _meta(run, step: int) -> dict:
         "validation_split_percentage": None if run.cfg.validation_file else run.cfg.validation_split_percentage,
         # best/ and early stopping compare evaluations across the run: on another validation set they would mix two.
         "validation_file_sha256": run.cfg.validation_file and checkpoints.file_sha256(run.cfg.validation_file),
-        "tokenizer_sha256": D.tokenizer_key(run.cfg.model),  # the same files, another vocabulary: other token ids
+        "tokenizer_sha256": D.tokenizer_key(run.cfg.model, D.TOKENIZER_FILES),  # another vocabulary: other ids
+        # special_tokens_map.json renames [CLS] & co. (other ids for the same text), added_tokens.json adds tokens
+        "special_tokens_sha256": D.tokenizer_key(run.cfg.model, D.SPECIAL_TOKEN_FILES),
         "global_batch_size": run.train.batch_size,
         "model_config": checkpoints.model_fields(run.config),
         "clip_gradients": run.cfg.max_grad_norm > 0,  # shapes the optimizer state (--max-grad-norm 0: none)
