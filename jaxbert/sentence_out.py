@@ -54,6 +54,18 @@ def write_sentence_files(
     )
 
 
+def _kept_settings(directory: str) -> dict:
+    """What of a source's config_sentence_transformers.json holds for a model trained from it: the similarity
+    function (`SentenceTransformer.similarity`; "dot" for a model trained for dot products) and the named prompts,
+    which sentence-transformers applies only when asked for by name. A default prompt or truncate_dim would change
+    every vector, and jaxbert trains without them (sentence_dir refuses them unless --pooling is given)."""
+    from jaxbert.files import existing_file, read_json
+
+    path = existing_file(directory, "config_sentence_transformers.json")
+    found = read_json(path) if path else {}
+    return {k: found[k] for k in ("similarity_fn_name", "prompts") if found.get(k) is not None}
+
+
 def _drop_sentence_files(directory: str) -> None:
     """The source model's own pipeline files (copied with its tokenizer) would describe another pipeline."""
     from jaxbert.sentence_dir import companion_files
@@ -100,5 +112,8 @@ def write_sentence_model(
             metadata={"format": "pt"},
         )
         copy_companion_files(tokenizer_from, tmp)
+        kept = _kept_settings(tmp)
         _drop_sentence_files(tmp)
         write_sentence_files(tmp, config.hidden_size, pooling, normalize, max_seq_length, lower_case)
+        if kept:
+            _json(os.path.join(tmp, "config_sentence_transformers.json"), kept)

@@ -366,6 +366,8 @@ def test_a_sentence_transformers_model_is_trained_in_its_own_pipeline(tiny, tmp_
     spec = json.load(open(model / "tokenizer.json"))
     spec["normalizer"]["lowercase"] = False
     json.dump(spec, open(model / "tokenizer.json", "w"))
+    settings = {"prompts": {"query": "query: "}, "default_prompt_name": None, "similarity_fn_name": "dot"}
+    json.dump(settings, open(model / "config_sentence_transformers.json", "w"))
     rng = np.random.default_rng(5)
     text = lambda: " ".join(w.upper() if rng.random() < 0.5 else w for w in rng.choice(WORDS, 30))  # noqa: E731
     data = tmp_path / "pairs.jsonl"
@@ -381,6 +383,9 @@ def test_a_sentence_transformers_model_is_trained_in_its_own_pipeline(tiny, tmp_
     assert json.load(open(final / "1_Pooling" / "config.json"))["pooling_mode_cls_token"] is True
     assert (final / "2_Normalize").is_dir()
     assert json.load(open(final / "sentence_bert_config.json")) == {"max_seq_length": 20, "do_lower_case": True}
+    # its similarity function and named prompts too (they were dropped: SentenceTransformer.similarity was cosine)
+    assert st.SentenceTransformer(str(final), device="cpu").similarity_fn_name == "dot"
+    assert json.load(open(final / "config_sentence_transformers.json"))["prompts"] == {"query": "query: "}
 
 
 def test_pipeline_flags_replace_the_models_and_an_unrunnable_one_needs_pooling(tiny, tmp_path):
