@@ -184,14 +184,27 @@ def exact_match(pred: Bool[ArrayLike, "N C"], gold: Bool[ArrayLike, "N C"]) -> f
 _SIMILARITIES_PER_BLOCK = 1 << 24  # queries are scored in blocks of [B, M] float64 similarities, ~128 MB
 
 
-def retrieval_metrics(queries: Num[ArrayLike, "N D"], corpus: Num[ArrayLike, "M D"], k: int = 10) -> dict[str, float]:
-    """accuracy@1 and MRR@k of cosine-similarity retrieval where query i's one relevant document is corpus row i
-    (rows N..M-1 are distractors). Ties count against the relevant document: its rank is the number of documents
-    scoring >= it, so collapsed (identical or zero) embeddings score 0, not by index luck. Scores in float64;
-    any non-finite input gives nan metrics."""
+def retrieval_metrics(
+    queries: Num[ArrayLike, "N D"],
+    corpus: Num[ArrayLike, "M D"],
+    k: int = 10,
+    relevant: Num[ArrayLike, " N"] | None = None,
+) -> dict[str, float]:
+    """accuracy@1 and MRR@k of cosine-similarity retrieval where query i's one relevant document is corpus row
+    relevant[i] (default: row i, rows N..M-1 distractors). Ties count against the relevant document: its rank is
+    the number of documents scoring >= it, so collapsed (identical or zero) embeddings score 0, not by index luck.
+    The corpus should hold each document once: a copy of the relevant one ties with it. Scores in float64; any
+    non-finite input gives nan metrics."""
     q, c = _array(queries, "queries", 2), _array(corpus, "corpus", 2)
-    if c.shape[1] != q.shape[1] or len(c) < len(q):
-        raise ValueError(f"corpus {c.shape} must have queries' width and at least as many rows as queries {q.shape}")
+    if relevant is None:
+        if len(c) < len(q):
+            raise ValueError(f"corpus {c.shape} needs at least as many rows as queries {q.shape}: row i is query i's")
+        relevant = np.arange(len(q))
+    rel = _array(relevant, "relevant", 1)
+    if rel.dtype.kind not in "iu" or rel.shape != (len(q),) or not ((rel >= 0) & (rel < len(c))).all():
+        raise ValueError(f"relevant must hold one corpus row in [0, {len(c)}) per query, got {rel.tolist()[:10]}")
+    if c.shape[1] != q.shape[1]:
+        raise ValueError(f"corpus {c.shape} must have the queries' width {q.shape}")
     if q.dtype.kind not in "biuf" or c.dtype.kind not in "biuf":
         raise ValueError(f"queries ({q.dtype}) and corpus ({c.dtype}) must be real numbers")
     if not isinstance(k, int) or k < 1:
@@ -206,7 +219,7 @@ def retrieval_metrics(queries: Num[ArrayLike, "N D"], corpus: Num[ArrayLike, "M 
     ranks, step = [], max(1, _SIMILARITIES_PER_BLOCK // len(c))
     for s in range(0, len(q), step):
         sims = q[s : s + step] @ c.T
-        right = sims[np.arange(len(sims)), np.arange(s, s + len(sims))]
+        right = sims[np.arange(len(sims)), rel[s : s + step]]
         ranks.append((sims >= right[:, None]).sum(1))
     rank = np.concatenate(ranks)
     return dict(zip(names, (float(np.mean(rank == 1)), float(np.mean(np.where(rank <= k, 1.0 / rank, 0.0))))))
