@@ -1,8 +1,8 @@
 """Validation metrics for fine-tuning tasks, in numpy (correlations from scipy.stats), plain Python floats out.
 
 Each metric reproduces the reference the field reports against: scikit-learn (accuracy, macro F1, MCC, multi-label
-micro F1 / subset accuracy), seqeval's default mode (entity-span precision/recall/F1), the official SQuAD v2.0
-script (EM/F1). tests/test_metrics.py checks them against those libraries, which stay test-only dependencies.
+micro F1 / subset accuracy), seqeval's default mode (entity-span precision/recall/F1), the official SQuAD v1.1 and
+v2.0 scripts (EM/F1). tests/test_metrics.py checks them against those libraries, which stay test-only dependencies.
 The `*_metrics` functions return dicts with stable key names for metrics.jsonl; `GREATER_IS_BETTER` says which
 way each one improves, so `--metric-for-best-model NAME` can pick a checkpoint.
 """

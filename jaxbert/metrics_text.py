@@ -1,5 +1,5 @@
 """Metrics over text: entity spans of IOB2 tag sequences (seqeval's default mode) and SQuAD exact match / F1
-(the official v2.0 script's rules). Re-exported by metrics.py, which documents the conventions."""
+(the official v2.0 script's rules, or v1.1's). Re-exported by metrics.py, which documents the conventions."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def span_prf(pred_tags: Sequence[Sequence[str]], gold_tags: Sequence[Sequence[st
     return {"precision": precision, "recall": recall, "f1": f1}
 
 
-# ---- extractive QA (= the official SQuAD v2.0 evaluation script; v1.1 wherever the two agree) ----
+# ---- extractive QA (= the official SQuAD v2.0 evaluation script, or v1.1's: version_2=False) ----
 
 _PUNCT = frozenset(string.punctuation)
 
@@ -95,24 +95,30 @@ def squad_normalize(text: str) -> str:
     return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
 
 
-def _golds(golds: Sequence[str]) -> list[str]:
+def _golds(golds: Sequence[str], version_2: bool) -> list[str]:
     if isinstance(golds, str) or not all(isinstance(a, str) for a in golds):
         raise ValueError("golds must be a list of answer strings (empty for an unanswerable question)")
+    if not version_2:
+        if not golds:
+            raise ValueError("golds is empty: SQuAD v1.1 has no unanswerable questions (version_2=True scores them)")
+        return list(golds)
     # v2.0: answers that normalize to nothing are dropped; none left means unanswerable, whose answer is "".
     return [a for a in golds if squad_normalize(a)] or [""]
 
 
-def squad_exact(prediction: str, golds: Sequence[str]) -> float:
-    """1.0 if the normalized prediction equals some normalized gold answer, else 0.0."""
+def squad_exact(prediction: str, golds: Sequence[str], version_2: bool = True) -> float:
+    """1.0 if the normalized prediction equals some normalized gold answer, else 0.0. v1.1 (`version_2=False`)
+    keeps gold answers that normalize to nothing ("the", "%"), which a prediction normalizing to nothing matches."""
     pred = squad_normalize(_text(prediction, "prediction"))
-    return float(max(pred == squad_normalize(a) for a in _golds(golds)))
+    return float(max(pred == squad_normalize(a) for a in _golds(golds, version_2)))
 
 
-def squad_f1(prediction: str, golds: Sequence[str]) -> float:
+def squad_f1(prediction: str, golds: Sequence[str], version_2: bool = True) -> float:
     """Max over gold answers of the F1 between normalized token bags; when either side has no tokens, 1.0 if
-    both have none, else 0.0 (v2.0)."""
+    both have none, else 0.0 (v2.0); v1.1 (`version_2=False`) scores no common token 0.0, two empty sides too."""
     pred = squad_normalize(_text(prediction, "prediction")).split()
-    return float(max(_token_f1(pred, squad_normalize(a).split()) for a in _golds(golds)))
+    gold = (squad_normalize(a).split() for a in _golds(golds, version_2))
+    return float(max(_token_f1(pred, g) if version_2 or (pred and g) else 0.0 for g in gold))
 
 
 def _token_f1(pred: list[str], gold: list[str]) -> float:
@@ -131,17 +137,20 @@ def _text(x, name: str) -> str:
     return x
 
 
-def squad_scores(predictions: Mapping[str, str], references: Mapping[str, Sequence[str]]) -> dict[str, float]:
-    """Mean EM and F1 over `references` in percent, as the official script prints. A question without a
-    prediction scores 0 (v1.1's rule; v2.0's script leaves it out of the total instead); predictions for ids not
-    in `references` are ignored, as both scripts do."""
+def squad_scores(
+    predictions: Mapping[str, str], references: Mapping[str, Sequence[str]], version_2: bool = True
+) -> dict[str, float]:
+    """Mean EM and F1 over `references` in percent, as the official script prints: v2.0's rules, or v1.1's
+    (`version_2=False`, what run_qa.py reports without --version-2-with-negative; see squad_exact, squad_f1). A
+    question without a prediction scores 0 (v1.1's rule; v2.0's script leaves it out of the total instead);
+    predictions for ids not in `references` are ignored, as both scripts do."""
     if not isinstance(references, Mapping) or not references or not isinstance(predictions, Mapping):
         raise ValueError("references must be a non-empty dict id -> answers, predictions a dict id -> answer")
     em = f1 = 0.0
     for qid, golds in references.items():
         if qid in predictions:
-            em += squad_exact(predictions[qid], golds)
-            f1 += squad_f1(predictions[qid], golds)
+            em += squad_exact(predictions[qid], golds, version_2)
+            f1 += squad_f1(predictions[qid], golds, version_2)
     return {"exact_match": 100.0 * em / len(references), "f1": 100.0 * f1 / len(references)}
 
 

@@ -8,6 +8,7 @@ import string
 import sys
 import warnings
 from collections import Counter
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -422,6 +423,11 @@ def test_squad_exact_and_f1_match_official_scripts():
         if normalize_answer(pred) and golds and all(normalize_answer(g) for g in golds):  # v1.1 agrees here
             assert M.squad_exact(pred, golds) == metric_max_over_ground_truths(exact_match_score, pred, golds)
             assert M.squad_f1(pred, golds) == metric_max_over_ground_truths(f1_score, pred, golds)
+        if golds:  # v1.1's rules, as run_qa.py reports SQuAD v1 data
+            assert M.squad_exact(pred, golds, version_2=False) == metric_max_over_ground_truths(
+                exact_match_score, pred, golds
+            )
+            assert M.squad_f1(pred, golds, version_2=False) == metric_max_over_ground_truths(f1_score, pred, golds)
     assert M.squad_f1("", []) == 1.0 and M.squad_f1("Paris", []) == 0.0 and M.squad_exact("the", []) == 1.0
     assert M.squad_f1("the", ["the"]) == 1.0 and f1_score("the", "the") == 0  # v1.1's one disagreement
 
@@ -439,6 +445,28 @@ def test_squad_scores_match_v1_evaluate(capsys):
     want = evaluate(dataset, preds)
     got = M.squad_scores(preds, refs)
     assert got == pytest.approx(want, abs=1e-12) and got["exact_match"] == 20.0
+    assert M.squad_scores(preds, refs, version_2=False) == pytest.approx(want, abs=1e-12)
+
+
+def test_squad_v1_data_is_scored_by_the_v1_script(monkeypatch, capsys):
+    """Without --version-2-with-negative, run_qa.py reports v1.1's script ("squad"), which keeps a gold answer that
+    normalizes to nothing: "a" matches the gold "the" exactly (F1 0), where v2.0 drops that gold answer."""
+    import json
+
+    from jaxbert.train import task_qa
+
+    refs = {"q1": ["the", "Denver"], "q2": ["%"], "q3": ["Denver Broncos"]}
+    preds = {"q1": "a", "q2": "%", "q3": "Broncos"}
+    monkeypatch.setattr(task_qa, "predictions", lambda outputs, data: (preds, refs))
+    meta = lambda v2: np.frombuffer(json.dumps({"options": {"version_2_with_negative": v2}}).encode(), np.uint8)  # noqa: E731
+    dataset = [{"paragraphs": [{"qas": [{"id": q, "answers": [{"text": a} for a in g]} for q, g in refs.items()]}]}]
+    v1 = task_qa.score(None, SimpleNamespace(extra={"meta": meta(False)}), None)
+    assert v1 == pytest.approx(evaluate(dataset, preds), abs=1e-12) and v1["exact_match"] == pytest.approx(200 / 3)
+    v2 = task_qa.score(None, SimpleNamespace(extra={"meta": meta(True)}), None)
+    want = [v2_scores(refs[q], preds[q]) for q in refs]
+    assert v2 == pytest.approx(
+        {"exact_match": 100 * sum(e for e, _ in want) / 3, "f1": 100 * sum(f for _, f in want) / 3}
+    )
 
 
 # ---- retrieval vs brute force ----
