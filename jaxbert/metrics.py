@@ -30,6 +30,7 @@ from jaxbert.metrics_text import (  # noqa: F401  (re-exported: one namespace fo
 GREATER_IS_BETTER = {
     "accuracy": True,
     "f1": True,
+    "binary_f1": True,
     "mcc": True,
     "pearson": True,
     "spearman": True,
@@ -119,6 +120,12 @@ def macro_f1(
     is_p, is_g = p[None, :] == labels[:, None], g[None, :] == labels[:, None]  # [L, N]
     tp, both = (is_p & is_g).sum(1), is_p.sum(1) + is_g.sum(1)
     return float(np.mean(np.where(both > 0, 2.0 * tp / np.maximum(both, 1), 0.0)))
+
+
+def binary_f1(pred: Shaped[ArrayLike, " N"], gold: Shaped[ArrayLike, " N"], positive=1) -> float:
+    """F1 of the class `positive` alone: sklearn's f1_score(average="binary", pos_label=positive), the "f1" that
+    run_glue.py reports for MRPC and QQP; 0.0 when it is neither predicted nor gold."""
+    return macro_f1(pred, gold, labels=[positive])
 
 
 def matthews(pred: Shaped[ArrayLike, " N"], gold: Shaped[ArrayLike, " N"]) -> float:

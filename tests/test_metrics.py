@@ -641,3 +641,21 @@ def test_embedding_validation_counts_a_repeated_positive_once():
     outputs = [np.array([docs[tuple(p)], docs[tuple(p)]]) for p in passages]
     got = score(outputs, data, None)
     assert (got["accuracy@1"], got["mrr@10"]) == (1.0, 1.0)
+
+
+def test_two_class_tasks_also_report_glue_s_binary_f1(skm):
+    """run_glue.py's f1 for MRPC and QQP is sklearn's binary F1 of label 1, not the macro F1 that "f1" is here: a
+    two-class task reports it as binary_f1 beside f1."""
+    from jaxbert.train.task_labels import Labels
+    from jaxbert.train.task_table import _score_sequences, _sequence_metrics
+
+    rng = np.random.default_rng(9)
+    for _ in range(40):
+        n = int(rng.integers(1, 30))
+        gold, pred = rng.integers(0, 2, n), (rng.integers(0, 2, n) if rng.random() < 0.8 else np.zeros(n, int))
+        want = _quiet(skm.f1_score, gold, pred)  # average="binary", pos_label=1
+        assert M.binary_f1(pred, gold) == pytest.approx(want, abs=1e-12)
+        logits = list(np.eye(2)[pred])
+        scores = _score_sequences(logits, SimpleNamespace(targets=gold), Labels(("not_equivalent", "equivalent")))
+        assert scores["binary_f1"] == pytest.approx(want, abs=1e-12)
+    assert "binary_f1" in _sequence_metrics(Labels(("a", "b"))) and "binary_f1" not in _sequence_metrics(Labels("abc"))

@@ -37,7 +37,10 @@ def _score_sequences(logits, data: E.Encodedset, labels: Labels) -> dict:
         return metrics.multilabel_metrics(x > 0, data.targets > 0.5)
     # Macro F1 over the classes present in gold or predictions, as sklearn's f1_score(average="macro") and
     # `evaluate`'s f1: a class absent from both counted as 0 and pulled a perfect score down to 1/3 of 3 classes.
-    return metrics.classification_metrics(x.argmax(-1), data.targets)
+    out = metrics.classification_metrics(x.argmax(-1), data.targets)
+    if len(labels.names) == 2:  # what GLUE's binary tasks (MRPC, QQP) call f1: the F1 of label id 1
+        out["binary_f1"] = metrics.binary_f1(x.argmax(-1), data.targets)
+    return out
 
 
 def _tag_metrics(labels: Labels) -> tuple[str, ...]:
@@ -68,7 +71,7 @@ def _sequence_metrics(labels: Labels) -> tuple[str, ...]:
     return {
         "regression": ("pearson", "spearman", "mse"),
         "multi_label_classification": ("micro_f1", "exact_match"),
-    }.get(labels.problem_type, ("accuracy", "f1", "mcc"))
+    }.get(labels.problem_type, ("accuracy", "f1", "mcc", *(("binary_f1",) if len(labels.names) == 2 else ())))
 
 
 def _no_labels(rows, cols, problem, fixed) -> Labels:
