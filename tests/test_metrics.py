@@ -464,9 +464,28 @@ def test_squad_v1_data_is_scored_by_the_v1_script(monkeypatch, capsys):
     assert v1 == pytest.approx(evaluate(dataset, preds), abs=1e-12) and v1["exact_match"] == pytest.approx(200 / 3)
     v2 = task_qa.score(None, SimpleNamespace(extra={"meta": meta(True)}), None)
     want = [v2_scores(refs[q], preds[q]) for q in refs]
-    assert v2 == pytest.approx(
-        {"exact_match": 100 * sum(e for e, _ in want) / 3, "f1": 100 * sum(f for _, f in want) / 3}
-    )
+    em, f1 = (100 * sum(x) / 3 for x in zip(*want))
+    assert v2 == pytest.approx({"exact_match": em, "f1": f1, "HasAns_exact": em, "HasAns_f1": f1})
+
+
+def test_squad_v2_splits_answerable_questions_whenever_there_are_any(monkeypatch):
+    """v2.0's script reports HasAns_exact / HasAns_f1 for a set of answerable questions only (they equal the
+    whole set's), and NoAns_ for one of unanswerable questions only; v1.1's has no split."""
+    import json
+
+    from jaxbert.train import task_qa
+
+    meta = lambda v2: np.frombuffer(json.dumps({"options": {"version_2_with_negative": v2}}).encode(), np.uint8)  # noqa: E731
+    for refs, split in (({0: ["Paris"], 1: ["Rome"]}, "HasAns"), ({0: [], 1: []}, "NoAns")):
+        preds = {0: "Paris", 1: ""}
+        monkeypatch.setattr(task_qa, "predictions", lambda outputs, data, p=preds, r=refs: (p, r))
+        got = task_qa.score(None, SimpleNamespace(extra={"meta": meta(True)}), None)
+        assert got == {"exact_match": 50.0, "f1": 50.0, f"{split}_exact": 50.0, f"{split}_f1": 50.0}, refs
+        if split == "HasAns":
+            assert task_qa.score(None, SimpleNamespace(extra={"meta": meta(False)}), None) == {
+                "exact_match": 50.0,
+                "f1": 50.0,
+            }
 
 
 # ---- retrieval vs brute force ----

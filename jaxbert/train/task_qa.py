@@ -172,8 +172,8 @@ def predictions(outputs, data: E.Encodedset) -> tuple[dict, dict]:
 
 
 def score(outputs, data: E.Encodedset, labels) -> dict:
-    """exact_match and f1 (percent, the official script's: v1.1's, or v2.0's with version_2_with_negative); with
-    unanswerable questions also the script's HasAns_/NoAns_ split."""
+    """exact_match and f1 (percent, the official script's: v1.1's, or v2.0's with version_2_with_negative); v2.0
+    also the script's HasAns_ (answerable questions) and NoAns_ (unanswerable) split, each where there are any."""
     preds, golds = predictions(outputs, data)
     # run_qa.py scores SQuAD v1 data with v1.1's script ("squad"), which differs where a gold answer normalizes to
     # nothing ("the", "%"), and v2 data with v2.0's ("squad_v2").
@@ -181,7 +181,7 @@ def score(outputs, data: E.Encodedset, labels) -> dict:
     out = metrics.squad_scores(preds, golds, version_2=v2)
     for name, keep in (("HasAns", lambda g: bool(g)), ("NoAns", lambda g: not g)):
         part = {k: g for k, g in golds.items() if keep(g)}
-        if part and len(part) < len(golds):
+        if v2 and part:  # as v2.0's script: each split its set has, the whole set included
             sub = metrics.squad_scores(preds, part, version_2=v2)
             out[f"{name}_exact"], out[f"{name}_f1"] = sub["exact_match"], sub["f1"]
     return out
