@@ -140,6 +140,30 @@ def _refuse_added_tokens(directory: str, config: dict, config_path: str, vocab: 
             )
 
 
+def _builds_bert_tokenizer(directory: str, config: dict) -> bool:
+    """Whether transformers' AutoTokenizer builds its BertTokenizer here: tokenizer_config.json's tokenizer_class,
+    else config.json's, else the one registered for model_type "bert" (an encoder-decoder's encoder's)."""
+    name = config.get("tokenizer_class")
+    if name is None:
+        path = existing_file(directory, "config.json")
+        model = read_json(path) if path else {}
+        name = model.get("tokenizer_class")
+        if name is None:
+            encoder = model.get("encoder") if model.get("model_type") == "encoder-decoder" else model
+            name = "BertTokenizer" if isinstance(encoder, dict) and encoder.get("model_type") == "bert" else None
+    return isinstance(name, str) and name.removesuffix("Fast") == "BertTokenizer"
+
+
+def _as_bert_tokenizer(tok: Tokenizer, options: dict) -> Tokenizer:
+    """transformers 5's BertTokenizer takes tokenizer.json's vocabulary but lower-cases, strips accents and splits
+    Chinese characters as tokenizer_config.json says (its defaults for a key it lacks), whatever tokenizer.json's
+    normalizer does (4.x's BertTokenizerFast overrode those three settings too)."""
+    from tokenizers.normalizers import BertNormalizer
+
+    tok.normalizer = BertNormalizer(clean_text=True, **options)
+    return tok
+
+
 def _load(path: str, build):
     """Build a tokenizer from `path`; the tokenizers library raises many types for a corrupt file."""
     try:
@@ -177,17 +201,20 @@ class WordPiece:
         config, config_path = _read_config(directory)
         max_len, side = _max_length(config, config_path), _truncation_side(config, config_path)
         special = _special_tokens(directory, config, config_path)
-        path = existing_file(directory, "tokenizer.json")
-        if path:
-            return cls(_with_unknown(path, _load(path, lambda: Tokenizer.from_file(path))), max_len, side, special)
-        vocab = existing_file(directory, "vocab.txt")
-        if not vocab:
-            raise FileNotFoundError(f"{directory}: no tokenizer (looked for tokenizer.json, vocab.txt)")
         options = dict(
             lowercase=_setting(config, config_path, "do_lower_case", (bool,), True),
             strip_accents=_setting(config, config_path, "strip_accents", (bool, type(None)), None),
             handle_chinese_chars=_setting(config, config_path, "tokenize_chinese_chars", (bool,), True),
         )
+        path = existing_file(directory, "tokenizer.json")
+        if path:
+            tok = _load(path, lambda: Tokenizer.from_file(path))
+            if _builds_bert_tokenizer(directory, config):
+                tok = _as_bert_tokenizer(tok, options)
+            return cls(_with_unknown(path, tok), max_len, side, special)
+        vocab = existing_file(directory, "vocab.txt")
+        if not vocab:
+            raise FileNotFoundError(f"{directory}: no tokenizer (looked for tokenizer.json, vocab.txt)")
         never_split = _setting(config, config_path, "never_split", (list, type(None)), None) or []
         options.update(special)
         tok = _load(vocab, lambda: BertWordPieceTokenizer(vocab, clean_text=True, **options)._tokenizer)

@@ -83,6 +83,21 @@ def _st_dir(tmp_path, pooling: dict, modules=("Pooling",), **settings) -> str:
     return directory
 
 
+def _cased(directory: str) -> str:
+    """`directory` with a cased tokenizer: both tokenizer.json's normalizer and tokenizer_config.json's
+    do_lower_case (transformers' BertTokenizer follows the latter, so a cased tokenizer.json beside MiniLM's
+    do_lower_case true still lower-cases)."""
+    changes = (("tokenizer.json", "lowercase", "normalizer"), ("tokenizer_config.json", "do_lower_case", None))
+    for name, key, part in changes:
+        path = os.path.join(directory, name)
+        with open(path) as f:
+            spec = json.load(f)
+        (spec[part] if part else spec)[key] = False
+        with open(path, "w") as f:
+            json.dump(spec, f)
+    return directory
+
+
 @pytest.mark.parametrize(
     "pooling, settings",
     [
@@ -107,13 +122,7 @@ def test_lower_case_over_a_cased_tokenizer_keeps_special_tokens_written_in_texts
     """do_lower_case with a tokenizer that does not lower-case itself: sentence-transformers puts a Lowercase
     normalizer in front of the tokenizer's, so "[SEP]" or "[MASK]" written in a text is still that token;
     lower-casing the text itself made it "[", "sep", "]" (cosine 0.43 against SentenceTransformer.encode)."""
-    directory = _st_dir(tmp_path, {"pooling_mode_mean_tokens": True}, do_lower_case=True)
-    path = os.path.join(directory, "tokenizer.json")
-    with open(path) as f:
-        spec = json.load(f)
-    spec["normalizer"]["lowercase"] = False  # a cased tokenizer
-    with open(path, "w") as f:
-        json.dump(spec, f)
+    directory = _cased(_st_dir(tmp_path, {"pooling_mode_mean_tokens": True}, do_lower_case=True))
     texts = ["first [SEP] second", "Paris is the [MASK] of France.", "Someone plays an INSTRUMENT!"]
     want = st.SentenceTransformer(directory, device="cpu").encode(texts, convert_to_numpy=True)
     _assert_same(jaxbert.load(directory).embed(texts), want)
@@ -265,12 +274,7 @@ def test_settings_written_as_numbers_read_as_sentence_transformers_reads_them(tm
     so it mean-pooled (max |diff| 0.36 on normalized vectors) and kept the case, without a word."""
     pooling = {"pooling_mode_cls_token": 1, "pooling_mode_mean_tokens": 0}
     directory = _st_dir(tmp_path, pooling, modules=("Pooling", "Normalize"), max_seq_length=12, do_lower_case=1)
-    path = os.path.join(directory, "tokenizer.json")
-    with open(path) as f:
-        spec = json.load(f)
-    spec["normalizer"]["lowercase"] = False  # a cased tokenizer: do_lower_case decides
-    with open(path, "w") as f:
-        json.dump(spec, f)
+    _cased(directory)  # do_lower_case decides
     defaults = jaxbert.load(directory).sentence_defaults
     assert defaults.pooling == ("cls",) and defaults.lower_case
     _assert_same(jaxbert.load(directory).embed(TEXTS), _reference(directory))

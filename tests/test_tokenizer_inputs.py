@@ -262,3 +262,47 @@ def test_special_tokens_renamed_beside_a_vocabulary_are_used(tmp_path, name):
     ]
     assert (tok.mask_token, tok.mask_token_id) == ("<mask>", 5)
     assert tok.encode(["a <mask>"]).ids == [[2, 1037, 5, 3]]
+
+
+def _edit_json(**changes):
+    """An edit of tokenizer.json setting `changes` ({"normalizer": {...}} updates that part; None removes it)."""
+
+    def edit(text: str) -> str:
+        tokenizer = json.loads(text)
+        for key, value in changes.items():
+            if isinstance(value, dict) and isinstance(tokenizer.get(key), dict):
+                tokenizer[key].update(value)
+            else:
+                tokenizer[key] = value
+        return json.dumps(tokenizer)
+
+    return edit
+
+
+HI = "Hi Héllo 北京"
+CASED = {"normalizer": {"lowercase": False}}
+
+
+@pytest.mark.parametrize(
+    "change, settings, config_json, ids",
+    [
+        (CASED, {"tokenizer_class": "BertTokenizer", "do_lower_case": True}, None, [7632, 7592, 1781, 1755]),
+        (CASED, {"tokenizer_class": "BertTokenizerFast"}, None, [7632, 7592, 1781, 1755]),  # its default: lower
+        (CASED, {}, {"model_type": "bert"}, [7632, 7592, 1781, 1755]),  # AutoTokenizer's class for BERT
+        ({}, {"tokenizer_class": "BertTokenizer", "do_lower_case": False}, None, [100, 100, 1781, 1755]),
+        ({}, {"tokenizer_class": "BertTokenizer", "strip_accents": False}, None, [7632, 100, 1781, 1755]),
+        ({}, {"tokenizer_class": "BertTokenizer", "tokenize_chinese_chars": False}, None, [7632, 7592, 1781, 30281]),
+        (CASED, {"tokenizer_class": "PreTrainedTokenizerFast", "do_lower_case": True}, None, [100, 100, 1781, 1755]),
+        (CASED, {}, None, [100, 100, 1781, 1755]),  # no class named: tokenizer.json as it is
+    ],
+)
+def test_a_bert_tokenizer_normalizes_as_tokenizer_config_says(tmp_path, change, settings, config_json, ids):
+    """transformers 5 builds its BertTokenizer (tokenizer_class BertTokenizer[Fast], or none named beside a BERT
+    config.json) with tokenizer_config.json's do_lower_case, strip_accents and tokenize_chinese_chars (its defaults
+    for those missing), whatever tokenizer.json's normalizer says; the ids here are transformers 5.24's. jaxbert
+    followed tokenizer.json: 'Hi Héllo 北京' [101, 100, 100, 1781, 1755, 102] beside do_lower_case true."""
+    directory = _tokenizer_dir(tmp_path, "tokenizer.json", _edit_json(**change))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(settings))
+    if config_json is not None:
+        (tmp_path / "config.json").write_text(json.dumps(config_json))
+    assert WordPiece.from_dir(directory).encode([HI]).ids == [[101, *ids, 102]]

@@ -315,6 +315,8 @@ def test_evaluate_embeds_as_the_directory_pipeline(change, tiny, tmp_path):
         spec = json.load(open(out / "tokenizer.json"))
         spec["normalizer"]["lowercase"] = False  # a cased tokenizer, lower-cased by the pipeline
         json.dump(spec, open(out / "tokenizer.json", "w"))
+        spec = json.load(open(out / "tokenizer_config.json"))  # which transformers' BertTokenizer follows
+        json.dump({**spec, "do_lower_case": False}, open(out / "tokenizer_config.json", "w"))
         json.dump({"max_seq_length": 40, "do_lower_case": True}, open(out / "sentence_bert_config.json", "w"))
     else:
         spec = json.load(open(out / "tokenizer_config.json"))
