@@ -154,13 +154,27 @@ def _builds_bert_tokenizer(directory: str, config: dict) -> bool:
     return isinstance(name, str) and name.removesuffix("Fast") == "BertTokenizer"
 
 
-def _as_bert_tokenizer(tok: Tokenizer, options: dict) -> Tokenizer:
-    """transformers 5's BertTokenizer takes tokenizer.json's vocabulary but lower-cases, strips accents and splits
-    Chinese characters as tokenizer_config.json says (its defaults for a key it lacks), whatever tokenizer.json's
-    normalizer does (4.x's BertTokenizerFast overrode those three settings too)."""
-    from tokenizers.normalizers import BertNormalizer
+def _as_bert_tokenizer(path: str, tok: Tokenizer, options: dict, special: dict[str, str]) -> Tokenizer:
+    """transformers 5's BertTokenizer takes tokenizer.json's vocabulary and added tokens only, and builds the rest
+    as a vocab.txt tokenizer: a BertNormalizer lower-casing, stripping accents and splitting Chinese characters as
+    tokenizer_config.json says (its defaults for a key it lacks; 4.x's BertTokenizerFast overrode those three too),
+    BERT's pre-tokenizer, WordPiece's "##" and 100 characters a word, [CLS] A [SEP] (B [SEP]) with the cls_token
+    and sep_token named; whatever tokenizer.json says of them."""
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
-    tok.normalizer = BertNormalizer(clean_text=True, **options)
+    tok.model = models.WordPiece(tok.get_vocab(with_added_tokens=False), unk_token=special["unk_token"])
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, **options)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    cls, sep = special["cls_token"], special["sep_token"]
+    for key, token in (("cls_token", cls), ("sep_token", sep)):
+        if tok.token_to_id(token) is None:  # transformers would add it, past the model's embeddings
+            raise ValueError(f"{path}: has no token {token!r}, the {key} the tokenizer files name")
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{cls}:0 $A:0 {sep}:0",
+        pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+        special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))],
+    )
     return tok
 
 
@@ -210,7 +224,7 @@ class WordPiece:
         if path:
             tok = _load(path, lambda: Tokenizer.from_file(path))
             if _builds_bert_tokenizer(directory, config):
-                tok = _as_bert_tokenizer(tok, options)
+                tok = _as_bert_tokenizer(path, tok, options, special)
             return cls(_with_unknown(path, tok), max_len, side, special)
         vocab = existing_file(directory, "vocab.txt")
         if not vocab:

@@ -306,3 +306,49 @@ def test_a_bert_tokenizer_normalizes_as_tokenizer_config_says(tmp_path, change, 
     if config_json is not None:
         (tmp_path / "config.json").write_text(json.dumps(config_json))
     assert WordPiece.from_dir(directory).encode([HI]).ids == [[101, *ids, 102]]
+
+
+def _renamed_json(text: str) -> str:
+    tokenizer = json.loads(text)
+    vocab = tokenizer["model"]["vocab"]
+    for old, new in [("[unused1]", "<s>"), ("[unused2]", "</s>"), ("[unused3]", "<unk>")]:
+        vocab[new] = vocab.pop(old)
+    return json.dumps(tokenizer)
+
+
+RENAMED_JSON = {"cls_token": "<s>", "sep_token": "</s>", "unk_token": "<unk>"}
+OTHER_PROCESSOR = {"type": "BertProcessing", "sep": ["[unused2]", 3], "cls": ["[unused1]", 2]}
+WORDS = "Hi ☃ world-wide extraordinarily"
+BERT = [101, 7632, 100, 2088, 1011, 2898, 4469, 8551, 3981, 11272, 102, 1060, 102]  # transformers 5.24's
+
+
+@pytest.mark.parametrize(
+    "edit, settings, ids",
+    [
+        (_edit_json(post_processor=OTHER_PROCESSOR), {}, BERT),
+        (_edit_json(post_processor=None), {}, BERT),
+        (_edit_json(pre_tokenizer={"type": "WhitespaceSplit"}), {}, BERT),
+        (_edit_json(model={"max_input_chars_per_word": 5}), {}, BERT),
+        (_edit_json(model={"unk_token": "[MASK]"}), {}, BERT),
+        (_renamed_json, RENAMED_JSON, [2, 7632, 4, *BERT[3:10], 3, 1060, 3]),
+    ],
+)
+def test_a_bert_tokenizer_is_built_as_transformers_builds_it(tmp_path, edit, settings, ids):
+    """transformers 5's BertTokenizer takes tokenizer.json's vocabulary and added tokens and builds the rest itself:
+    BERT's pre-tokenizer, WordPiece (100 characters a word) with the unknown token named, [CLS] A [SEP] B [SEP] of
+    the cls_token and sep_token named. jaxbert used tokenizer.json's: a BertProcessing of [unused1]/[unused2] gave
+    [2, ..., 3], no post-processor no [CLS]/[SEP] at all, WhitespaceSplit 'world-wide' [2088, 29624, 22517],
+    max_input_chars_per_word 5 [UNK] for 'extraordinarily', unk_token [MASK] 103 for '☃', and renamed <s>, </s>,
+    <unk> the [CLS] (101), [SEP] (102) and [UNK] (100) of tokenizer.json."""
+    directory = _tokenizer_dir(tmp_path, "tokenizer.json", edit)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer", **settings}))
+    assert WordPiece.from_dir(directory).encode([WORDS], ["x"]).ids == [ids]
+
+
+def test_a_bert_tokenizer_without_its_cls_token_is_refused(tmp_path):
+    """transformers 5 adds a cls_token missing from tokenizer.json as a new token, an id past the embeddings."""
+    directory = _tokenizer_dir(tmp_path, "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "BertTokenizer", "cls_token": "<s>"}')
+    refused = r"tokenizer.json: has no token '<s>', the cls_token the tokenizer files name$"
+    with pytest.raises(ValueError, match=refused):
+        WordPiece.from_dir(directory)
