@@ -75,9 +75,10 @@ def _max_length(config: dict, path: str) -> int:
     return NO_LIMIT if value > NO_LIMIT else int(value)
 
 
-def _truncation_side(config: dict, path: str) -> str:
-    """Which end of a long text is cut: transformers' tokenizers read tokenizer_config.json's truncation_side."""
-    side = _setting(config, path, "truncation_side", (str,), "right")
+def _truncation_side(config: dict, path: str, default: str = "right") -> str:
+    """Which end of a long text is cut: transformers' tokenizers read tokenizer_config.json's truncation_side, and
+    where it has none the direction of tokenizer.json's truncation (`default`)."""
+    side = _setting(config, path, "truncation_side", (str,), default)
     if side not in ("left", "right"):
         raise ValueError(f"{path}: truncation_side={side!r} must be 'left' or 'right'")
     return side
@@ -223,6 +224,7 @@ class WordPiece:
         path = existing_file(directory, "tokenizer.json")
         if path:
             tok = _load(path, lambda: Tokenizer.from_file(path))
+            side = _truncation_side(config, config_path, (tok.truncation or {}).get("direction", "right"))
             if _builds_bert_tokenizer(directory, config):
                 tok = _as_bert_tokenizer(path, tok, options, special)
             return cls(_with_unknown(path, tok), max_len, side, special)

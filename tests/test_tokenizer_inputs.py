@@ -352,3 +352,24 @@ def test_a_bert_tokenizer_without_its_cls_token_is_refused(tmp_path):
     refused = r"tokenizer.json: has no token '<s>', the cls_token the tokenizer files name$"
     with pytest.raises(ValueError, match=refused):
         WordPiece.from_dir(directory)
+
+
+@pytest.mark.parametrize(
+    "settings, ids",
+    [
+        ({}, ([101, 1042, 1043, 1044, 102], [101, 1043, 1044, 102, 1061, 1062, 102])),
+        ({"tokenizer_class": "BertTokenizer"}, ([101, 1042, 1043, 1044, 102], [101, 1043, 1044, 102, 1061, 1062, 102])),
+        ({"truncation_side": "right"}, ([101, 1037, 1038, 1039, 102], [101, 1037, 1038, 102, 1060, 1061, 102])),
+    ],
+)
+def test_tokenizer_json_truncating_on_the_left_cuts_the_left(tmp_path, settings, ids):
+    """transformers 5 takes tokenizer.json's truncation direction as truncation_side where tokenizer_config.json
+    names none (ids: transformers 5.24's); jaxbert cut the right: 'a b c ... h' at 5 was [101, 1037, 1038, 1039,
+    102] where transformers gives [101, 1042, 1043, 1044, 102]."""
+    edit = _edit_json(truncation={"direction": "Left", "max_length": 128, "strategy": "LongestFirst", "stride": 0})
+    directory = _tokenizer_dir(tmp_path, "tokenizer.json", edit)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(settings))
+    tok = WordPiece.from_dir(directory)
+    single, pair = ids
+    assert tok.encode(["a b c d e f g h"], max_length=5).ids == [single]
+    assert tok.encode(["a b c d e f g h"], ["x y z"], max_length=7).ids == [pair]
