@@ -1,8 +1,11 @@
 """A thin layer over the checkpoint's fast WordPiece tokenizer (the `tokenizers` library).
 
-From `tokenizer.json` when the checkpoint has one, else built from `vocab.txt` + `tokenizer_config.json`
-(lower-casing, accent stripping, Chinese characters split one per token, `never_split`). Padding and
-truncation are jaxbert's own: settings stored in tokenizer.json (MiniLM's pads everything to 128) are cleared.
+Built as transformers 5's AutoTokenizer builds it: from `tokenizer.json` as it is, except that its BertTokenizer
+(tokenizer_class BertTokenizer, or none named beside a BERT config.json) takes only tokenizer.json's vocabulary and
+builds the rest from `tokenizer_config.json` (lower-casing, accent stripping, Chinese characters split one per
+token, the special tokens named); without tokenizer.json, from `vocab.txt` + `tokenizer_config.json` alike.
+Padding and truncation are jaxbert's own: settings stored in tokenizer.json (MiniLM's pads everything to 128) are
+cleared, but its truncation direction is the side cut where tokenizer_config.json names none.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import dataclasses
 import threading
 
 import numpy as np
-from tokenizers import AddedToken, Tokenizer
+from tokenizers import Tokenizer
 from tokenizers.implementations import BertWordPieceTokenizer
 
 from jaxbert.files import existing_file, read_json
@@ -231,14 +234,10 @@ class WordPiece:
         vocab = existing_file(directory, "vocab.txt")
         if not vocab:
             raise FileNotFoundError(f"{directory}: no tokenizer (looked for tokenizer.json, vocab.txt)")
-        never_split = _setting(config, config_path, "never_split", (list, type(None)), None) or []
         options.update(special)
         tok = _load(vocab, lambda: BertWordPieceTokenizer(vocab, clean_text=True, **options)._tokenizer)
         tok = _with_unknown(vocab, tok)
         _refuse_added_tokens(directory, config, config_path, tok.get_vocab())
-        never_split = [t for t in never_split if isinstance(t, str) and t in tok.get_vocab()]
-        if never_split:  # whole tokens, matched before normalization, never split into word pieces
-            tok.add_tokens([AddedToken(t, single_word=True, normalized=False) for t in never_split])
         return cls(tok, max_len, side, special)
 
     def lowercased(self) -> WordPiece:

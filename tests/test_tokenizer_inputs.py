@@ -373,3 +373,12 @@ def test_tokenizer_json_truncating_on_the_left_cuts_the_left(tmp_path, settings,
     single, pair = ids
     assert tok.encode(["a b c d e f g h"], max_length=5).ids == [single]
     assert tok.encode(["a b c d e f g h"], ["x y z"], max_length=7).ids == [pair]
+
+
+def test_never_split_is_ignored_as_transformers_ignores_it(tmp_path):
+    """transformers 5's BertTokenizer (as 4.x's fast one) has no never_split: '[unused5]' is split into
+    [1031, 15171, 2629, 1033] beside never_split ['[unused5]']; jaxbert's vocab.txt tokenizer kept it whole (6)."""
+    directory = _tokenizer_dir(tmp_path, "vocab.txt")
+    settings = {"tokenizer_class": "BertTokenizer", "never_split": ["[unused5]"]}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(settings))
+    assert WordPiece.from_dir(directory).encode(["a [unused5]"]).ids == [[101, 1037, 1031, 15171, 2629, 1033, 102]]
