@@ -119,11 +119,12 @@ def _special_tokens(directory: str, config: dict, config_path: str) -> dict[str,
     return names
 
 
-def _refuse_added_tokens(directory: str, config: dict, config_path: str, vocab: dict) -> None:
-    """transformers adds to a vocab.txt tokenizer the tokens of added_tokens.json, tokenizer_config.json's
-    added_tokens_decoder and the special tokens it names; built from vocab.txt alone, a text's "[NEW]" was split
-    into word pieces where transformers gives it its own id. A token of theirs missing from the vocabulary is
-    refused, naming it (tokenizer.json, which holds them, is read whole)."""
+def _refuse_added_tokens(directory: str, config: dict, config_path: str, tok: Tokenizer, name: str) -> None:
+    """transformers adds to the tokenizer the tokens of added_tokens.json, tokenizer_config.json's
+    added_tokens_decoder and the special tokens it names, when `name` (vocab.txt, or tokenizer.json with its own
+    added tokens) lacks them; jaxbert split a text's "[NEW]" into word pieces where transformers gives it its own
+    id, past the vocabulary. Such a token is refused, naming it."""
+    vocab = tok.get_vocab()
     added = []
     path = existing_file(directory, "added_tokens.json")
     if path:
@@ -139,8 +140,7 @@ def _refuse_added_tokens(directory: str, config: dict, config_path: str, vocab: 
     for where, token in added:
         if isinstance(token, str) and token not in vocab:
             raise ValueError(
-                f"{where}: adds the token {token!r}, which vocab.txt lacks (jaxbert reads added tokens "
-                "only from tokenizer.json)"
+                f"{where}: adds the token {token!r}, which {name} lacks (jaxbert adds no tokens to the vocabulary read)"
             )
 
 
@@ -230,6 +230,7 @@ class WordPiece:
             side = _truncation_side(config, config_path, (tok.truncation or {}).get("direction", "right"))
             if _builds_bert_tokenizer(directory, config):
                 tok = _as_bert_tokenizer(path, tok, options, special)
+            _refuse_added_tokens(directory, config, config_path, tok, "tokenizer.json")
             return cls(_with_unknown(path, tok), max_len, side, special)
         vocab = existing_file(directory, "vocab.txt")
         if not vocab:
@@ -237,7 +238,7 @@ class WordPiece:
         options.update(special)
         tok = _load(vocab, lambda: BertWordPieceTokenizer(vocab, clean_text=True, **options)._tokenizer)
         tok = _with_unknown(vocab, tok)
-        _refuse_added_tokens(directory, config, config_path, tok.get_vocab())
+        _refuse_added_tokens(directory, config, config_path, tok, "vocab.txt")
         return cls(tok, max_len, side, special)
 
     def lowercased(self) -> WordPiece:

@@ -45,14 +45,14 @@ def _unknown_token(name: str):
 NEW = "[NEW]"
 
 
-@pytest.mark.parametrize(
-    "name, content",
-    [
-        ("added_tokens.json", {"[NEW]": 30522}),
-        ("tokenizer_config.json", {"added_tokens_decoder": {"100": {"content": "[UNK]"}, "30522": {"content": NEW}}}),
-        ("special_tokens_map.json", {"unk_token": "[UNK]", "additional_special_tokens": ["[NEW]"]}),
-    ],
-)
+ADDED = [
+    ("added_tokens.json", {"[NEW]": 30522}),
+    ("tokenizer_config.json", {"added_tokens_decoder": {"100": {"content": "[UNK]"}, "30522": {"content": NEW}}}),
+    ("special_tokens_map.json", {"unk_token": "[UNK]", "additional_special_tokens": ["[NEW]"]}),
+]
+
+
+@pytest.mark.parametrize("name, content", ADDED)
 def test_tokens_added_beside_a_vocabulary_are_refused_not_split(tmp_path, name, content):
     """transformers 5's BertTokenizer gives 'hello [NEW] world' [101, 7592, 30522, 2088, 102] with those files;
     jaxbert built the tokenizer from vocab.txt alone: [101, 7592, 1031, 2047, 1033, 2088, 102], without a word."""
@@ -382,3 +382,21 @@ def test_never_split_is_ignored_as_transformers_ignores_it(tmp_path):
     settings = {"tokenizer_class": "BertTokenizer", "never_split": ["[unused5]"]}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(settings))
     assert WordPiece.from_dir(directory).encode(["a [unused5]"]).ids == [[101, 1037, 1031, 15171, 2629, 1033, 102]]
+
+
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        *ADDED,
+        ("tokenizer_config.json", {"tokenizer_class": "BertTokenizer", "additional_special_tokens": [NEW]}),
+        ("tokenizer_config.json", {"mask_token": "[NEW]"}),
+    ],
+)
+def test_tokens_added_beside_a_tokenizer_json_lacking_them_are_refused(tmp_path, name, content):
+    """transformers 5 adds those files' tokens to a tokenizer.json that lacks them too (BertTokenizer and
+    TokenizersBackend alike): 'hello [NEW] world' [101, 7592, 30522, 2088, 102], an id past MiniLM's vocabulary;
+    jaxbert split it: [101, 7592, 1031, 2047, 1033, 2088, 102], without a word."""
+    directory = _tokenizer_dir(tmp_path, "tokenizer.json")
+    (tmp_path / name).write_text(json.dumps(content))
+    with pytest.raises(ValueError, match=rf"{name}: adds the token '\[NEW\]', which tokenizer.json lacks"):
+        WordPiece.from_dir(directory)
