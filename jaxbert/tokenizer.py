@@ -78,12 +78,13 @@ def _max_length(config: dict, path: str) -> int:
     return NO_LIMIT if value > NO_LIMIT else int(value)
 
 
-def _truncation_side(config: dict, path: str, default: str = "right") -> str:
-    """Which end of a long text is cut: transformers' tokenizers read tokenizer_config.json's truncation_side, and
-    where it has none the direction of tokenizer.json's truncation (`default`)."""
-    side = _setting(config, path, "truncation_side", (str,), default)
+def _side(config: dict, path: str, key: str, default: str = "right") -> str:
+    """Which end of a long text is cut (key truncation_side) or of a short one padded (padding_side): transformers'
+    tokenizers read tokenizer_config.json's, and where it has none the direction of tokenizer.json's truncation or
+    padding (`default`)."""
+    side = _setting(config, path, key, (str,), default)
     if side not in ("left", "right"):
-        raise ValueError(f"{path}: truncation_side={side!r} must be 'left' or 'right'")
+        raise ValueError(f"{path}: {key}={side!r} must be 'left' or 'right'")
     return side
 
 
@@ -202,6 +203,7 @@ class WordPiece:
         model_max_length: int = 512,
         truncation_side: str = "right",
         special_tokens: dict[str, str] | None = None,
+        padding_side: str = "right",
     ):
         tokenizer.no_padding()
         tokenizer.no_truncation()
@@ -210,6 +212,7 @@ class WordPiece:
         self._lock = threading.Lock()
         self.model_max_length = model_max_length
         self.truncation_side = truncation_side
+        self.padding_side = padding_side  # __call__'s, as transformers'; jaxbert's own batches pad on the right
         self.special_tokens = dict(SPECIAL if special_tokens is None else special_tokens)
         self.vocab = tokenizer.get_vocab()
         self._lower: WordPiece | None = None  # see lowercased
@@ -217,7 +220,7 @@ class WordPiece:
     @classmethod
     def from_dir(cls, directory: str) -> WordPiece:
         config, config_path = _read_config(directory)
-        max_len, side = _max_length(config, config_path), _truncation_side(config, config_path)
+        max_len, side = _max_length(config, config_path), _side(config, config_path, "truncation_side")
         special = _special_tokens(directory, config, config_path)
         options = dict(
             lowercase=_setting(config, config_path, "do_lower_case", (bool,), True),
@@ -227,11 +230,12 @@ class WordPiece:
         path = existing_file(directory, "tokenizer.json")
         if path:
             tok = _load(path, lambda: Tokenizer.from_file(path))
-            side = _truncation_side(config, config_path, (tok.truncation or {}).get("direction", "right"))
+            side = _side(config, config_path, "truncation_side", (tok.truncation or {}).get("direction", "right"))
+            padding = _side(config, config_path, "padding_side", (tok.padding or {}).get("direction", "right"))
             if _builds_bert_tokenizer(directory, config):
                 tok = _as_bert_tokenizer(path, tok, options, special)
             _refuse_added_tokens(directory, config, config_path, tok, "tokenizer.json")
-            return cls(_with_unknown(path, tok), max_len, side, special)
+            return cls(_with_unknown(path, tok), max_len, side, special, padding)
         vocab = existing_file(directory, "vocab.txt")
         if not vocab:
             raise FileNotFoundError(f"{directory}: no tokenizer (looked for tokenizer.json, vocab.txt)")
@@ -239,7 +243,7 @@ class WordPiece:
         tok = _load(vocab, lambda: BertWordPieceTokenizer(vocab, clean_text=True, **options)._tokenizer)
         tok = _with_unknown(vocab, tok)
         _refuse_added_tokens(directory, config, config_path, tok, "vocab.txt")
-        return cls(tok, max_len, side, special)
+        return cls(tok, max_len, side, special, _side(config, config_path, "padding_side"))
 
     def lowercased(self) -> WordPiece:
         """This tokenizer lower-casing texts first, as sentence-transformers' do_lower_case does: a Lowercase
@@ -257,7 +261,9 @@ class WordPiece:
                 else:
                     tok = Tokenizer.from_str(self._tok.to_str())
                     tok.normalizer = Sequence([Lowercase(), *parts])
-                    self._lower = WordPiece(tok, self.model_max_length, self.truncation_side, self.special_tokens)
+                    self._lower = WordPiece(
+                        tok, self.model_max_length, self.truncation_side, self.special_tokens, self.padding_side
+                    )
             return self._lower
 
     def _truncated(self, limit: int) -> Tokenizer:
@@ -357,16 +363,17 @@ class WordPiece:
             truncation=truncation,
         )
         pad_id = self.token_to_id(self.special_tokens["pad_token"]) or 0
-        return pad(enc, int(enc.lengths().max(initial=0)), len(enc), pad_id)
+        return pad(enc, int(enc.lengths().max(initial=0)), len(enc), pad_id, side=self.padding_side)
 
 
-def pad(enc: Encoded, length: int, rows: int, pad_id: int, order=None) -> dict[str, np.ndarray]:
-    """Rows `order` (default all) of `enc`, padded to [rows, length]; extra rows are all padding."""
+def pad(enc: Encoded, length: int, rows: int, pad_id: int, order=None, side: str = "right") -> dict[str, np.ndarray]:
+    """Rows `order` (default all) of `enc`, padded to [rows, length] on `side`; extra rows are all padding."""
     order = range(len(enc)) if order is None else order
     ids = np.full((rows, length), pad_id, np.int32)
     types = np.zeros((rows, length), np.int32)
     mask = np.zeros((rows, length), np.int32)
     for r, i in enumerate(order):
         n = len(enc.ids[i])
-        ids[r, :n], types[r, :n], mask[r, :n] = enc.ids[i], enc.type_ids[i], 1
+        at = slice(length - n, length) if side == "left" else slice(0, n)
+        ids[r, at], types[r, at], mask[r, at] = enc.ids[i], enc.type_ids[i], 1
     return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}

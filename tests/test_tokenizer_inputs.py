@@ -400,3 +400,23 @@ def test_tokens_added_beside_a_tokenizer_json_lacking_them_are_refused(tmp_path,
     (tmp_path / name).write_text(json.dumps(content))
     with pytest.raises(ValueError, match=rf"{name}: adds the token '\[NEW\]', which tokenizer.json lacks"):
         WordPiece.from_dir(directory)
+
+
+@pytest.mark.parametrize(
+    "name, edit, settings",
+    [
+        ("tokenizer.json", lambda text: text, {"padding_side": "left"}),
+        ("tokenizer.json", _edit_json(padding={"direction": "Left"}), {}),
+        ("vocab.txt", lambda text: text, {"padding_side": "left"}),
+    ],
+)
+def test_a_batch_is_padded_on_the_side_transformers_pads(tmp_path, name, edit, settings):
+    """transformers 5 pads on tokenizer_config.json's padding_side, else tokenizer.json's padding direction:
+    ['a', 'a b c'] is [[0, 0, 101, 1037, 102], [101, 1037, 1038, 1039, 102]]; jaxbert's tokenizer(...) padded
+    on the right: [[101, 1037, 102, 0, 0], ...]."""
+    directory = _tokenizer_dir(tmp_path, name, edit)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer", **settings}))
+    batch = WordPiece.from_dir(directory)(["a", "a b c"], ["x", "y"])
+    assert batch["input_ids"].tolist() == [[0, 0, 101, 1037, 102, 1060, 102], [101, 1037, 1038, 1039, 102, 1061, 102]]
+    assert batch["token_type_ids"].tolist() == [[0, 0, 0, 0, 0, 1, 1], [0, 0, 0, 0, 0, 1, 1]]
+    assert batch["attention_mask"].tolist() == [[0, 0, 1, 1, 1, 1, 1], [1] * 7]
