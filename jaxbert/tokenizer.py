@@ -145,18 +145,36 @@ def _refuse_added_tokens(directory: str, config: dict, config_path: str, tok: To
             )
 
 
-def _builds_bert_tokenizer(directory: str, config: dict) -> bool:
-    """Whether transformers' AutoTokenizer builds its BertTokenizer here: tokenizer_config.json's tokenizer_class,
-    else config.json's, else the one registered for model_type "bert" (an encoder-decoder's encoder's)."""
-    name = config.get("tokenizer_class")
+# tokenizer_class values (with or without "Fast") transformers 5 builds as its BertTokenizer (aliases of it, and
+# DistilBertTokenizer), and those under which it reads tokenizer.json as it is (ConvBertTokenizer beside vocab.txt
+# alone is a BertTokenizer too)
+BERT_CLASSES = {"Bert", "Electra", "LayoutLM", "MobileBert", "SqueezeBert", "DistilBert"}
+AS_IS_CLASSES = {"PreTrainedTokenizerFast", "TokenizersBackend", "ConvBertTokenizer"}
+
+
+def _builds_bert_tokenizer(directory: str, config: dict, config_path: str, vocab_only: bool) -> bool:
+    """Whether transformers' AutoTokenizer builds its BertTokenizer here (else it reads tokenizer.json as it is):
+    by tokenizer_config.json's tokenizer_class, else config.json's, else the one registered for model_type "bert"
+    (an encoder-decoder's encoder's). Another class builds another tokenizer (BertJapaneseTokenizer splits words
+    with MeCab, MPNetTokenizer puts <s> </s> around texts), which jaxbert gave BERT's ids instead: refused."""
+    name, where = config.get("tokenizer_class"), config_path
     if name is None:
-        path = existing_file(directory, "config.json")
-        model = read_json(path) if path else {}
+        where = existing_file(directory, "config.json")
+        model = read_json(where) if where else {}
         name = model.get("tokenizer_class")
         if name is None:
             encoder = model.get("encoder") if model.get("model_type") == "encoder-decoder" else model
-            name = "BertTokenizer" if isinstance(encoder, dict) and encoder.get("model_type") == "bert" else None
-    return isinstance(name, str) and name.removesuffix("Fast") == "BertTokenizer"
+            return isinstance(encoder, dict) and encoder.get("model_type") == "bert"
+    base = name.removesuffix("Fast") if isinstance(name, str) else None
+    if base is not None and base.removesuffix("Tokenizer") in BERT_CLASSES:
+        return True
+    if base is not None and (base in AS_IS_CLASSES or name in AS_IS_CLASSES):
+        if not vocab_only or base == "ConvBertTokenizer":
+            return False
+    raise ValueError(
+        f"{where}: tokenizer_class {name!r} is not one jaxbert builds as transformers does (BertTokenizer or an "
+        "alias; PreTrainedTokenizerFast reads tokenizer.json as it is)"
+    )
 
 
 def _as_bert_tokenizer(path: str, tok: Tokenizer, options: dict, special: dict[str, str]) -> Tokenizer:
@@ -232,13 +250,14 @@ class WordPiece:
             tok = _load(path, lambda: Tokenizer.from_file(path))
             side = _side(config, config_path, "truncation_side", (tok.truncation or {}).get("direction", "right"))
             padding = _side(config, config_path, "padding_side", (tok.padding or {}).get("direction", "right"))
-            if _builds_bert_tokenizer(directory, config):
+            if _builds_bert_tokenizer(directory, config, config_path, vocab_only=False):
                 tok = _as_bert_tokenizer(path, tok, options, special)
             _refuse_added_tokens(directory, config, config_path, tok, "tokenizer.json")
             return cls(_with_unknown(path, tok), max_len, side, special, padding)
         vocab = existing_file(directory, "vocab.txt")
         if not vocab:
             raise FileNotFoundError(f"{directory}: no tokenizer (looked for tokenizer.json, vocab.txt)")
+        _builds_bert_tokenizer(directory, config, config_path, vocab_only=True)
         options.update(special)
         tok = _load(vocab, lambda: BertWordPieceTokenizer(vocab, clean_text=True, **options)._tokenizer)
         tok = _with_unknown(vocab, tok)

@@ -420,3 +420,43 @@ def test_a_batch_is_padded_on_the_side_transformers_pads(tmp_path, name, edit, s
     assert batch["input_ids"].tolist() == [[0, 0, 101, 1037, 102, 1060, 102], [101, 1037, 1038, 1039, 102, 1061, 102]]
     assert batch["token_type_ids"].tolist() == [[0, 0, 0, 0, 0, 1, 1], [0, 0, 0, 0, 0, 1, 1]]
     assert batch["attention_mask"].tolist() == [[0, 0, 1, 1, 1, 1, 1], [1] * 7]
+
+
+@pytest.mark.parametrize(
+    "name, tokenizer_class, ids",
+    [
+        ("tokenizer.json", "ElectraTokenizer", [7632, 2088]),  # transformers 5's BertTokenizer under another name
+        ("tokenizer.json", "DistilBertTokenizerFast", [7632, 2088]),
+        ("tokenizer.json", "ConvBertTokenizer", [100, 2088]),  # tokenizer.json as it is
+        ("vocab.txt", "ConvBertTokenizer", [7632, 2088]),
+    ],
+)
+def test_the_tokenizer_classes_transformers_builds_as_bert_are_followed(tmp_path, name, tokenizer_class, ids):
+    """transformers 5 builds ElectraTokenizer, LayoutLMTokenizer, DistilBertTokenizer and the like as BertTokenizer
+    (tokenizer_config.json's do_lower_case over a cased tokenizer.json): 'Hi world' [101, 7632, 2088, 102]; jaxbert
+    read tokenizer.json as it is for every class but BertTokenizer: [101, 100, 2088, 102]."""
+    directory = _tokenizer_dir(tmp_path, name, _edit_json(**CASED) if name == "tokenizer.json" else lambda t: t)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": tokenizer_class}))
+    assert WordPiece.from_dir(directory).encode(["Hi world"]).ids == [[101, *ids, 102]]
+
+
+@pytest.mark.parametrize(
+    "name, settings, config_json",
+    [
+        ("vocab.txt", {"tokenizer_class": "BertJapaneseTokenizer"}, None),  # MeCab words first
+        ("tokenizer.json", {"tokenizer_class": "MPNetTokenizer"}, None),  # <s> ... </s> of its own
+        ("vocab.txt", {"tokenizer_class": "PreTrainedTokenizerFast"}, None),  # transformers cannot build it
+        ("tokenizer.json", {}, {"model_type": "bert", "tokenizer_class": "FunnelTokenizer"}),
+    ],
+)
+def test_a_tokenizer_class_jaxbert_does_not_build_is_refused(tmp_path, name, settings, config_json):
+    """transformers 5's MPNetTokenizer gives 'Hi world-wide' [30522, 7632, 2088, 1011, 2898, 30523] beside
+    MiniLM's vocabulary, its FunnelTokenizer [30527, ..., 30525], its BertJapaneseTokenizer MeCab's words; jaxbert
+    built BERT's WordPiece whatever tokenizer_class said: [101, ..., 102], without a word."""
+    directory = _tokenizer_dir(tmp_path, name)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(settings))
+    if config_json is not None:
+        (tmp_path / "config.json").write_text(json.dumps(config_json))
+    where = "config.json" if config_json else "tokenizer_config.json"
+    with pytest.raises(ValueError, match=rf"{where}: tokenizer_class '\w+' is not one jaxbert builds as transformers"):
+        WordPiece.from_dir(directory)
