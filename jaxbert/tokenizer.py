@@ -201,6 +201,20 @@ def _as_bert_tokenizer(path: str, tok: Tokenizer, options: dict, special: dict[s
     return tok
 
 
+# transformers' clean_up_tokenization, in its order
+CLEAN_UP = [(" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m")]
+CLEAN_UP += [(" 's", "'s"), (" 've", "'ve"), (" 're", "'re")]
+
+
+def _clean_up(config: dict, path: str, tok: Tokenizer) -> bool:
+    """Whether decoding cleans up spaces as transformers 5 does: tokenizer_config.json's
+    clean_up_tokenization_spaces (false when missing), never for a BPE model unless it insists."""
+    if not _setting(config, path, "clean_up_tokenization_spaces", (bool, type(None)), False):
+        return False
+    insists = "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
+    return type(tok.model).__name__ != "BPE" or bool(config.get(insists))
+
+
 def _load(path: str, build):
     """Build a tokenizer from `path`; the tokenizers library raises many types for a corrupt file."""
     try:
@@ -222,6 +236,7 @@ class WordPiece:
         truncation_side: str = "right",
         special_tokens: dict[str, str] | None = None,
         padding_side: str = "right",
+        clean_up_spaces: bool = False,
     ):
         tokenizer.no_padding()
         tokenizer.no_truncation()
@@ -231,6 +246,7 @@ class WordPiece:
         self.model_max_length = model_max_length
         self.truncation_side = truncation_side
         self.padding_side = padding_side  # __call__'s, as transformers'; jaxbert's own batches pad on the right
+        self.clean_up_spaces = clean_up_spaces  # decode's
         self.special_tokens = dict(SPECIAL if special_tokens is None else special_tokens)
         self.vocab = tokenizer.get_vocab()
         self._lower: WordPiece | None = None  # see lowercased
@@ -253,7 +269,7 @@ class WordPiece:
             if _builds_bert_tokenizer(directory, config, config_path, vocab_only=False):
                 tok = _as_bert_tokenizer(path, tok, options, special)
             _refuse_added_tokens(directory, config, config_path, tok, "tokenizer.json")
-            return cls(_with_unknown(path, tok), max_len, side, special, padding)
+            return cls(_with_unknown(path, tok), max_len, side, special, padding, _clean_up(config, config_path, tok))
         vocab = existing_file(directory, "vocab.txt")
         if not vocab:
             raise FileNotFoundError(f"{directory}: no tokenizer (looked for tokenizer.json, vocab.txt)")
@@ -262,7 +278,8 @@ class WordPiece:
         tok = _load(vocab, lambda: BertWordPieceTokenizer(vocab, clean_text=True, **options)._tokenizer)
         tok = _with_unknown(vocab, tok)
         _refuse_added_tokens(directory, config, config_path, tok, "vocab.txt")
-        return cls(tok, max_len, side, special, _side(config, config_path, "padding_side"))
+        padding = _side(config, config_path, "padding_side")
+        return cls(tok, max_len, side, special, padding, _clean_up(config, config_path, tok))
 
     def lowercased(self) -> WordPiece:
         """This tokenizer lower-casing texts first, as sentence-transformers' do_lower_case does: a Lowercase
@@ -280,9 +297,8 @@ class WordPiece:
                 else:
                     tok = Tokenizer.from_str(self._tok.to_str())
                     tok.normalizer = Sequence([Lowercase(), *parts])
-                    self._lower = WordPiece(
-                        tok, self.model_max_length, self.truncation_side, self.special_tokens, self.padding_side
-                    )
+                    settings = self.truncation_side, self.special_tokens, self.padding_side, self.clean_up_spaces
+                    self._lower = WordPiece(tok, self.model_max_length, *settings)
             return self._lower
 
     def _truncated(self, limit: int) -> Tokenizer:
@@ -310,7 +326,11 @@ class WordPiece:
         return self.token_to_id(self.mask_token)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        text = self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        if self.clean_up_spaces:  # transformers' clean_up_tokenization
+            for old, new in CLEAN_UP:
+                text = text.replace(old, new)
+        return text
 
     # -- encoding --------------------------------------------------------------------------------------------
     def encode(self, texts, pairs=None, *, max_length: int | None = None, truncation: bool = True) -> Encoded:

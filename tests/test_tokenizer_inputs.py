@@ -460,3 +460,16 @@ def test_a_tokenizer_class_jaxbert_does_not_build_is_refused(tmp_path, name, set
     where = "config.json" if config_json else "tokenizer_config.json"
     with pytest.raises(ValueError, match=rf"{where}: tokenizer_class '\w+' is not one jaxbert builds as transformers"):
         WordPiece.from_dir(directory)
+
+
+@pytest.mark.parametrize("clean_up, text", [(True, "don't, it's a test."), (False, "don ' t, it ' s a test.")])
+def test_decoding_cleans_up_spaces_as_tokenizer_config_says(tmp_path, clean_up, text):
+    """transformers 5 decodes with tokenizer_config.json's clean_up_tokenization_spaces (bert-base-uncased's and
+    many more say true): "don't, it's a test." (as fill-mask's sequences); jaxbert never cleaned up: "don ' t,
+    it ' s a test."."""
+    directory = _tokenizer_dir(tmp_path, "tokenizer.json")
+    settings = {"tokenizer_class": "BertTokenizer", "clean_up_tokenization_spaces": clean_up}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(settings))
+    tok = WordPiece.from_dir(directory)
+    assert tok.decode(tok.encode(["Don't, it's a test."]).ids[0]) == text
+    assert tok.lowercased().decode(tok.encode(["Don't, it's a test."]).ids[0]) == text
