@@ -92,7 +92,7 @@ def _with_unknown(path: str, tok: Tokenizer) -> Tokenizer:
     """`tok`, once its model's unknown token is known to be in its vocabulary: otherwise WordPiece (and
     WordLevel) fail on the first text with a character outside the vocabulary, long after loading."""
     unk = getattr(tok.model, "unk_token", None)  # None: a model with no unknown token (BPE may have none)
-    if unk is not None and unk not in tok.get_vocab(with_added_tokens=False):
+    if unk is not None and tok.model.token_to_id(unk) is None:  # the model's own vocabulary, not added tokens
         raise ValueError(f"{path}: the unknown token {unk!r} is not in the vocabulary")
     return tok
 
@@ -125,7 +125,6 @@ def _refuse_added_tokens(directory: str, config: dict, config_path: str, tok: To
     added_tokens_decoder and the special tokens it names, when `name` (vocab.txt, or tokenizer.json with its own
     added tokens) lacks them; jaxbert split a text's "[NEW]" into word pieces where transformers gives it its own
     id, past the vocabulary. Such a token is refused, naming it."""
-    vocab = tok.get_vocab()
     added = []
     path = existing_file(directory, "added_tokens.json")
     if path:
@@ -139,7 +138,7 @@ def _refuse_added_tokens(directory: str, config: dict, config_path: str, tok: To
             if key.endswith("_token") or key in ("additional_special_tokens", "extra_special_tokens"):
                 added += [(where, token) for token in _tokens(value)]
     for where, token in added:
-        if isinstance(token, str) and token not in vocab:
+        if isinstance(token, str) and tok.token_to_id(token) is None:
             raise ValueError(
                 f"{where}: adds the token {token!r}, which {name} lacks (jaxbert adds no tokens to the vocabulary read)"
             )
