@@ -1,9 +1,10 @@
 """A thin layer over the checkpoint's fast WordPiece tokenizer (the `tokenizers` library).
 
 Built as transformers 5's AutoTokenizer builds it: from `tokenizer.json` as it is, except that its BertTokenizer
-(tokenizer_class BertTokenizer, or none named beside a BERT config.json) takes only tokenizer.json's vocabulary and
-builds the rest from `tokenizer_config.json` (lower-casing, accent stripping, Chinese characters split one per
-token, the special tokens named); without tokenizer.json, from `vocab.txt` + `tokenizer_config.json` alike.
+(tokenizer_class BertTokenizer or an alias, or none named beside a BERT config.json) takes only tokenizer.json's
+vocabulary and added tokens and builds the rest from `tokenizer_config.json` (lower-casing, accent stripping,
+Chinese characters split one per token, the special tokens named); without tokenizer.json, from `vocab.txt` +
+`tokenizer_config.json` alike. A tokenizer_class transformers builds another way is refused.
 Padding and truncation are jaxbert's own: settings stored in tokenizer.json (MiniLM's pads everything to 128) are
 cleared, but its truncation direction is the side cut where tokenizer_config.json names none.
 """
@@ -148,7 +149,8 @@ def _refuse_added_tokens(directory: str, config: dict, config_path: str, tok: To
 # DistilBertTokenizer), and those under which it reads tokenizer.json as it is (ConvBertTokenizer beside vocab.txt
 # alone is a BertTokenizer too)
 BERT_CLASSES = {"Bert", "Electra", "LayoutLM", "MobileBert", "SqueezeBert", "DistilBert"}
-AS_IS_CLASSES = {"PreTrainedTokenizerFast", "TokenizersBackend", "ConvBertTokenizer"}
+AS_IS_CLASSES = {"PreTrainedTokenizerFast", "PreTrainedTokenizer", "TokenizersBackend", "PythonBackend"}
+AS_IS_CLASSES.add("ConvBertTokenizer")
 
 
 def _builds_bert_tokenizer(directory: str, config: dict, config_path: str, vocab_only: bool) -> bool:

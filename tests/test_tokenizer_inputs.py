@@ -429,6 +429,7 @@ def test_a_batch_is_padded_on_the_side_transformers_pads(tmp_path, name, edit, s
         ("tokenizer.json", "DistilBertTokenizerFast", [7632, 2088]),
         ("tokenizer.json", "ConvBertTokenizer", [100, 2088]),  # tokenizer.json as it is
         ("vocab.txt", "ConvBertTokenizer", [7632, 2088]),
+        ("tokenizer.json", "PreTrainedTokenizer", [100, 2088]),  # transformers 5's TokenizersBackend
     ],
 )
 def test_the_tokenizer_classes_transformers_builds_as_bert_are_followed(tmp_path, name, tokenizer_class, ids):
