@@ -76,7 +76,7 @@ def _other_heads_keys(config: BertConfig, head: str) -> set[str]:
     return keys - set(expected_keys(config, head))
 
 
-def _check_layer_count(state_dict, config: BertConfig) -> None:
+def check_layer_count(state_dict, config: BertConfig) -> None:
     """Compare the declared depth with the weights before building anything from the config: a config.json
     declaring a million layers must fail at once, not after building a million layers of expected keys."""
     indices = {int(m.group(1)) for key in state_dict if (m := _LAYER.search(key))}
@@ -181,7 +181,7 @@ def torch_to_flax(
     lazily read tensors of checkpoint.py): each is read once, after every name and shape has been checked.
     """
     head = resolve_head(head, config)
-    _check_layer_count(state_dict, config)
+    check_layer_count(state_dict, config)
     expected = expected_keys(config, head)
     report = ConversionReport()
     routes = _route(state_dict, config, head, report)

@@ -55,13 +55,16 @@ def param_spec(config: BertConfig, head: str | None = None) -> dict:
     return base if spec.name == "BertModel" else {"bert": base, **spec.spec(config)}
 
 
-def init_params(config: BertConfig, rng: jax.Array, head: str | None = None, dtype=jnp.float32) -> dict:
+def init_params(config: BertConfig, rng: jax.Array, head: str | None = None, dtype=jnp.float32, *, only=None) -> dict:
     """transformers' initialization: normal(initializer_range) weights, zero biases, unit LayerNorm scales,
-    and the padding token's embedding row zeroed."""
+    and the padding token's embedding row zeroed. `only` (Flax paths) builds just those leaves, with the values
+    the whole tree gives them: a fine-tune's fresh head without a second model's worth of memory."""
     flat = traverse_util.flatten_dict(param_spec(config, head), is_leaf=lambda _, v: isinstance(v, tuple))
     keys = jax.random.split(rng, len(flat))
     out = {}
     for key, (path, (shape, init)) in zip(keys, sorted(flat.items())):
+        if only is not None and path not in only:
+            continue
         if init == "normal":
             leaf = config.initializer_range * jax.random.normal(key, shape, dtype)
         else:

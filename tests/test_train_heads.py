@@ -187,3 +187,24 @@ def test_a_partial_masked_lm_head_keeps_what_the_checkpoint_has(models, tmp_path
     np.testing.assert_array_equal(head["transform"]["dense"]["kernel"], new["kernel"])
     whole, fresh, kept = mlm_params(models["mlm"], config, seed=3)
     assert not fresh and kept
+
+
+@pytest.mark.parametrize(
+    "change, built, match",
+    [
+        ({"num_hidden_layers": 10**9}, "expected_keys", "num_hidden_layers=1000000000 in the config, but the weights"),
+        ({"vocab_size": 2**31 - 1}, "init_params", r"word_embeddings.weight: shape \(30522, 32\) in the checkpoint"),
+    ],
+)
+def test_a_config_larger_than_its_weights_is_refused_before_it_is_built(models, monkeypatch, change, built, match):
+    """A config.json declaring far more than its weights hold: the converter's error, before the model it declares
+    is built (a billion layers' keys, a 2**31-row table: `train` was killed for memory, exit 137, no message)."""
+    import jaxbert.train.task_init as task_init
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{built} ran before the checkpoint was checked against the config")
+
+    monkeypatch.setattr(task_init, built, refuse)
+    config = _config(models["three"], SEQ).replace(**change)
+    with pytest.raises(ValueError, match=match):
+        task_params(models["three"], config, SEQ, 42)

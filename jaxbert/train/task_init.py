@@ -23,7 +23,7 @@ from flax import traverse_util
 
 from jaxbert.checkpoint import find_weights, read_msgpack, read_state_dict
 from jaxbert.config import BertConfig
-from jaxbert.convert import canonical_key, expected_keys, flax_to_torch_any, torch_to_flax
+from jaxbert.convert import canonical_key, check_layer_count, expected_keys, flax_to_torch_any, torch_to_flax
 from jaxbert.params import init_params
 
 
@@ -50,9 +50,17 @@ def task_params(
     checkpoint's. Fresh parameters come from `init_params(config, key(seed), head)`.
     """
     state = _state_dict(directory)
+    # The config against the weights before anything is built from it: a config.json declaring a billion layers
+    # or a vocabulary of 2**31 rows over a small checkpoint is the converter's one-line error, not an allocation
+    # of the size it declares (the whole model was initialized here before torch_to_flax checked it).
+    check_layer_count(state, config)
     expected = expected_keys(config, head)
     source = {canonical_key(k, head): k for k in state}
     head_names = sorted(n for n in expected if not n.startswith("bert."))
+    for name, (_, shape) in expected.items():
+        have = tuple(np.shape(state[source[name]])) if name in source else None
+        if name not in head_names and have is not None and have != tuple(shape):
+            raise ValueError(f"{source[name]}: shape {have} in the checkpoint, expected {tuple(shape)} from the config")
     pooler = sorted(n for n in expected if n.startswith("bert.pooler.") and n not in source)
     shapes = {n: tuple(np.shape(state[source[n]])) for n in head_names if n in source}
     # The weight first: its shape says how many labels the checkpoint has.
@@ -77,7 +85,8 @@ def task_params(
     else:
         fresh += head_names
     if fresh:
-        init = traverse_util.flatten_dict(jax.device_get(init_params(config, jax.random.key(seed), head)))
+        only = {expected[name][0] for name in fresh}
+        init = traverse_util.flatten_dict(jax.device_get(init_params(config, jax.random.key(seed), head, only=only)))
         for name in fresh:
             state.pop(source.get(name, name), None)
             path = expected[name][0]
