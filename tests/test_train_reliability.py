@@ -485,6 +485,13 @@ GOOD = dict(model="m", train_file="t.txt", output_dir="o")
         ("output_dir", 3, TypeError, "--output-dir 3: must be a string, not int"),
         ("resume", "", ValueError, "--resume '': must not be empty"),
         ("save_total_limit", 0, ValueError, "--save-total-limit 0: must be at least 1"),
+        # Values that only float32, where the step computes, makes wrong (NaN parameters, or nothing learned).
+        ("adam_beta2", 0.9999999999, ValueError, r"--adam-beta2 0.9999999999: must be in \[0, 1\) \(in float32"),
+        ("adam_beta1", 1 - 1e-9, ValueError, r"--adam-beta1 0.999999999: must be in \[0, 1\)"),
+        ("adam_epsilon", 1e-50, ValueError, "--adam-epsilon 1e-50: must be > 0 "),
+        ("learning_rate", 1e-50, ValueError, "--learning-rate 1e-50: must be > 0 "),
+        ("learning_rate", 1e300, ValueError, "--learning-rate 1e[+]300: must be a finite number"),
+        ("weight_decay", 1e39, ValueError, "--weight-decay 1e[+]39: must be a finite number"),
     ],
 )
 def test_train_config_refuses_bad_values(field, value, error, match):

@@ -11,6 +11,8 @@ import dataclasses
 import math
 import numbers
 
+import numpy as np
+
 # The optimizer's and the loss's settings: a resumed step with others is not the step the run would have taken.
 OPTIMIZER_KEYS = ("weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "label_smoothing")
 
@@ -195,8 +197,8 @@ def _check_type(name: str, annotation: str, value):
         ok, what, cast = number and isinstance(value, numbers.Integral), "an integer", int
     elif kind == "float":
         ok, what, cast = number and isinstance(value, numbers.Real), "a number", float
-        if ok and not math.isfinite(_as_float(value)):
-            raise ValueError(f"{_flag(name)} {value!r}: must be a finite number")
+        if ok and not abs(_as_float(value)) <= F32_MAX:  # the step computes in float32, where 1e39 is inf
+            raise ValueError(f"{_flag(name)} {value!r}: must be a finite number (within float32's ±{F32_MAX:.2e})")
     else:
         ok, what, cast = isinstance(value, str), "a string", str
         if ok and not value:
@@ -213,6 +215,24 @@ def _as_float(value) -> float:
         return math.inf
 
 
+F32 = np.finfo(np.float32)
+F32_MAX, F32_TINY = float(F32.max), float(F32.tiny)  # Python floats: comparing with a float32 would cast to it
+
+
+def _below_one(v: float) -> bool:
+    """In [0, 1) also once rounded to float32, as the step holds it: a beta of 0.9999999999 is 1.0 there, and
+    Adam's bias correction 1 - beta**t divides by zero (NaN parameters after the first step)."""
+    return 0 <= v and np.float32(v) < 1
+
+
+def _positive(v: float) -> bool:
+    """> 0 also in float32: an epsilon of 1e-50 is 0 there (Adam divides 0 by 0 where a gradient is 0), a
+    learning rate of 1e-50 trains nothing."""
+    return v >= F32_TINY
+
+
+_IN_01 = "must be in [0, 1) (in float32 too, which rounds 0.99999999 to 1)"
+_POSITIVE = f"must be > 0 (at least {F32_TINY:.2e}, float32's smallest normal number)"
 # name -> (check, why); None values of optional fields are not checked. Types are checked before these run.
 RANGES = {
     "validation_split_percentage": (lambda v: 0 < v < 100, "must be between 0 and 100 (exclusive)"),
@@ -222,17 +242,17 @@ RANGES = {
     "per_device_batch_size": (lambda v: v >= 1, "must be at least 1"),
     "global_batch_size": (lambda v: v >= 1, "must be at least 1"),
     "grad_accum_steps": (lambda v: v >= 1, "must be at least 1"),
-    "learning_rate": (lambda v: v > 0, "must be > 0"),
+    "learning_rate": (_positive, _POSITIVE),
     "weight_decay": (lambda v: v >= 0, "must be >= 0"),
-    "adam_beta1": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
-    "adam_beta2": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
-    "adam_epsilon": (lambda v: v > 0, "must be > 0"),
+    "adam_beta1": (_below_one, _IN_01),
+    "adam_beta2": (_below_one, _IN_01),
+    "adam_epsilon": (_positive, _POSITIVE),
     "warmup_steps": (lambda v: v >= 0, "must be >= 0"),
     "warmup_ratio": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
     "num_train_epochs": (lambda v: v > 0, "must be > 0"),
     "max_steps": (lambda v: v >= 1, "must be at least 1"),
     "max_grad_norm": (lambda v: v >= 0, "must be >= 0 (0 turns clipping off)"),
-    "label_smoothing": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "label_smoothing": (_below_one, _IN_01),
     "dtype": (lambda v: v in ("float32", "bfloat16"), "must be float32 or bfloat16"),
     "seed": (lambda v: 0 <= v < 2**32, "must be in [0, 2**32)"),
     "logging_steps": (lambda v: v >= 1, "must be at least 1"),
