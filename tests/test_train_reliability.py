@@ -2,6 +2,7 @@
 a checkpoint of another model, non-finite parameters, bad options, a torn metrics.jsonl, Ctrl-C, and the data
 cache. Training runs are subprocesses sharing a persistent XLA compilation cache, so only the first compiles."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -511,6 +512,27 @@ def test_cli_refuses_bad_values_before_writing(tiny, tmp_path, capsys, flag, val
     assert main(_args(tiny, tmp_path / "out") + [flag, value]) == 1
     assert f"{flag} {float(value)}:" in _one_line(capsys.readouterr().err)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_validation_set_with_no_token_masked_is_refused():
+    """Nothing to score is not a perfect score: it was logged as validation loss 0.0000, perplexity 1.00 at
+    every evaluation (the validation masks are fixed), and OUT/best was chosen by it."""
+    from types import SimpleNamespace
+
+    from jaxbert.config import BertConfig
+    from jaxbert.train.plan import Run
+
+    cfg = TrainConfig(**GOOD, mlm_probability=0.001, max_seq_length=16)
+    val = np.array([[101] + list(range(1000, 1014)) + [102]] * 3)
+    run = Run(cfg, BertConfig(), SimpleNamespace(batch_size=2), val, [0, 101, 102], 103, None, 4, 1, 0)
+
+    def scored(params, batch):  # what eval_step sums: (loss, correct, masked tokens)
+        return 0.0, 0.0, int((batch["labels"] != -100).sum())
+
+    with pytest.raises(ValueError, match=r"validation set \(3 sequences\) has no token masked at --mlm-probability"):
+        run.evaluate(None, scored)
+    half = dataclasses.replace(run, cfg=dataclasses.replace(cfg, mlm_probability=0.5))
+    assert half.evaluate(None, lambda p, b: (2.0 * scored(p, b)[2], 0.0, scored(p, b)[2]))["eval_loss"] == 2.0
 
 
 # 5. metrics.jsonl on resume.

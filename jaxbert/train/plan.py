@@ -109,7 +109,12 @@ class Run:
                 ids = np.concatenate([ids, pad])
             s, c, n = eval_fn(params, self.masked(ids, [EVAL_SEED, start]))
             nll, correct, count = nll + float(s), correct + float(c), count + float(n)
-        loss = nll / max(count, 1)
+        if count == 0:  # the masks are fixed (EVAL_SEED): no evaluation would score anything, each "loss 0"
+            raise ValueError(
+                f"the validation set ({len(self.val)} sequences) has no token masked at --mlm-probability "
+                f"{self.cfg.mlm_probability}: give more validation text or a higher --mlm-probability"
+            )
+        loss = nll / count
         try:
             perplexity = math.exp(loss)
         except OverflowError:  # a diverged model's loss beyond ~709: infinite perplexity (run_mlm's rule), not a crash
