@@ -395,6 +395,10 @@ def test_resume_refuses_a_checkpoint_whose_epochs_left_out_the_last_examples(tin
     assert "was made with steps_per_epoch=116, this run has 117" in _one_line(capsys.readouterr().err)
     expected = {"step": 6, "train_sequences": 928, "global_batch_size": 8, "grad_accum_steps": 1, "model_config": {}}
     checkpoints.check_meta(expected, {**expected, "steps_per_epoch": 116}, "a checkpoint")  # 928 = 116 × 8
+    # Resumed on twice the devices (--per-device-batch-size): the batch is named, not the steps it leads to.
+    with pytest.raises(ValueError, match="was made with global_batch_size=8, this run has 16 [(]--per-device-batch"):
+        run = {"step": 6, "train_sequences": 928, "steps_per_epoch": 58, "global_batch_size": 16}  # _meta's order
+        checkpoints.check_meta({**expected, "steps_per_epoch": 116}, {**run, **expected, **run}, "a checkpoint")
 
 
 def test_a_checkpoint_that_cannot_be_written_names_it_and_the_last_good_one(tiny, trained, child_env, tmp_path):

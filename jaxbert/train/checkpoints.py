@@ -197,6 +197,15 @@ LATER_KEYS = (
 )
 
 
+# Meta keys that follow from others (the data, --max-seq-length, the batch): compared last, so that a run on more
+# devices is told its global_batch_size differs, not that its steps_per_epoch does.
+DERIVED_KEYS = ("train_sequences", "steps_per_epoch")
+_BATCH_HINT = (
+    " (--per-device-batch-size times the devices the batch is split over, unless --global-batch-size sets it: "
+    "pass the checkpoint's as --global-batch-size to resume on another mesh)"
+)
+
+
 def check_meta(meta: dict, expected: dict, where: str) -> None:
     """Refuse a checkpoint made for another model or another data/schedule, naming the first difference."""
     stored, model = meta.get("model_config"), json.loads(json.dumps(expected["model_config"]))
@@ -212,11 +221,13 @@ def check_meta(meta: dict, expected: dict, where: str) -> None:
         # last full step: its later epochs would now be other steps
         per_step = meta.get("global_batch_size", 1) * meta.get("grad_accum_steps", 1)
         meta = {**meta, "steps_per_epoch": meta.get("train_sequences", 0) // max(per_step, 1)}
-    for key, value in expected.items():
+    for key in sorted(expected, key=lambda k: k in DERIVED_KEYS):
+        value = expected[key]
         if key in LATER_KEYS and key not in meta:
             continue
         if key not in ("step", "epoch", "offset", "model_config") and meta.get(key) != value:
-            raise ValueError(f"--resume: {where} was made with {key}={meta.get(key)!r}, this run has {value!r}")
+            hint = _BATCH_HINT if key == "global_batch_size" else ""
+            raise ValueError(f"--resume: {where} was made with {key}={meta.get(key)!r}, this run has {value!r}{hint}")
 
 
 def restore_state(mgr: ocp.CheckpointManager, step: int, abstract_state):
