@@ -497,11 +497,20 @@ GOOD = dict(model="m", train_file="t.txt", output_dir="o")
         ("learning_rate", 1e-50, ValueError, "--learning-rate 1e-50: must be > 0 "),
         ("learning_rate", 1e300, ValueError, "--learning-rate 1e[+]300: must be a finite number"),
         ("weight_decay", 1e39, ValueError, "--weight-decay 1e[+]39: must be a finite number"),
+        ("max_steps", 2**31, ValueError, r"--max-steps 2147483648: must be in \[1, 2147483647\] \(the step"),
     ],
 )
 def test_train_config_refuses_bad_values(field, value, error, match):
     with pytest.raises(error, match=match):
         TrainConfig(**{**GOOD, field: value})
+
+
+def test_more_epochs_than_the_step_counter_holds_are_refused(tiny, tmp_path, capsys):
+    """int32 steps: 1e30 epochs had the run evaluate step 0, then fail in the schedule with OverflowError's
+    traceback (not an expected error: no one line, exit status of an uncaught exception)."""
+    assert main(_args(tiny, tmp_path / "out", "--num-train-epochs", "1e30")) == 1
+    err = _one_line(capsys.readouterr().err)
+    assert "--num-train-epochs 1e+30: " in err and "more than the 2147483647 the step counter holds" in err, err
 
 
 def test_train_config_accepts_numpy_scalars_as_python_numbers():

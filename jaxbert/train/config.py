@@ -215,6 +215,7 @@ def _as_float(value) -> float:
         return math.inf
 
 
+MAX_STEPS = 2**31 - 1  # TrainState.step, and the schedule's count, are int32
 F32 = np.finfo(np.float32)
 F32_MAX, F32_TINY = float(F32.max), float(F32.tiny)  # Python floats: comparing with a float32 would cast to it
 
@@ -247,10 +248,10 @@ RANGES = {
     "adam_beta1": (_below_one, _IN_01),
     "adam_beta2": (_below_one, _IN_01),
     "adam_epsilon": (_positive, _POSITIVE),
-    "warmup_steps": (lambda v: v >= 0, "must be >= 0"),
+    "warmup_steps": (lambda v: 0 <= v <= MAX_STEPS, f"must be >= 0 (and at most {MAX_STEPS}: int32 steps)"),
     "warmup_ratio": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
     "num_train_epochs": (lambda v: v > 0, "must be > 0"),
-    "max_steps": (lambda v: v >= 1, "must be at least 1"),
+    "max_steps": (lambda v: 1 <= v <= MAX_STEPS, f"must be in [1, {MAX_STEPS}] (the step counter is int32)"),
     "max_grad_norm": (lambda v: v >= 0, "must be >= 0 (0 turns clipping off)"),
     "label_smoothing": (_below_one, _IN_01),
     "dtype": (lambda v: v in ("float32", "bfloat16"), "must be float32 or bfloat16"),
@@ -270,3 +271,15 @@ RANGES = {
     "n_best_size": (lambda v: v >= 1, "must be at least 1"),
     "max_answer_length": (lambda v: v >= 1, "must be at least 1"),
 }
+
+
+def total_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
+    """--max-steps, else --num-train-epochs of `steps_per_epoch`: at most MAX_STEPS, or the schedule's first
+    call overflows int32 (a traceback after the first evaluation)."""
+    total = cfg.max_steps or math.ceil(cfg.num_train_epochs * steps_per_epoch)
+    if total > MAX_STEPS:
+        raise ValueError(
+            f"--num-train-epochs {cfg.num_train_epochs}: {total} steps ({steps_per_epoch} an epoch), more than the "
+            f"{MAX_STEPS} the step counter holds; pass fewer epochs or --max-steps"
+        )
+    return total

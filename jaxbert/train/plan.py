@@ -18,7 +18,7 @@ from jaxbert import cpu, distributed, malloc, sharding
 from jaxbert.config import BertConfig
 from jaxbert.texts import read_text_file
 from jaxbert.train import data as D
-from jaxbert.train.config import TrainConfig
+from jaxbert.train.config import TrainConfig, total_steps
 from jaxbert.train.masking import default_max_predictions, mask_tokens
 from jaxbert.train.state import mlm_params
 from jaxbert.train.step import eval_step
@@ -189,7 +189,7 @@ def prepare(cfg: TrainConfig) -> Run:
     if len(val_blocks) == 0:
         raise ValueError("the validation set is shorter than one --max-seq-length block")
     batches = D.Batches(train_blocks, batch, cfg.grad_accum_steps, cfg.seed)
-    total = cfg.max_steps or math.ceil(cfg.num_train_epochs * batches.steps_per_epoch)
+    total = total_steps(cfg, batches.steps_per_epoch)
     warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * total)
     continuation = None
     if cfg.whole_word_mask:

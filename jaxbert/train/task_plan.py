@@ -20,7 +20,7 @@ from jaxbert.config import BertConfig
 from jaxbert.train import data as D
 from jaxbert.train import task_encode as E
 from jaxbert.train import task_pack as P
-from jaxbert.train.config import TrainConfig
+from jaxbert.train.config import TrainConfig, total_steps
 from jaxbert.train.plan import model_and_batch
 from jaxbert.train.step import task_eval_step
 from jaxbert.train.task_data import read_rows
@@ -228,7 +228,7 @@ def prepare(cfg: TrainConfig) -> TaskRun:
         batches = P.PackedTaskBatches(train, batch, cfg.grad_accum_steps, cfg.seed, buckets, config.pad_token_id, *args)
     else:
         batches = E.TaskBatches(train, batch, cfg.grad_accum_steps, cfg.seed, buckets, config.pad_token_id)
-    total = cfg.max_steps or math.ceil(cfg.num_train_epochs * batches.steps_per_epoch)
+    total = total_steps(cfg, batches.steps_per_epoch)
     warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * total)
     run = TaskRun(cfg, labelled_config(config, task, labels), task, labels, batches, val, total, warmup, metric, renew)
     named = f"{len(labels.names)} labels ({_names(labels.names)})"
