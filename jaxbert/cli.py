@@ -203,9 +203,23 @@ def _generate(args) -> int:
         for k in ("max_new_tokens", "num_beams", "num_return_sequences", "temperature", "top_k", "top_p", "seed")
     }
     model = jaxbert.load(args.dir, dtype=args.dtype)
+    _check_sampling_flags(args, model.directory)
     for text in generate_text(model, args.prompt, do_sample=args.do_sample or None, **options):
         print(text)
     return 0
+
+
+def _check_sampling_flags(args, directory) -> None:
+    """--temperature, --top-k and --top-p shape sampling alone: without it (no --do-sample, nor do_sample in the
+    model's generation config) greedy and beam search ignore them, as transformers does with a warning; given on
+    the command line, that is a mistake to name, not an output to print as if they had applied."""
+    from jaxbert.generate_inputs import file_settings
+
+    given = [f"--{k.replace('_', '-')}" for k in ("temperature", "top_k", "top_p") if getattr(args, k) is not None]
+    if given and not args.do_sample and file_settings(directory).get("do_sample") is not True:
+        raise ValueError(
+            f"{', '.join(given)}: applies to sampling only, and this run searches (greedy or beams); pass --do-sample"
+        )
 
 
 def _add_generate(sub) -> None:

@@ -68,6 +68,9 @@ def test_sampling_is_reproducible_from_the_seed(lm_dir, capsys):
         (("--num-beams", 0), "num_beams"),
         (("--max-new-tokens", 500), "exceeds max_position_embeddings 40"),
         (("--top-p", 1.5, "--do-sample"), "top_p"),
+        # Without sampling they changed nothing, and the greedy text was printed as if they had.
+        (("--temperature", 0.5), "--temperature: applies to sampling only"),
+        (("--top-k", 3, "--top-p", 0.9, "--num-beams", 2), "--top-k, --top-p: applies to sampling only"),
     ],
 )
 def test_bad_options_are_one_line_errors(lm_dir, capsys, tmp_path, args, match):
