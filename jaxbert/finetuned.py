@@ -103,10 +103,14 @@ def _answers(bert, path: str, question: str, context: str, batch_size: int, leng
         saved = trained.get("max_seq_length", 384)  # run_qa's default, as qa._trained_options
         window = min(length or positive_int("config.json question_answering.max_seq_length", saved),
                      bert.max_length(None))  # fmt: skip
+        # The window as named in a question too long for it: by what set its length and its stride.
+        given = "--max-seq-length" if length else "the trained length" if "max_seq_length" in trained else None
+        names = (given or "run_qa's default length", "the trained stride" if length else "stride")
         trained = {**trained, "max_seq_length": window}
         if trained.get("doc_stride", window) >= window:
             trained["doc_stride"] = qa.default_stride(window)
-        return qa.trained_answers(bert, *map(list, zip(*pairs)), trained, batch_size)
+            names = (names[0], "its default stride")
+        return qa.trained_answers(bert, *map(list, zip(*pairs)), trained, batch_size, names)
     return [bert.answer(q, c, batch_size=batch_size, max_seq_len=length)[0] for q, c in pairs]
 
 

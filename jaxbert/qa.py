@@ -319,7 +319,9 @@ def _trained_options(options: dict, limit: int) -> tuple[int, int, dict]:
     return length, stride, {**ints, "version_2_with_negative": v2, "null_score_diff_threshold": float(threshold)}
 
 
-def trained_answers(bert, questions: list[str], contexts: list[str], options: dict, batch_size: int = 32) -> list:
+def trained_answers(
+    bert, questions: list[str], contexts: list[str], options: dict, batch_size: int = 32, names=None
+) -> list:
     """The best answer to each (question, context) as `jaxbert train --task question-answering` scored the model:
     its windows (`options`' max_seq_length and doc_stride, kept in its config) and best_answers with its n-best
     size, answer length and, for SQuAD v2, null answers. [{answer, score (n-best probability), start, end}];
@@ -327,7 +329,7 @@ def trained_answers(bert, questions: list[str], contexts: list[str], options: di
     fits at all (run_qa's post-processing then names the text "empty", which `evaluate` scores as it does)."""
     _check_texts(questions, contexts)
     length, stride, opts = _trained_options(options, bert.max_length(None))
-    w = windows(bert.tokenizer, questions, contexts, length, stride, ("the trained length", "stride"))
+    w = windows(bert.tokenizer, questions, contexts, length, stride, names or ("the trained length", "stride"))
     logits = window_logits(bert, w, batch_size)
     feats: dict[int, list[int]] = {}
     for f, e in enumerate(w.example):

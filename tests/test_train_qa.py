@@ -350,3 +350,32 @@ def test_the_span_loss_of_short_windows_is_run_qas_padded_to_the_window_length(t
         theirs = pt(**feed, start_positions=labels[:, 0], end_positions=labels[:, 1]).loss
     assert abs(float(ours) - float(theirs)) <= 1e-5, (float(ours), float(theirs))
     assert batch["input_ids"].shape[-1] == length
+
+
+@pytest.mark.parametrize(
+    "length, stride, named",
+    [
+        (None, 30, "the trained length 40 with stride 30"),
+        (12, 4, "--max-seq-length 12 with the trained stride 4"),
+        (12, 30, "--max-seq-length 12 with its default stride 6"),
+    ],
+)
+def test_predict_names_the_window_a_question_does_not_fit(tmp_path, length, stride, named):
+    """predict --max-seq-length 12 with a question too long for it was told of 'the trained length 12', a
+    length it was never trained at: the flag that set it is named."""
+    from types import SimpleNamespace
+
+    from jaxbert.finetuned import _answers
+    from jaxbert.tokenizer import WordPiece
+
+    trained = {"question_answering": {"max_seq_length": 40, "doc_stride": stride}}
+    bert = SimpleNamespace(
+        tokenizer=WordPiece.from_dir(str(minilm.get_model_path())),
+        max_length=lambda n: 64,
+        config=SimpleNamespace(extra=trained),
+    )
+    data = tmp_path / "q.jsonl"
+    question = "which of the rivers that cross the old town flows into the sea in the north"
+    data.write_text(json.dumps({"question": question, "context": "The river Elbe flows north. " * 5}) + "\n")
+    with pytest.raises(ValueError, match="leaves too little room for the context in " + named):
+        _answers(bert, str(data), "question", "context", 8, length, trained["question_answering"])
