@@ -270,8 +270,11 @@ def evaluate(
         limit = min(max_length or trained, limit)
         # A model not fine-tuned here (or a --max-seq-length below the trained stride): the QA pipeline's default
         # stride. run_qa's 128 alone refused every model of 128 positions or fewer.
+        stride = "the trained doc_stride"
         if opts.get("doc_stride", limit) >= limit:
-            opts["doc_stride"] = qa.default_stride(limit)
+            opts["doc_stride"], stride = qa.default_stride(limit), "the default doc_stride"
+        # A question too long for the window names what set it: evaluate has no --doc-stride to name.
+        opts["names"] = ("--max-seq-length" if max_length else "the window length", stride)
     data = task.encode(tok, rows, cols, labels, limit, **opts)[1]()
     _check_vocabulary(data, config.vocab_size, path)
     params, _ = load_params(directory, config, head)

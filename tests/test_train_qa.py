@@ -379,3 +379,35 @@ def test_predict_names_the_window_a_question_does_not_fit(tmp_path, length, stri
     data.write_text(json.dumps({"question": question, "context": "The river Elbe flows north. " * 5}) + "\n")
     with pytest.raises(ValueError, match="leaves too little room for the context in " + named):
         _answers(bert, str(data), "question", "context", 8, length, trained["question_answering"])
+
+
+@pytest.fixture(scope="module")
+def short_qa(tmp_path_factory):
+    root = tmp_path_factory.mktemp("short_qa")
+    return model_dir(root, "BertForQuestionAnswering", num_labels=2, max_position_embeddings=64, num_hidden_layers=2)
+
+
+@pytest.mark.parametrize(
+    "length, stride, named",
+    [
+        (None, 30, "the window length 40 with the trained doc_stride 30"),
+        (12, 4, "--max-seq-length 12 with the trained doc_stride 4"),
+        (12, 30, "--max-seq-length 12 with the default doc_stride 6"),
+    ],
+)
+def test_evaluate_names_the_window_a_question_does_not_fit(short_qa, tmp_path, capsys, length, stride, named):
+    """evaluate named '--doc-stride', a flag it does not have, for a stride it took from the model or replaced."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(short_qa, model)
+    config = json.loads((model / "config.json").read_text())
+    config["question_answering"] = {"max_seq_length": 40, "doc_stride": stride}
+    (model / "config.json").write_text(json.dumps(config))
+    data = tmp_path / "q.jsonl"
+    question = "which of the rivers that cross the old town flows into the sea in the north"
+    context = "The river Elbe flows north. " * 5
+    answers = {"text": ["Elbe"], "answer_start": [10]}
+    data.write_text(json.dumps({"question": question, "context": context, "answers": answers}) + "\n")
+    args = ["evaluate", model, "--task", "question-answering", "--file", data, "--output", tmp_path / "e.json"]
+    cli_fails(capsys, tmp_path, *args, *(["--max-seq-length", length] if length else []), match=named)

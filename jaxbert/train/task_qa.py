@@ -106,8 +106,9 @@ def _answers(row: Row, column: str, context: str, version_2: bool) -> tuple[list
     return texts, starts
 
 
-def encode(tok, rows, columns, labels: Labels, max_len: int, **opts):
-    """Every row checked, then (cache key parts, build): windows of `max_len` tokens, `doc_stride` overlap."""
+def encode(tok, rows, columns, labels: Labels, max_len: int, names=qa.FLAGS, **opts):
+    """Every row checked, then (cache key parts, build): windows of `max_len` tokens, `doc_stride` overlap.
+    `names` name the two where a question leaves no room (training's flags; `evaluate` has no --doc-stride)."""
     opts = {**DEFAULTS, **opts}
     question, context, answers = columns
     contexts = [r.text(context) for r in rows]
@@ -119,7 +120,7 @@ def encode(tok, rows, columns, labels: Labels, max_len: int, **opts):
 
     def build() -> E.Encodedset:
         try:
-            w = qa.windows(tok, questions, contexts, max_len, opts["doc_stride"])
+            w = qa.windows(tok, questions, contexts, max_len, opts["doc_stride"], names)
         except ValueError as e:  # "example i: ..." -> the row's file and line
             i = int(str(e).split(":")[0].split()[1])
             raise ValueError(f"{rows[i].where(question)}: {str(e).split(': ', 1)[1]}") from None
