@@ -337,6 +337,22 @@ BAD = {  # name: (task, training records or raw text, validation records, flags,
         ["--mlm-probability", "0.2"],
         "--mlm-probability applies to --task mlm only",
     ),
+    # One column in two roles: the label read as the text was learned as itself (accuracy 1.0, nothing learned).
+    "the label column as the text": (
+        "sequence-classification",
+        GOOD,
+        GOOD,
+        ["--text-column", "label"],
+        "--text-column 'label' is also the --label-column (for --task sequence-classification: --text-column "
+        "'label', --label-column 'label'); each role needs its own column",
+    ),
+    "the text column as its own pair": (
+        "sequence-classification",
+        GOOD,
+        GOOD,
+        ["--text-pair-column", "text"],
+        "--text-column 'text' is also the --text-pair-column",
+    ),
 }
 
 

@@ -165,9 +165,22 @@ TASKS: dict[str, Task] = {
 COLUMNS_KEY = "jaxbert_text_columns"
 
 
+COLUMN_FLAGS = ("--text-column", "--text-pair-column", "--label-column")
+
+
 def columns(task: Task, cfg) -> tuple[str, str | None, str]:
     text, pair, label = task.columns
-    return cfg.text_column or text, cfg.text_pair_column or pair, cfg.label_column or label
+    chosen = (cfg.text_column or text, cfg.text_pair_column or pair, cfg.label_column or label)
+    # One column in two roles trains on nothing real: the label read as the text is learned as itself (a perfect
+    # score), a text read as its own pair is the same text twice.
+    for i, j in ((0, 2), (1, 2), (0, 1)):
+        if chosen[i] is not None and chosen[i] == chosen[j]:
+            raise ValueError(
+                f"{COLUMN_FLAGS[i]} {chosen[i]!r} is also the {COLUMN_FLAGS[j]} (for --task {task.name}: "
+                f"{', '.join(f'{f} {c!r}' for f, c in zip(COLUMN_FLAGS, chosen) if c is not None)}); "
+                "each role needs its own column"
+            )
+    return chosen
 
 
 def trained_length(config) -> int | None:
