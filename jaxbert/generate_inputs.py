@@ -114,8 +114,8 @@ def seq2seq_request(config, length_buckets, settings: dict, input_ids, attention
     options = resolve(config, settings, given)
     if options.start is None:
         raise ValueError(
-            "decoder_start_token_id: not given, not in generation_config.json or config.json, and no "
-            "bos_token_id to fall back on"
+            "decoder_start_token_id: not given nor in the generation config (generation_config.json, else "
+            "config.json), and no bos_token_id to fall back on"
         )
     check_arrays(config.encoder, input_ids, attention_mask)
     ids = np.asarray(input_ids)

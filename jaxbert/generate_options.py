@@ -1,11 +1,12 @@
 """The options of `generate`, resolved and checked on the host as transformers 5 resolves them, shared by the causal
 LM (`Bert.generate`) and bert2bert (`EncoderDecoder.generate`).
 
-Precedence: the caller's arguments, then the checkpoint's generation config, then the model config's special
-tokens, then transformers' defaults. The generation config is generation_config.json, or without one what
-transformers derives from config.json (`GenerationConfig.from_model_config`: the top level, then a bert2bert's
-`decoder` for what the top level leaves unset). An encoder-decoder starts its decoder from decoder_start_token_id,
-else bos_token_id (generation/utils.py `_prepare_special_tokens`).
+Precedence: the caller's arguments, then the checkpoint's generation config, then transformers' defaults. The
+generation config is generation_config.json, or without one what transformers derives from config.json
+(`GenerationConfig.from_model_config`: the top level, then a bert2bert's `decoder` for what the top level leaves
+unset, with the model config's special tokens). A generation_config.json is read alone: a special token it leaves
+out is unset even where config.json names one (transformers 5 then pads with eos). An encoder-decoder starts its
+decoder from decoder_start_token_id, else bos_token_id (generation/utils.py `_prepare_special_tokens`).
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ def file_settings(directory: str | None) -> dict:
     """The generation config of `directory` ({} without a directory); settings jaxbert cannot honour are refused."""
     path = existing_file(directory, "generation_config.json") if directory else None
     if path:
-        settings = read_json(path)
+        # Present (None when the file leaves them out), the special tokens hide config.json's in `resolve`:
+        # transformers 5 reads them from this file alone.
+        settings = {**dict.fromkeys(TOKENS), **read_json(path)}
     else:  # transformers then reads config.json's generation keys (`from_pretrained`'s fallback)
         path = existing_file(directory, "config.json") if directory else None
         settings = _from_model_config(read_json(path)) if path else {}
@@ -180,8 +183,9 @@ def _warp(o: dict) -> tuple[float, int, float]:
 
 def resolve(config, settings: dict, given: dict) -> Options:
     """`given` (the caller's arguments, None for unset) over `settings` (the generation config) over the model
-    config's special tokens (`config_tokens`) over transformers' defaults (KNOBS)."""
-    fallback = {**KNOBS, **config_tokens(config)}
+    config's special tokens (`config_tokens`) where `settings` has no such key, over transformers' defaults (KNOBS)."""
+    tokens = config_tokens(config)
+    fallback = {**KNOBS, **{k: None if k in settings else v for k, v in tokens.items()}}
     o = {k: next((v for v in (given.get(k), settings.get(k)) if v is not None), fallback.get(k)) for k in fallback}
     V = (config.decoder if getattr(config, "is_encoder_decoder", False) else config).vocab_size
     o["eos"] = _token_ids("eos_token_id", o["eos_token_id"], V)

@@ -346,7 +346,7 @@ class Bert:
         """transformers' `generate` for a causal LM: prompt_ids [B, P] (rows left-padded, with attention_mask) ->
         [B * num_return_sequences, P + steps run] as np.int32. Greedy by default; num_beams > 1 beam search;
         do_sample=True samples (temperature, top_k, top_p) reproducibly from `seed`. Unset options come from the
-        checkpoint's generation_config.json, then config.json, then transformers' defaults. Compiles one program
+        checkpoint's generation_config.json (else config.json), then transformers' defaults. Compiles one program
         per (batch, prompt length, new-token) bucket and search mode; see generate.py."""
         given = dict(
             max_new_tokens=max_new_tokens,

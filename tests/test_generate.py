@@ -170,15 +170,18 @@ def test_one_program_per_bucket_whatever_the_prompt_length_batch_and_max_new_tok
 
 
 def test_defaults_come_from_generation_config_json(models, tmp_path):
-    _, lm, directory = models
+    hf, lm, directory = models
     copy = tmp_path / "lm"
     shutil.copytree(directory, copy)
-    (copy / "generation_config.json").write_text(json.dumps({"eos_token_id": [7], "max_new_tokens": 6}))
     ids, mask = _prompts(seed=6)
-    np.testing.assert_array_equal(
-        jaxbert.load(copy).generate(ids, attention_mask=mask),
-        lm.generate(ids, attention_mask=mask, max_new_tokens=6, eos_token_id=[7]),
-    )
+    eos = _stops_some_rows(_hf_generate(hf, ids, max_new_tokens=6)[:, P:])
+    (copy / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos], "max_new_tokens": 6}))
+    # transformers 5 reads the special tokens from generation_config.json alone: config.json's pad_token_id 0
+    # stays unused, so eos pads the finished rows and no mask is inferred from the prompt's 0s (jaxbert took the
+    # 0 from config.json: it padded with 0 and masked the 0s, other tokens in the rows it masked).
+    expected = _hf_generate(transformers.BertLMHeadModel.from_pretrained(copy).eval(), ids)
+    np.testing.assert_array_equal(jaxbert.load(copy).generate(ids), expected)
+    assert expected[0, -1] == eos
     (copy / "generation_config.json").write_text(json.dumps({"repetition_penalty": 1.3}))
     with pytest.raises(ValueError, match="repetition_penalty=1.3 is not implemented"):
         jaxbert.load(copy).generate(ids)

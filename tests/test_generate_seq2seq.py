@@ -194,8 +194,10 @@ def _copy(directory, tmp_path, generation=None, **config_changes):
 @pytest.mark.parametrize(
     "generation, config",
     [
-        # generation_config.json: its start token and eos; 20 new tokens by default (transformers: max_length 20 + 1)
-        (dict(decoder_start_token_id=5, eos_token_id=[40, 41], pad_token_id=1), {}),
+        # generation_config.json alone names the special tokens (transformers 5 reads none from config.json beside
+        # it; jaxbert took config.json's decoder_start_token_id 2 and pad_token_id 0): its bos starts, its eos
+        # pads; 20 new tokens by default (transformers: max_length 20 + 1)
+        (dict(bos_token_id=5, eos_token_id=[1, 40]), {}),
         # none: transformers reads config.json, its top level first, then the decoder's; no start token -> bos;
         # max_length counts the start token
         (None, dict(decoder_start_token_id=None, decoder__bos_token_id=4, decoder__eos_token_id=40, max_length=7)),
@@ -214,14 +216,15 @@ def test_defaults_resolve_as_transformers(projected, tmp_path, generation, confi
 
 def test_no_start_token_is_refused_as_by_transformers(projected, tmp_path):
     _, _, directory = projected
-    copy = _copy(directory, tmp_path, dict(pad_token_id=0), decoder_start_token_id=None)
+    # config.json's decoder_start_token_id (2) is not read beside a generation_config.json, as in transformers 5
+    copy = _copy(directory, tmp_path, dict(pad_token_id=0))
     ids, mask = _inputs()
     with pytest.raises(ValueError, match="decoder_start_token_id"):
         _hf_generate(transformers.EncoderDecoderModel.from_pretrained(copy), ids, mask, max_new_tokens=2)
     with pytest.raises(
         ValueError,
-        match="^decoder_start_token_id: not given, not in generation_config.json or "
-        "config.json, and no bos_token_id to fall back on$",
+        match="^decoder_start_token_id: not given nor in the generation config .generation_config.json, else "
+        "config.json., and no bos_token_id to fall back on$",
     ):
         jaxbert.load(copy).generate(ids, attention_mask=mask)
 
