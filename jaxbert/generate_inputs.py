@@ -121,7 +121,7 @@ def seq2seq_request(config, length_buckets, settings: dict, input_ids, attention
     ids = np.asarray(input_ids)
     mask = np.ones(ids.shape, np.int32) if attention_mask is None else np.asarray(attention_mask).astype(np.int32)
     _check_rows(mask)
-    n = max_new_tokens(options, settings, config.decoder, 1, prompt="decoder start token")
+    n = max_new_tokens(options, settings, config.decoder, 1, prompt="decoder start token", capped=False)
     start = np.asarray(options.start, np.int32)
     if start.ndim == 1 and len(start) != ids.shape[0]:
         raise ValueError(

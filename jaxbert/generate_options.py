@@ -205,10 +205,17 @@ def resolve(config, settings: dict, given: dict) -> Options:
 
 
 def max_new_tokens(
-    options: Options, settings: dict, config: BertConfig, prompt_length: int, prompt: str = "prompt length"
+    options: Options,
+    settings: dict,
+    config: BertConfig,
+    prompt_length: int,
+    prompt: str = "prompt length",
+    capped: bool = True,
 ) -> int:
     """transformers' new-token count: max_new_tokens, else max_length (counting the prompt) when a generation
-    config sets it, else 20, capped by the positions; with the prompt it must fit `config`'s positions."""
+    config sets it, else 20, capped by the positions if `capped`; with the prompt it must fit `config`'s positions.
+    An encoder-decoder is not `capped`: transformers caps by the model config's max_position_embeddings, which
+    EncoderDecoderConfig lacks, and fails past the decoder's."""
     limit = config.max_position_embeddings
     n = options.max_new_tokens
     # Derived counts below 1 are refused as transformers refuses them, naming what set them (not max_new_tokens).
@@ -220,9 +227,14 @@ def max_new_tokens(
                 f"for new tokens after the {prompt} {prompt_length}; pass max_new_tokens"
             )
     elif n is None:
-        n = min(20, limit - prompt_length)
+        n = min(20, limit - prompt_length) if capped else 20
         if n < 1:
             raise ValueError(f"{prompt} {prompt_length} fills max_position_embeddings {limit}: no room for new tokens")
+        if prompt_length + n > limit:
+            raise ValueError(
+                f"max_new_tokens: unset, so transformers' default 20, but the {prompt} {prompt_length} + 20 exceeds "
+                f"the decoder's max_position_embeddings {limit}; pass max_new_tokens"
+            )
     n = positive_int("max_new_tokens", n)
     if prompt_length + n > limit:
         raise ValueError(

@@ -229,6 +229,20 @@ def test_no_start_token_is_refused_as_by_transformers(projected, tmp_path):
         jaxbert.load(copy).generate(ids, attention_mask=mask)
 
 
+@pytest.mark.filterwarnings("ignore:Using the model-agnostic default")
+def test_the_default_of_20_new_tokens_past_the_decoder_positions_is_refused(tmp_path):
+    """transformers caps its default of 20 new tokens by config.max_position_embeddings, which an
+    EncoderDecoderConfig lacks: past a decoder's 12 positions its generate fails. jaxbert capped the default at 11
+    new tokens, silently."""
+    model = _model(24, decoder=dict(max_position_embeddings=12))
+    model.save_pretrained(tmp_path)
+    ids, mask = _inputs()
+    with pytest.raises(RuntimeError):
+        _hf_generate(model, ids, mask)
+    with pytest.raises(ValueError, match="^max_new_tokens: unset, so transformers' default 20, but the decoder st"):
+        jaxbert.load(tmp_path).generate(ids, attention_mask=mask)
+
+
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [

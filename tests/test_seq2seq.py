@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
-def _model(decoder_width=24, **top):
+def _model(decoder_width=24, decoder=None, **top):
     torch.manual_seed(0)
     enc = transformers.BertConfig(**SIZES, attn_implementation="eager")
     dec = transformers.BertConfig(
@@ -27,6 +27,7 @@ def _model(decoder_width=24, **top):
             "num_hidden_layers": 2,
             "intermediate_size": 37,
             "num_attention_heads": 2 if decoder_width == 32 else 3,
+            **(decoder or {}),
         },
         is_decoder=True,
         add_cross_attention=True,
