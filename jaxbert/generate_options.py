@@ -66,6 +66,7 @@ _UNSUPPORTED = {
     "force_words_ids": ([],),
     "constraints": ([],),
     "max_time": (),  # stops generating after that many seconds
+    "token_healing": (False,),  # rewrites the prompt's last token (transformers needs the tokenizer passed)
 }
 _READ = (*KNOBS, *TOKENS, *_UNSUPPORTED, "max_length")
 

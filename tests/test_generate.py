@@ -187,7 +187,7 @@ def test_defaults_come_from_generation_config_json(models, tmp_path):
         jaxbert.load(copy).generate(ids)
     # Settings that change transformers' output are refused by name (they were ignored: greedy tokens differed).
     for key, value in (("guidance_scale", 1.5), ("watermarking_config", {"bias": 2.0}), ("top_h", 0.01),
-                       ("penalty_alpha", 0.6), ("max_time", 1.0)):  # fmt: skip
+                       ("penalty_alpha", 0.6), ("max_time", 1.0), ("token_healing", True)):  # fmt: skip
         (copy / "generation_config.json").write_text(json.dumps({key: value}))
         with pytest.raises(ValueError, match=f"{key}={value!r} is not implemented"):
             jaxbert.load(copy).generate(ids)
