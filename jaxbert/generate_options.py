@@ -114,7 +114,9 @@ def _number(name: str, value, low: float, high: float, low_open: bool = True) ->
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
     if not (math.isfinite(value) and (low < value if low_open else low <= value) and value <= high):
-        raise ValueError(f"{name} {value}: must be in {'(' if low_open else '['}{low}, {high}]")
+        # Infinite bounds are open: "(0.0, inf]" named the refused inf as allowed.
+        interval = f"{'(' if low_open or math.isinf(low) else '['}{low}, {high}{')' if math.isinf(high) else ']'}"
+        raise ValueError(f"{name} {value}: must be in {interval}")
     return float(value)
 
 

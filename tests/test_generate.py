@@ -281,6 +281,8 @@ def test_the_step_function_is_model_agnostic():
         (dict(num_beams=2, num_return_sequences=3), ValueError, "num_return_sequences 3: must be in \\[1, 2\\]"),
         (dict(num_return_sequences=2), ValueError, "num_return_sequences 2: greedy search returns one"),
         (dict(do_sample=True, temperature=0.0), ValueError, "temperature 0.0: must be in \\(0"),
+        # inf is refused: the message named it allowed ("(0.0, inf]")
+        (dict(do_sample=True, temperature=float("inf")), ValueError, "temperature inf: must be in \\(0.0, inf\\)$"),
         (dict(do_sample=True, top_p=0.0), ValueError, "top_p 0.0: must be in \\(0, 1\\]"),
         (dict(do_sample=True, top_p=1.5), ValueError, "top_p 1.5: must be in \\(0, 1\\]"),
         (dict(do_sample=True, top_k=-1), ValueError, "top_k -1: must be an integer ≥ 0"),
