@@ -54,11 +54,22 @@ class Search:
 
 
 class Warp(NamedTuple):
-    """Sampling's traced knobs (changing them does not compile): temperature, top_k (0: off), top_p (1: off)."""
+    """The traced knobs (changing them does not compile): sampling's temperature, top_k (0: off), top_p (1: off);
+    and for every search `min_new`, the new tokens before which eos is impossible (transformers' min_new_tokens /
+    min_length processors, applied before the warpers)."""
 
     temperature: Float[Array, ""]
     top_k: Int[Array, ""]
     top_p: Float[Array, ""]
+    min_new: Int[Array, ""] | int = 0
+
+
+def _no_eos_yet(scores: Float[Array, "R V"], t, warp: Warp | None, search: Search) -> Float[Array, "R V"]:
+    """eos at -inf while fewer than `warp.min_new` tokens are generated (`t` so far)."""
+    if warp is None or not search.eos:
+        return scores
+    eos = jnp.isin(jnp.arange(scores.shape[-1]), jnp.asarray(search.eos))
+    return jnp.where(eos & (t < warp.min_new), -jnp.inf, scores)
 
 
 def warp_logits(logits: Float[Array, "R V"], warp: Warp) -> Float[Array, "R V"]:
@@ -109,6 +120,7 @@ class _Rows(NamedTuple):
 
 
 def _pick(search: Search, warp: Warp | None, rng, s: _Rows, logits: Float[Array, "R V"]) -> _Rows:
+    logits = _no_eos_yet(logits, s.t, warp, search)
     if search.do_sample:
         # One key per (step, row): a row's draws do not depend on how many rows share the batch.
         keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.fold_in(rng, s.t), r))(jnp.arange(logits.shape[0]))
@@ -169,11 +181,13 @@ def _gather(a: Array, index: Int[Array, "B J"]) -> Array:
     return jnp.take_along_axis(a, index.reshape(index.shape + (1,) * (a.ndim - 2)), axis=1)
 
 
-def _candidates(s: _Beams, logits: Float[Array, "BK V"], search: Search):
-    """transformers' `_get_top_k_continuations`: the best max(2, 1 + #eos) * K of all K * V continuations."""
+def _candidates(s: _Beams, logits: Float[Array, "BK V"], search: Search, warp: Warp | None):
+    """transformers' `_get_top_k_continuations`: the best max(2, 1 + #eos) * K of all K * V continuations (the
+    processors, here min_new, act on the log-probabilities)."""
     B, K, _ = s.running.shape
     V = logits.shape[-1]
-    logp = jax.nn.log_softmax(logits, axis=-1).reshape(B, K, V) + s.running_scores[..., None]
+    logp = _no_eos_yet(jax.nn.log_softmax(logits, axis=-1), s.t, warp, search)
+    logp = logp.reshape(B, K, V) + s.running_scores[..., None]
     top, index = jax.lax.top_k(logp.reshape(B, K * V), max(2, 1 + len(search.eos)) * K)
     beam, token = index // V, index % V
     tokens = jax.lax.dynamic_update_slice(_gather(s.running, beam), token[..., None].astype(jnp.int32), (0, 0, s.t))
@@ -200,10 +214,10 @@ def _finish(s: _Beams, top, tokens, hits, search: Search):
     )
 
 
-def _beam_step(s: _Beams, logits: Float[Array, "BK V"], max_new, live, search: Search) -> _Beams:
+def _beam_step(s: _Beams, logits: Float[Array, "BK V"], max_new, live, search: Search, warp=None) -> _Beams:
     """One iteration of transformers' beam search after the forward pass."""
     B, K, _ = s.running.shape
-    top, beam, token, tokens = _candidates(s, logits, search)
+    top, beam, token, tokens = _candidates(s, logits, search, warp)
     hits = jnp.isin(token, jnp.asarray(search.eos)) | (s.t + 1 >= max_new) | ~live[:, None]
     running = top + jnp.where(hits, _NEG, 0.0)
     keep = jax.lax.top_k(running, K)[1]
@@ -241,6 +255,7 @@ def beam_search(
     live: Bool[Array, " B"],
     search: Search,
     bound: int,
+    warp: Warp | None = None,
 ):
     """Beam search after a prefill of B rows: (hypotheses [B, num_return_sequences, N], their longest length).
     The prefilled rows are copied to K beams each (by `reorder`, as every later step keeps its beams)."""
@@ -262,12 +277,12 @@ def beam_search(
         jnp.bool_(True),
         cache.reorder(rows),
     )
-    s = _beam_step(s, logits[rows], max_new, live, search)
+    s = _beam_step(s, logits[rows], max_new, live, search, warp)
 
     def body(s: _Beams) -> _Beams:
         last = s.running[:, :, s.t - 1].reshape(-1)
         logits, cache = _feed(step, s.cache.reorder(s.source), last, start, s.t)
-        return _beam_step(s._replace(cache=cache), logits, max_new, live, search)
+        return _beam_step(s._replace(cache=cache), logits, max_new, live, search, warp)
 
     s = jax.lax.while_loop(lambda s: s.going & (s.t < bound), body, s)
     n = search.num_return_sequences
@@ -294,4 +309,4 @@ def decode(
     logits, cache, start = prefill(step, cache, ids, mask, positions, length)
     if search.num_beams == 1:
         return sample(step, cache, logits, start, max_new, live, search, bound, warp, rng)
-    return beam_search(step, cache, logits, start, max_new, live, search, bound)
+    return beam_search(step, cache, logits, start, max_new, live, search, bound, warp)

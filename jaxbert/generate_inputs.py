@@ -75,10 +75,11 @@ def _columns(arrays, length_buckets):
     return [jnp.asarray(np.pad(a, ((0, 0), (0, P - length))).astype(np.int32)) for a in arrays]
 
 
-def _loop_arguments(options: Options, n: int, live, limit: int) -> tuple:
+def _loop_arguments(options: Options, n: int, live, limit: int, prompt_length: int) -> tuple:
     """What every decode loop takes after its inputs: max_new, live, the warp, the key; and the new-token bound."""
     temperature, top_k, top_p = options.warp
-    warp = Warp(jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p))
+    min_new = jnp.int32(min(options.min_new(prompt_length), n))  # past n it changes nothing
+    warp = Warp(jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p), min_new)
     return (jnp.int32(n), live, warp, jax.random.key(options.seed)), batching.bucket(n, batching.length_buckets(limit))
 
 
@@ -103,7 +104,7 @@ def request(
     n = max_new_tokens(options, settings, config, ids.shape[1])
     ids, mask, positions = (np.repeat(a, options.expand, axis=0) for a in (ids, mask, positions))
     padded, live = _rows((ids, mask, positions), ids.shape[0])
-    loop, bound = _loop_arguments(options, n, live, config.max_position_embeddings)
+    loop, bound = _loop_arguments(options, n, live, config.max_position_embeddings, ids.shape[1])
     return Request(options.search, bound, (*_columns(padded, length_buckets), jnp.int32(ids.shape[1]), *loop), ids)
 
 
@@ -131,5 +132,5 @@ def seq2seq_request(config, length_buckets, settings: dict, input_ids, attention
     start = np.broadcast_to(start.reshape(-1, 1), (ids.shape[0], 1))
     ids, mask, start = (np.repeat(a, options.expand, axis=0) for a in (ids, mask, start))
     (ids, mask, first), live = _rows((ids, mask, start), ids.shape[0])
-    loop, bound = _loop_arguments(options, n, live, config.decoder.max_position_embeddings)
+    loop, bound = _loop_arguments(options, n, live, config.decoder.max_position_embeddings, 1)
     return Request(options.search, bound, (*_columns((ids, mask), length_buckets), jnp.asarray(first), *loop), start)

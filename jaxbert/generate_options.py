@@ -31,6 +31,8 @@ KNOBS = {
     "length_penalty": 1.0,
     "early_stopping": False,
     "num_return_sequences": 1,
+    "min_new_tokens": None,
+    "min_length": 0,
 }
 TOKENS = ("eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id")
 # generation_config.json settings that change what transformers generates and that jaxbert does not implement,
@@ -38,8 +40,6 @@ TOKENS = ("eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_i
 _UNSUPPORTED = {
     "repetition_penalty": (1.0,),
     "no_repeat_ngram_size": (0,),
-    "min_length": (0,),
-    "min_new_tokens": (0,),
     "bad_words_ids": ([],),
     "forced_bos_token_id": (),
     "forced_eos_token_id": (),
@@ -120,6 +120,14 @@ def _number(name: str, value, low: float, high: float, low_open: bool = True) ->
     return float(value)
 
 
+def _non_negative(name: str, value) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} {value!r}: must be an integer ≥ 0")
+    return int(value)
+
+
 def _token_ids(name: str, value, vocab: int) -> tuple[int, ...]:
     if value is None:
         return ()
@@ -156,6 +164,15 @@ class Options:
     expand: int  # rows per prompt row before decoding (sampling's num_return_sequences)
     # an encoder-decoder's first decoder token (decoder_start_token_id, else bos), or one per input row
     start: int | tuple[int, ...] | None = None
+    min_new_tokens: int | None = None
+    min_length: int = 0  # counts the prompt (an encoder-decoder's: its start token)
+
+    def min_new(self, prompt_length: int) -> int:
+        """New tokens before eos may end a row: min_new_tokens when set (even 0: transformers then replaces
+        min_length by the prompt length + min_new_tokens), else min_length less the prompt."""
+        if self.min_new_tokens is not None:
+            return self.min_new_tokens
+        return max(self.min_length - prompt_length, 0)
 
 
 def _search(o: dict) -> tuple[Search, int]:
@@ -204,7 +221,8 @@ def resolve(config, settings: dict, given: dict) -> Options:
         raise TypeError(f"seed must be an integer, got {type(seed).__name__} {seed!r}")
     if not 0 <= seed < 2**32:  # JAX's keys hold 32 bits: 2**32 + 7 would sample as 7 does
         raise ValueError(f"seed {seed}: must be in [0, {2**32 - 1}]")
-    return Options(search, o["max_new_tokens"], warp, int(seed), bos, expand, bos if start is None else start)
+    least = tuple(_non_negative(k, o[k]) for k in ("min_new_tokens", "min_length"))
+    return Options(search, o["max_new_tokens"], warp, int(seed), bos, expand, bos if start is None else start, *least)
 
 
 def max_new_tokens(

@@ -342,10 +342,13 @@ class Bert:
         early_stopping: bool | str | None = None,
         eos_token_id=None,
         pad_token_id=None,
+        min_new_tokens: int | None = None,
+        min_length: int | None = None,
     ) -> np.ndarray:
         """transformers' `generate` for a causal LM: prompt_ids [B, P] (rows left-padded, with attention_mask) ->
         [B * num_return_sequences, P + steps run] as np.int32. Greedy by default; num_beams > 1 beam search;
-        do_sample=True samples (temperature, top_k, top_p) reproducibly from `seed`. Unset options come from the
+        do_sample=True samples (temperature, top_k, top_p) reproducibly from `seed`. eos cannot end a row before
+        min_new_tokens new tokens, nor before min_length tokens with the prompt's. Unset options come from the
         checkpoint's generation_config.json (else config.json), then transformers' defaults. Compiles one program
         per (batch, prompt length, new-token) bucket and search mode; see generate.py."""
         given = dict(
@@ -361,6 +364,8 @@ class Bert:
             early_stopping=early_stopping,
             eos_token_id=eos_token_id,
             pad_token_id=pad_token_id,
+            min_new_tokens=min_new_tokens,
+            min_length=min_length,
         )
         settings = generate_inputs.file_settings(self.directory)
         req = generate_inputs.request(

@@ -148,6 +148,8 @@ class EncoderDecoder:
         early_stopping: bool | str | None = None,
         eos_token_id=None,
         pad_token_id=None,
+        min_new_tokens: int | None = None,
+        min_length: int | None = None,
         decoder_start_token_id: int | list[int] | None = None,
     ) -> np.ndarray:
         """transformers' `generate` for an EncoderDecoderModel: input_ids [B, S] for the encoder (rows padded on
@@ -169,6 +171,8 @@ class EncoderDecoder:
             early_stopping=early_stopping,
             eos_token_id=eos_token_id,
             pad_token_id=pad_token_id,
+            min_new_tokens=min_new_tokens,
+            min_length=min_length,
             decoder_start_token_id=decoder_start_token_id,
         )
         settings = generate_inputs.file_settings(self.directory)

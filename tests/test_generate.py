@@ -68,6 +68,11 @@ def test_greedy_equals_transformers_with_left_padding_and_eos(models):
     assert (got[0, P + list(got[0, P:]).index(eos) + 1 :] == 0).all()
     # Without a mask, transformers infers it from the pad tokens in the prompt: so does jaxbert.
     np.testing.assert_array_equal(lm.generate(ids, max_new_tokens=NEW, eos_token_id=eos), expected)
+    # eos cannot end a row before min_new_tokens (traced: the same program)
+    kwargs = dict(max_new_tokens=NEW, eos_token_id=eos, min_new_tokens=list(got[0, P:]).index(eos) + 2)
+    later = _hf_generate(hf, ids, mask, **kwargs)
+    np.testing.assert_array_equal(lm.generate(ids, attention_mask=mask, **kwargs), later)
+    assert later.shape != expected.shape or (later != expected).any()
 
 
 def test_greedy_with_an_eos_list_trims_to_the_steps_run(models):
@@ -98,6 +103,11 @@ def test_beam_search_equals_transformers(models, options):
     np.testing.assert_array_equal(
         lm.generate(ids, attention_mask=mask, max_new_tokens=NEW, eos_token_id=eos, **options), expected
     )
+    # eos cannot end a hypothesis before min_length tokens, the prompt's included (traced: the same program)
+    options = dict(max_new_tokens=NEW, eos_token_id=eos, min_length=P + 6, **options)
+    later = _hf_generate(hf, ids, mask, **options)
+    np.testing.assert_array_equal(lm.generate(ids, attention_mask=mask, **options), later)
+    assert later.shape != expected.shape or (later != expected).any()
 
 
 def test_sampling_is_reproducible_and_respects_top_k_and_top_p(models):
@@ -175,7 +185,8 @@ def test_defaults_come_from_generation_config_json(models, tmp_path):
     shutil.copytree(directory, copy)
     ids, mask = _prompts(seed=6)
     eos = _stops_some_rows(_hf_generate(hf, ids, max_new_tokens=6)[:, P:])
-    (copy / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos], "max_new_tokens": 6}))
+    settings = {"eos_token_id": [eos], "max_new_tokens": 6, "min_length": P + 1}
+    (copy / "generation_config.json").write_text(json.dumps(settings))
     # transformers 5 reads the special tokens from generation_config.json alone: config.json's pad_token_id 0
     # stays unused, so eos pads the finished rows and no mask is inferred from the prompt's 0s (jaxbert took the
     # 0 from config.json: it padded with 0 and masked the 0s, other tokens in the rows it masked).
@@ -287,6 +298,8 @@ def test_the_step_function_is_model_agnostic():
         (dict(do_sample=True, top_p=1.5), ValueError, "top_p 1.5: must be in \\(0, 1\\]"),
         (dict(do_sample=True, top_k=-1), ValueError, "top_k -1: must be an integer ≥ 0"),
         (dict(num_beams=2, early_stopping="soon"), ValueError, "early_stopping 'soon'"),
+        (dict(min_new_tokens=-1, eos_token_id=5), ValueError, "min_new_tokens -1: must be an integer ≥ 0"),
+        (dict(min_length=2.0, eos_token_id=5), ValueError, "min_length 2.0: must be an integer ≥ 0"),
         (dict(eos_token_id=[3, 97]), ValueError, "eos_token_id \\[3, 97\\]: token ids must be integers in \\[0, vocab"),
         (dict(length_penalty=float("nan"), num_beams=2), ValueError, "length_penalty nan"),
         # not a list: tuple(True) was a TypeError naming no setting ("'bool' object is not iterable")

@@ -80,6 +80,11 @@ def test_greedy_equals_transformers_with_padded_inputs_and_eos(models):
     stopped = _ended_early(got, eos)
     assert stopped[0] and not all(stopped), got
     assert (got[0, list(got[0]).index(eos) + 1 :] == 0).all()  # finished rows get pad
+    # eos cannot end a row before min_new_tokens (traced: the same program)
+    kwargs = dict(max_new_tokens=NEW, eos_token_id=eos, min_new_tokens=list(got[0]).index(eos) + 1)
+    later = _hf_generate(hf, ids, mask, **kwargs)
+    np.testing.assert_array_equal(s2s.generate(ids, attention_mask=mask, **kwargs), later)
+    assert (later != expected).any()
     # transformers infers no encoder mask for encoder-decoders: the pad tokens are attended to, here as there.
     np.testing.assert_array_equal(
         s2s.generate(ids, max_new_tokens=NEW, eos_token_id=eos),
