@@ -45,6 +45,7 @@ class Search:
     length_penalty: float = 1.0
     early_stopping: bool | str = False
     num_return_sequences: int = 1
+    no_repeat_ngram_size: int = 0  # 0: off
 
     @property
     def fill(self) -> int:
@@ -62,6 +63,27 @@ class Warp(NamedTuple):
     top_k: Int[Array, ""]
     top_p: Float[Array, ""]
     min_new: Int[Array, ""] | int = 0
+
+
+def _no_repeat(
+    scores: Float[Array, "R V"], prompt, length, tokens: Int[Array, "R N"], t, search: Search
+) -> Float[Array, "R V"]:
+    """transformers' NoRepeatNGramLogitsProcessor: a token that would complete an n-gram already in the sequence
+    (the prompt's `length` columns as given, padding ids included, then the `t` tokens chosen) is at -inf."""
+    n = search.no_repeat_ngram_size
+    if not n:
+        return scores
+    seq = jnp.pad(prompt, ((0, 0), (0, tokens.shape[1])))
+    seq = jax.lax.dynamic_update_slice(seq, tokens.astype(seq.dtype), (0, length))
+    cur = length + t  # tokens so far; the next completes the n-gram of the last n - 1
+    W = seq.shape[1] - n + 1  # window starts
+    last = jax.lax.dynamic_slice_in_dim(seq, cur - (n - 1), n - 1, axis=1)
+    match = jnp.arange(W)[None, :] + n - 1 < cur
+    for i in range(n - 1):
+        match = match & (seq[:, i : i + W] == last[:, i : i + 1])
+    rows = jnp.arange(seq.shape[0])[:, None]
+    banned = jnp.zeros(scores.shape, jnp.int32).at[rows, seq[:, n - 1 : n - 1 + W]].max(match.astype(jnp.int32))
+    return jnp.where((banned > 0) & (cur >= n - 1), -jnp.inf, scores)
 
 
 def _no_eos_yet(scores: Float[Array, "R V"], t, warp: Warp | None, search: Search) -> Float[Array, "R V"]:
@@ -119,8 +141,10 @@ class _Rows(NamedTuple):
     cache: Any
 
 
-def _pick(search: Search, warp: Warp | None, rng, s: _Rows, logits: Float[Array, "R V"]) -> _Rows:
+def _pick(search: Search, warp: Warp | None, rng, s: _Rows, logits: Float[Array, "R V"], prompt=None) -> _Rows:
     logits = _no_eos_yet(logits, s.t, warp, search)
+    if prompt is not None:
+        logits = _no_repeat(logits, *prompt, s.tokens, s.t, search)
     if search.do_sample:
         # One key per (step, row): a row's draws do not depend on how many rows share the batch.
         keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.fold_in(rng, s.t), r))(jnp.arange(logits.shape[0]))
@@ -149,14 +173,16 @@ def sample(
     bound: int,
     warp: Warp | None = None,
     rng=None,
+    prompt=None,
 ):
-    """Greedy (argmax) or sampled tokens after a prefill: (tokens [R, N], steps run). Finished rows get pad."""
+    """Greedy (argmax) or sampled tokens after a prefill: (tokens [R, N], steps run). Finished rows get pad.
+    `prompt`: (ids [R, P], length), for no_repeat_ngram_size."""
     s = _Rows(jnp.int32(0), jnp.full((logits.shape[0], bound), search.pad or 0, jnp.int32), live, cache)
-    s = _pick(search, warp, rng, s, logits)
+    s = _pick(search, warp, rng, s, logits, prompt)
 
     def body(s: _Rows) -> _Rows:
         logits, cache = _feed(step, s.cache, s.tokens[jnp.arange(s.tokens.shape[0]), s.t - 1], start, s.t)
-        return _pick(search, warp, rng, s._replace(cache=cache), logits)
+        return _pick(search, warp, rng, s._replace(cache=cache), logits, prompt)
 
     s = jax.lax.while_loop(lambda s: (s.t < max_new) & jnp.any(s.unfinished), body, s)
     return s.tokens, s.t
@@ -181,12 +207,15 @@ def _gather(a: Array, index: Int[Array, "B J"]) -> Array:
     return jnp.take_along_axis(a, index.reshape(index.shape + (1,) * (a.ndim - 2)), axis=1)
 
 
-def _candidates(s: _Beams, logits: Float[Array, "BK V"], search: Search, warp: Warp | None):
+def _candidates(s: _Beams, logits: Float[Array, "BK V"], search: Search, warp: Warp | None, prompt=None):
     """transformers' `_get_top_k_continuations`: the best max(2, 1 + #eos) * K of all K * V continuations (the
-    processors, here min_new, act on the log-probabilities)."""
-    B, K, _ = s.running.shape
+    processors, here min_new and no_repeat_ngram_size, act on the log-probabilities)."""
+    B, K, N = s.running.shape
     V = logits.shape[-1]
     logp = _no_eos_yet(jax.nn.log_softmax(logits, axis=-1), s.t, warp, search)
+    if prompt is not None:
+        ids, length = prompt
+        logp = _no_repeat(logp, jnp.repeat(ids, K, axis=0), length, s.running.reshape(B * K, N), s.t, search)
     logp = logp.reshape(B, K, V) + s.running_scores[..., None]
     top, index = jax.lax.top_k(logp.reshape(B, K * V), max(2, 1 + len(search.eos)) * K)
     beam, token = index // V, index % V
@@ -214,10 +243,10 @@ def _finish(s: _Beams, top, tokens, hits, search: Search):
     )
 
 
-def _beam_step(s: _Beams, logits: Float[Array, "BK V"], max_new, live, search: Search, warp=None) -> _Beams:
+def _beam_step(s: _Beams, logits: Float[Array, "BK V"], max_new, live, search: Search, warp=None, prompt=None):
     """One iteration of transformers' beam search after the forward pass."""
     B, K, _ = s.running.shape
-    top, beam, token, tokens = _candidates(s, logits, search, warp)
+    top, beam, token, tokens = _candidates(s, logits, search, warp, prompt)
     hits = jnp.isin(token, jnp.asarray(search.eos)) | (s.t + 1 >= max_new) | ~live[:, None]
     running = top + jnp.where(hits, _NEG, 0.0)
     keep = jax.lax.top_k(running, K)[1]
@@ -256,6 +285,7 @@ def beam_search(
     search: Search,
     bound: int,
     warp: Warp | None = None,
+    prompt=None,
 ):
     """Beam search after a prefill of B rows: (hypotheses [B, num_return_sequences, N], their longest length).
     The prefilled rows are copied to K beams each (by `reorder`, as every later step keeps its beams)."""
@@ -277,12 +307,12 @@ def beam_search(
         jnp.bool_(True),
         cache.reorder(rows),
     )
-    s = _beam_step(s, logits[rows], max_new, live, search, warp)
+    s = _beam_step(s, logits[rows], max_new, live, search, warp, prompt)
 
     def body(s: _Beams) -> _Beams:
         last = s.running[:, :, s.t - 1].reshape(-1)
         logits, cache = _feed(step, s.cache.reorder(s.source), last, start, s.t)
-        return _beam_step(s._replace(cache=cache), logits, max_new, live, search, warp)
+        return _beam_step(s._replace(cache=cache), logits, max_new, live, search, warp, prompt)
 
     s = jax.lax.while_loop(lambda s: s.going & (s.t < bound), body, s)
     n = search.num_return_sequences
@@ -307,6 +337,7 @@ def decode(
     """Prefill then decode. Returns (tokens [R, N], steps run) for greedy search and sampling, (hypotheses
     [R, num_return_sequences, N], longest length) for beam search; columns past those lengths are filler."""
     logits, cache, start = prefill(step, cache, ids, mask, positions, length)
+    prompt = (ids, length) if search.no_repeat_ngram_size else None
     if search.num_beams == 1:
-        return sample(step, cache, logits, start, max_new, live, search, bound, warp, rng)
-    return beam_search(step, cache, logits, start, max_new, live, search, bound, warp)
+        return sample(step, cache, logits, start, max_new, live, search, bound, warp, rng, prompt)
+    return beam_search(step, cache, logits, start, max_new, live, search, bound, warp, prompt)

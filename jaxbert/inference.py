@@ -344,6 +344,7 @@ class Bert:
         pad_token_id=None,
         min_new_tokens: int | None = None,
         min_length: int | None = None,
+        no_repeat_ngram_size: int | None = None,
     ) -> np.ndarray:
         """transformers' `generate` for a causal LM: prompt_ids [B, P] (rows left-padded, with attention_mask) ->
         [B * num_return_sequences, P + steps run] as np.int32. Greedy by default; num_beams > 1 beam search;
@@ -366,6 +367,7 @@ class Bert:
             pad_token_id=pad_token_id,
             min_new_tokens=min_new_tokens,
             min_length=min_length,
+            no_repeat_ngram_size=no_repeat_ngram_size,
         )
         settings = generate_inputs.file_settings(self.directory)
         req = generate_inputs.request(

@@ -150,6 +150,7 @@ class EncoderDecoder:
         pad_token_id=None,
         min_new_tokens: int | None = None,
         min_length: int | None = None,
+        no_repeat_ngram_size: int | None = None,
         decoder_start_token_id: int | list[int] | None = None,
     ) -> np.ndarray:
         """transformers' `generate` for an EncoderDecoderModel: input_ids [B, S] for the encoder (rows padded on
@@ -173,6 +174,7 @@ class EncoderDecoder:
             pad_token_id=pad_token_id,
             min_new_tokens=min_new_tokens,
             min_length=min_length,
+            no_repeat_ngram_size=no_repeat_ngram_size,
             decoder_start_token_id=decoder_start_token_id,
         )
         settings = generate_inputs.file_settings(self.directory)

@@ -110,6 +110,17 @@ def test_beam_search_equals_transformers(models, options):
     assert later.shape != expected.shape or (later != expected).any()
 
 
+def test_no_repeat_ngram_size_equals_transformers(models):
+    """transformers' NoRepeatNGramLogitsProcessor over the prompt (its padding ids included) and the tokens so far,
+    here in beam search, whose hypotheses are reordered every step."""
+    hf, lm, _ = models
+    ids, mask = _prompts(seed=10)
+    options = dict(max_new_tokens=NEW, num_beams=2, no_repeat_ngram_size=2)
+    expected = _hf_generate(hf, ids, mask, **options)
+    np.testing.assert_array_equal(lm.generate(ids, attention_mask=mask, **options), expected)
+    assert not np.array_equal(expected, _hf_generate(hf, ids, mask, max_new_tokens=NEW, num_beams=2))
+
+
 def test_sampling_is_reproducible_and_respects_top_k_and_top_p(models):
     _, lm, _ = models
     ids, mask = _prompts(seed=3)
@@ -299,6 +310,7 @@ def test_the_step_function_is_model_agnostic():
         (dict(do_sample=True, top_k=-1), ValueError, "top_k -1: must be an integer ≥ 0"),
         (dict(num_beams=2, early_stopping="soon"), ValueError, "early_stopping 'soon'"),
         (dict(min_new_tokens=-1, eos_token_id=5), ValueError, "min_new_tokens -1: must be an integer ≥ 0"),
+        (dict(no_repeat_ngram_size=-2), ValueError, "no_repeat_ngram_size -2: must be an integer ≥ 0"),
         (dict(min_length=2.0, eos_token_id=5), ValueError, "min_length 2.0: must be an integer ≥ 0"),
         (dict(eos_token_id=[3, 97]), ValueError, "eos_token_id \\[3, 97\\]: token ids must be integers in \\[0, vocab"),
         (dict(length_penalty=float("nan"), num_beams=2), ValueError, "length_penalty nan"),
