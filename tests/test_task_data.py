@@ -328,7 +328,7 @@ BAD = {  # name: (task, training records or raw text, validation records, flags,
         GOOD,
         GOOD,
         ["--metric-for-best-model", "pearson"],
-        "--metric-for-best-model pearson: not a metric of this task; known: accuracy, f1, mcc, loss",
+        "--metric-for-best-model pearson: not a metric of this task; known: accuracy, f1, mcc, binary_f1, loss",
     ),
     "MLM flag": (
         "token-classification",
