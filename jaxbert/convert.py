@@ -223,9 +223,9 @@ def _unused_components(state_dict, config: BertConfig, head: str, report: Conver
         return {}
     unused = f"not used by {head}"
     sources = {canonical_key(k, head): k for k, why in sorted(report.ignored.items(), reverse=True) if why == unused}
-    own, found = expected_keys(config, head), {}
+    own, pre, found = expected_keys(config, head), expected_keys(config, "BertForPreTraining"), {}
     for prefix in _COMPONENTS:
-        part = {n: v for n, v in expected_keys(config, "BertForPreTraining").items() if v[0][:2] == prefix}
+        part = {n: v for n, v in pre.items() if v[0][:2] == prefix}
         if not part or set(part) & set(own) or not set(part) <= set(sources):
             continue
         if any(tuple(np.shape(state_dict[sources[n]])) != tuple(shape) for n, (_, shape) in part.items()):

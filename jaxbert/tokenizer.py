@@ -255,7 +255,7 @@ class WordPiece:
     @classmethod
     def from_dir(cls, directory: str) -> WordPiece:
         config, config_path = _read_config(directory)
-        max_len, side = _max_length(config, config_path), _side(config, config_path, "truncation_side")
+        max_len = _max_length(config, config_path)
         special = _special_tokens(directory, config, config_path)
         options = dict(
             lowercase=_setting(config, config_path, "do_lower_case", (bool,), True),
@@ -275,6 +275,7 @@ class WordPiece:
         if not vocab:
             raise FileNotFoundError(f"{directory}: no tokenizer (looked for tokenizer.json, vocab.txt)")
         _builds_bert_tokenizer(directory, config, config_path, vocab_only=True)
+        side = _side(config, config_path, "truncation_side")
         options.update(special)
         tok = _load(vocab, lambda: BertWordPieceTokenizer(vocab, clean_text=True, **options)._tokenizer)
         tok = _with_unknown(vocab, tok)
