@@ -235,6 +235,32 @@ def test_lock_is_released_when_the_run_fails(tiny, tmp_path, capsys):
         assert (os.listdir(out) == []) if out.name == "existing" else not out.exists()
 
 
+@pytest.mark.parametrize("task", ["mlm", "sequence-classification"])
+def test_unreadable_weights_leave_out_as_found(tiny, tmp_path, capsys, task):
+    # The weights are read after the data is tokenized (into OUT/cache) and the checkpoint directory made: a run
+    # failing there left both behind, in an OUT that did not exist before it.
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny, broken)
+    (broken / "model.safetensors").write_bytes((broken / "model.safetensors").read_bytes()[:1000])
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": f"line {i}", "label": i % 2}) + "\n" for i in range(8)))
+    existing = tmp_path / "existing"
+    (existing / "cache").mkdir(parents=True)
+    (existing / "cache" / "kept.npy").write_bytes(b"x")
+    for out in (tmp_path / "new", existing):
+        args = _args(broken, out, "--max-steps", 1)
+        if task != "mlm":
+            args[0:1] = ["train", "--task", task]
+            args[args.index("--train-file") + 1] = str(data)
+            args += ["--validation-file", str(data)]
+        assert main(args) == 1
+        assert "model.safetensors: not a readable safetensors file" in _one_line(capsys.readouterr().err)
+        if out == existing:  # what was there stays (its cache too); nothing else
+            assert sorted(os.listdir(out)) == ["cache"] and os.listdir(out / "cache") == ["kept.npy"]
+        else:
+            assert not out.exists()
+
+
 @pytest.mark.parametrize("where", ["same", "inside", "contains"])
 def test_output_dir_apart_from_the_model(tiny, tmp_path, capsys, where):
     model = tmp_path / "parent" / "model"

@@ -143,7 +143,33 @@ def train(cfg: TrainConfig) -> dict:
         _check_output_dir(cfg)
         # One run, one lock: process 0 takes it for all the run's processes.
         with lock.hold(cfg.output_dir, cfg.break_lock) if distributed.is_primary() else contextlib.nullcontext():
-            return _train(cfg)
+            with _undone_on_failure(cfg.output_dir) if distributed.is_primary() else contextlib.nullcontext():
+                return _train(cfg)
+
+
+@contextlib.contextmanager
+def _undone_on_failure(out: str):
+    """A run that fails (or is stopped) before it has logged anything leaves OUT as it found it: the token cache
+    entries and the empty checkpoint directory it made while checking its inputs go again (lock.hold then removes
+    an OUT it created). Once metrics.jsonl exists the run has a record, and everything it wrote stays."""
+    cache, checkpoints, metrics = (os.path.join(out, name) for name in ("cache", "checkpoints", "metrics.jsonl"))
+    had = {path: os.path.lexists(path) for path in (cache, checkpoints, metrics)}
+    cached = set(os.listdir(cache)) if os.path.isdir(cache) else set()
+    try:
+        yield
+    except BaseException:
+        if not had[metrics] and not os.path.lexists(metrics):
+            if os.path.isdir(cache) and not os.path.islink(cache):
+                for name in set(os.listdir(cache)) - cached:  # the entries it made: the next run rebuilds them
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(cache, name))
+                if not had[cache]:
+                    with contextlib.suppress(OSError):
+                        os.rmdir(cache)
+            if not had[checkpoints]:  # only while empty: a run resumed from elsewhere may save before it logs
+                with contextlib.suppress(OSError):
+                    os.rmdir(checkpoints)
+        raise
 
 
 def train_mlm(cfg: TrainConfig) -> dict:
