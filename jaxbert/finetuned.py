@@ -259,7 +259,7 @@ def evaluate(
     if task_name == "embedding":  # the directory's own pooling, normalization and length (sentence_dir.py)
         from jaxbert.train.task_embedding import directory_eval
 
-        eval_fn, limit, lower = directory_eval(directory, config, max_length or None)
+        eval_fn, limit, lower, task = directory_eval(directory, config, max_length or None)
         # The directory's max_seq_length replaces the tokenizer's own length, as sentence-transformers does.
         limit = min(limit or tok.model_max_length, config.max_position_embeddings)
         tok = tok.lowercased() if lower else tok

@@ -13,6 +13,7 @@ import re
 from collections.abc import Sequence
 
 import numpy as np
+import scipy.spatial.distance
 import scipy.stats
 from jaxtyping import ArrayLike, Bool, Num, Shaped
 
@@ -189,6 +190,16 @@ def exact_match(pred: Bool[ArrayLike, "N C"], gold: Bool[ArrayLike, "N C"]) -> f
 # ---- token classification (= seqeval's default, non-strict mode) ----
 
 _SIMILARITIES_PER_BLOCK = 1 << 24  # queries are scored in blocks of [B, M] float64 similarities, ~128 MB
+# sentence-transformers' SimilarityFunction names (a model's similarity_fn_name); the distances are negated.
+SIMILARITIES = ("cosine", "dot", "euclidean", "manhattan")
+
+
+def _similarities(q: Num[np.ndarray, "B D"], c: Num[np.ndarray, "M D"], similarity: str) -> Num[np.ndarray, "B M"]:
+    """Larger is closer; cosine's rows come unit-length. The distances exactly (scipy), not by the expanded
+    |q|² + |c|² - 2 q·c, which cancels to rounding noise for near neighbours and could reorder them."""
+    if similarity in ("cosine", "dot"):
+        return q @ c.T
+    return -scipy.spatial.distance.cdist(q, c, "euclidean" if similarity == "euclidean" else "cityblock")
 
 
 def retrieval_metrics(
@@ -196,12 +207,15 @@ def retrieval_metrics(
     corpus: Num[ArrayLike, "M D"],
     k: int = 10,
     relevant: Num[ArrayLike, " N"] | None = None,
+    similarity: str = "cosine",
 ) -> dict[str, float]:
-    """accuracy@1 and MRR@k of cosine-similarity retrieval where query i's one relevant document is corpus row
-    relevant[i] (default: row i, rows N..M-1 distractors). Ties count against the relevant document: its rank is
-    the number of documents scoring >= it, so collapsed (identical or zero) embeddings score 0, not by index luck.
-    The corpus should hold each document once: a copy of the relevant one ties with it. Scores in float64; any
-    non-finite input gives nan metrics."""
+    """accuracy@1 and MRR@k of retrieval where query i's one relevant document is corpus row relevant[i]
+    (default: row i, rows N..M-1 distractors), ranked by `similarity`: one of sentence-transformers' similarity
+    functions (SIMILARITIES; its InformationRetrievalEvaluator ranks by the model's own, so a model trained for dot
+    products is scored by them). Ties count against the relevant document: its rank is the number of documents
+    scoring >= it, so collapsed (identical or zero) embeddings score 0, not by index luck. The corpus should hold
+    each document once: a copy of the relevant one ties with it. Scores in float64; any non-finite input gives
+    nan metrics."""
     q, c = _array(queries, "queries", 2), _array(corpus, "corpus", 2)
     if relevant is None:
         if len(c) < len(q):
@@ -216,16 +230,17 @@ def retrieval_metrics(
         raise ValueError(f"queries ({q.dtype}) and corpus ({c.dtype}) must be real numbers")
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"similarity {similarity!r}: expected one of {', '.join(SIMILARITIES)}")
     names = ("accuracy@1", f"mrr@{k}")
     if not (np.isfinite(q).all() and np.isfinite(c).all()):
         return dict.fromkeys(names, float("nan"))
-    q, c = (
-        x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-300)
-        for x in (q.astype(np.float64), c.astype(np.float64))
-    )
+    q, c = q.astype(np.float64), c.astype(np.float64)
+    if similarity == "cosine":
+        q, c = (x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-300) for x in (q, c))
     ranks, step = [], max(1, _SIMILARITIES_PER_BLOCK // len(c))
     for s in range(0, len(q), step):
-        sims = q[s : s + step] @ c.T
+        sims = _similarities(q[s : s + step], c, similarity)
         right = sims[np.arange(len(sims)), rel[s : s + step]]
         ranks.append((sims >= right[:, None]).sum(1))
     rank = np.concatenate(ranks)

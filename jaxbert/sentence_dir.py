@@ -16,6 +16,7 @@ import dataclasses
 import os
 
 from jaxbert.files import checkpoint_file, existing_file, read_json
+from jaxbert.metrics import SIMILARITIES
 
 # sentence-transformers' legacy boolean keys, in the order its Pooling concatenates the modes.
 _LEGACY_MODES = {
@@ -36,6 +37,7 @@ class SentenceDefaults:
     max_seq_length: int | None
     lower_case: bool
     unsupported: str | None = None  # why the pipeline cannot be reproduced, naming the file and module
+    similarity: str = "cosine"  # similarity_fn_name of config_sentence_transformers.json
 
 
 def _modes(path: str, config: dict) -> tuple[str, ...]:
@@ -200,7 +202,10 @@ def read(directory: str) -> SentenceDefaults | None:
         unsupported = f"{model_path}: a default prompt is not implemented by jaxbert"
     if model.get("truncate_dim") is not None and unsupported is None:  # encode keeps that many dimensions
         unsupported = f"{model_path}: truncate_dim {model['truncate_dim']!r} is not implemented by jaxbert"
-    return SentenceDefaults(pooling or ("mean",), normalize, length, bool(settings.get("do_lower_case")), unsupported)
+    similarity = model.get("similarity_fn_name")  # sentence-transformers 6 takes a name it knows, else cosine
+    similarity = similarity if similarity in SIMILARITIES else "cosine"
+    lower = bool(settings.get("do_lower_case"))
+    return SentenceDefaults(pooling or ("mean",), normalize, length, lower, unsupported, similarity)
 
 
 def embedding_options(defaults: SentenceDefaults | None, pooling, normalize, max_length):

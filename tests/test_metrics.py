@@ -521,6 +521,38 @@ def test_retrieval_matches_brute_force():
     assert M.retrieval_metrics(queries, corpus) == pytest.approx(_brute_force(queries, corpus, 10), abs=1e-12)
 
 
+def test_retrieval_by_each_similarity_matches_brute_force(monkeypatch):
+    # sentence-transformers' similarity functions, written out pair by pair (its euclidean and manhattan
+    # similarities are the negated distances); blocks of a few queries change nothing.
+    pairs = {
+        "dot": lambda q, c: q @ c,
+        "euclidean": lambda q, c: -np.sqrt(((q - c) ** 2).sum()),
+        "manhattan": lambda q, c: -np.abs(q - c).sum(),
+    }
+    rng = np.random.default_rng(9)
+    for name, pair in pairs.items():
+        for blocks in (False, True):
+            if blocks:
+                monkeypatch.setattr(M, "_SIMILARITIES_PER_BLOCK", 3 * 30)
+            n, m, d = 20, 30, 5
+            corpus = rng.normal(size=(m, d)) * rng.uniform(0.1, 5, (m, 1))  # norms apart: cosine would rank otherwise
+            relevant = rng.integers(0, m, n)
+            queries = corpus[relevant] + rng.normal(size=(n, d))
+            acc, rr = [], []
+            for q, r in zip(queries, relevant):
+                order = sorted(range(m), key=lambda j: (-pair(q, corpus[j]), j == r))  # ties against the relevant
+                rank = order.index(r) + 1
+                acc.append(rank == 1)
+                rr.append(1 / rank if rank <= 10 else 0.0)
+            got = M.retrieval_metrics(queries, corpus, relevant=relevant, similarity=name)
+            assert got == pytest.approx({"accuracy@1": np.mean(acc), "mrr@10": np.mean(rr)}, abs=1e-12), name
+            assert got != M.retrieval_metrics(queries, corpus, relevant=relevant), name  # cosine's differ
+    same = np.ones((3, 2))
+    assert M.retrieval_metrics(same, same, similarity="manhattan") == {"accuracy@1": 0.0, "mrr@10": 1 / 3}
+    with pytest.raises(ValueError, match="similarity 'cos': expected one of cosine, dot, euclidean, manhattan"):
+        M.retrieval_metrics(same, same, similarity="cos")
+
+
 def test_retrieval_blocks_change_nothing(monkeypatch):
     rng = np.random.default_rng(7)
     corpus = rng.choice([-1.0, 1.0], (60, 4))  # exact cosines in any summation order, and many ties

@@ -354,3 +354,16 @@ def test_a_saved_truncate_dim_is_refused_not_ignored(tmp_path):
     assert _reference(directory).shape == (4, 16)
     with pytest.raises(ValueError, match=r"config_sentence_transformers.json: truncate_dim 16 is not implemented"):
         jaxbert.load(directory).embed(TEXTS)
+
+
+def test_the_similarity_function_is_read_as_sentence_transformers_reads_it(tmp_path):
+    # It chooses how evaluate ranks (metrics.retrieval_metrics). A name sentence-transformers does not know (or
+    # none) is cosine there.
+    from jaxbert.sentence_dir import read
+
+    directory = _st_dir(tmp_path, {"pooling_mode": "mean"}, modules=("Pooling", "Normalize"), max_seq_length=12)
+    for name in ("dot", "manhattan", "cos", None, 3):
+        with open(os.path.join(directory, "config_sentence_transformers.json"), "w") as f:
+            json.dump({"similarity_fn_name": name}, f)
+        theirs = st.SentenceTransformer(str(directory), device="cpu").similarity_fn_name
+        assert read(directory).similarity == theirs == {"dot": "dot", "manhattan": "manhattan"}.get(name, "cosine")

@@ -409,3 +409,45 @@ def test_pipeline_flags_replace_the_models_and_an_unrunnable_one_needs_pooling(t
     with pytest.raises(ValueError, match=r"module Dense at '3_Dense' is not run by jaxbert; pass --pooling to train"):
         with_pipeline(cfg(model=model))
     assert got(with_pipeline(cfg(model=model, pooling="mean"))) == ("mean", True, 20)
+
+
+@pytest.mark.parametrize("similarity", ["dot", "euclidean", "manhattan"])
+def test_evaluate_ranks_by_the_model_s_similarity_as_sentence_transformers(similarity, tiny, tmp_path):
+    """sentence-transformers' InformationRetrievalEvaluator ranks by the model's own similarity function. evaluate
+    (and training's validation) ranked every model by cosine, so a model trained for dot products, whose vectors
+    are not unit length, got another model's accuracy@1 and MRR."""
+    source, bert = tiny
+    out = tmp_path / "st"
+    write_sentence_model(
+        bert.params, bert.config, str(out), pooling="mean", normalize=False, max_seq_length=40, tokenizer_from=source
+    )
+    (out / "config_sentence_transformers.json").write_text(json.dumps({"similarity_fn_name": similarity}))
+    records = _records(40)
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    metrics = tmp_path / "m.json"
+    assert main(["evaluate", str(out), "--task", "embedding", "--file", str(data), "--output", str(metrics)]) == 0
+    got = json.load(open(metrics))
+    model = st.SentenceTransformer(str(out), device="cpu")
+    assert model.similarity_fn_name == similarity
+    # The evaluator over the distinct positives (score() counts a repeated positive once), each query's own relevant.
+    corpus = {}
+    for r in records:
+        corpus.setdefault(r["positive"], f"d{len(corpus)}")
+    from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
+
+    evaluator = InformationRetrievalEvaluator(
+        queries={f"q{i}": r["anchor"] for i, r in enumerate(records)},
+        corpus={doc: text for text, doc in corpus.items()},
+        relevant_docs={f"q{i}": {corpus[r["positive"]]} for i, r in enumerate(records)},
+        accuracy_at_k=[1], precision_recall_at_k=[1], mrr_at_k=[10], ndcg_at_k=[10], map_at_k=[10],
+    )  # fmt: skip
+    theirs = evaluator(model)
+    assert got["accuracy@1"] == pytest.approx(theirs[f"{similarity}_accuracy@1"], abs=1e-9)
+    assert got["mrr@10"] == pytest.approx(theirs[f"{similarity}_mrr@10"], abs=1e-9)
+    # Cosine ranks this model's vectors otherwise: the check above tells the two apart.
+    cosine = jaxbert.metrics.retrieval_metrics(
+        model.encode([r["anchor"] for r in records]), model.encode(list(corpus)),
+        relevant=np.array([int(corpus[r["positive"]][1:]) for r in records]),
+    )  # fmt: skip
+    assert (cosine["accuracy@1"], cosine["mrr@10"]) != (got["accuracy@1"], got["mrr@10"])

@@ -114,10 +114,12 @@ def train_loss(params, batch, rng, dtype, remat, *, config, pooling, normalize, 
 
 
 # -- validation ------------------------------------------------------------------------------------------------
-def score(outputs, data: E.Encodedset, labels) -> dict:
-    """accuracy@1 and MRR@10 of each anchor against every distinct positive of the set, and the loss of the whole set as
-    one batch (each anchor against every positive and negative; the forward direction whatever --symmetric):
-    independent of the evaluation batch size. The "loss" key replaces evaluate_examples' per-batch mean."""
+def score(outputs, data: E.Encodedset, labels, similarity: str = "cosine") -> dict:
+    """accuracy@1 and MRR@10 of each anchor against every distinct positive of the set, ranked by the model's
+    `similarity` (as sentence-transformers' evaluator ranks), and the loss of the whole set as one batch (each
+    anchor against every positive and negative, cosine as the training loss; the forward direction whatever
+    --symmetric): independent of the evaluation batch size. The "loss" key replaces evaluate_examples' per-batch
+    mean."""
     emb = np.stack(outputs).astype(np.float64)  # [N, C, E]
     anchors, docs = emb[:, 0], emb[:, 1:].transpose(1, 0, 2).reshape(-1, emb.shape[-1])
     unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)  # noqa: E731
@@ -131,7 +133,8 @@ def score(outputs, data: E.Encodedset, labels) -> dict:
         tokens = data.ids[data.starts[e * C + 1] : data.starts[e * C + 2]].tobytes()
         relevant.append(first.setdefault(tokens, len(first)))
     rows = np.unique(relevant, return_index=True)[1]
-    return {"loss": loss, **metrics.retrieval_metrics(anchors, emb[rows, 1], k=10, relevant=np.array(relevant))}
+    found = metrics.retrieval_metrics(anchors, emb[rows, 1], k=10, relevant=np.array(relevant), similarity=similarity)
+    return {"loss": loss, **found}
 
 
 def eval_step(params, batch, *, config, pooling, normalize, dtype=jnp.float32):
@@ -142,14 +145,23 @@ def eval_step(params, batch, *, config, pooling, normalize, dtype=jnp.float32):
 
 def directory_eval(directory: str, config, limit: int | None):
     """`jaxbert evaluate --task embedding`: the directory's own pipeline (sentence_dir.py) -> (jitted eval step,
-    max length, lower-case the texts)."""
+    max length, lower-case the texts, its score function)."""
     from jaxbert.sentence_dir import embedding_options, read
 
-    modes, normalize, length, lower = embedding_options(read(directory), None, None, None)
+    found = read(directory)
+    modes, normalize, length, lower = embedding_options(found, None, None, None)
     if len(modes) != 1 or modes[0] not in ("cls", "mean", "max"):
         raise ValueError(f"{directory}: pooling {'+'.join(modes)}; --task embedding evaluates cls, mean or max")
     step = functools.partial(eval_step, config=config, pooling=modes[0], normalize=normalize)
-    return cpu.onednn_jit(step, tokens=cpu.batch_tokens), limit or length, lower
+    scorer = with_similarity(found.similarity if found else "cosine")
+    return cpu.onednn_jit(step, tokens=cpu.batch_tokens), limit or length, lower, scorer
+
+
+def with_similarity(similarity: str):
+    """The embedding task (task_table) scoring by `similarity`."""
+    from jaxbert.train.task_table import TASKS
+
+    return dataclasses.replace(TASKS["embedding"], score=functools.partial(score, similarity=similarity))
 
 
 # -- the run ---------------------------------------------------------------------------------------------------
@@ -224,7 +236,11 @@ def with_pipeline(cfg):
 
 
 def prepare(cfg) -> EmbeddingRun:
+    from jaxbert.sentence_dir import read
+
     if cfg.label_smoothing:
         raise ValueError(f"--label-smoothing {cfg.label_smoothing}: applies to classes, not to --task embedding")
     run = task_plan.prepare(cfg)
-    return EmbeddingRun(**{f.name: getattr(run, f.name) for f in dataclasses.fields(run)})
+    found = read(cfg.model)  # its similarity function is kept in the written model (sentence_out), and ranks here
+    task = with_similarity(found.similarity if found else "cosine")
+    return EmbeddingRun(**{f.name: getattr(run, f.name) for f in dataclasses.fields(run)} | {"task": task})
