@@ -201,6 +201,7 @@ def _generate(args) -> int:
     options = {
         k: getattr(args, k)
         for k in ("max_new_tokens", "num_beams", "num_return_sequences", "temperature", "top_k", "top_p", "seed")
+        + ("length_penalty", "min_new_tokens", "no_repeat_ngram_size", "repetition_penalty")
     }
     model = jaxbert.load(args.dir, dtype=args.dtype)
     _check_sampling_flags(args, model.directory)
@@ -220,6 +221,9 @@ def _check_sampling_flags(args, directory) -> None:
         raise ValueError(
             f"{', '.join(given)}: applies to sampling only, and this run searches (greedy or beams); pass --do-sample"
         )
+    beams = args.num_beams or file_settings(directory).get("num_beams") or 1
+    if args.length_penalty is not None and beams == 1:  # greedy search and sampling ignore it, as transformers does
+        raise ValueError("--length-penalty: applies to beam search only; pass --num-beams K (K > 1)")
 
 
 def _add_generate(sub) -> None:
@@ -234,6 +238,12 @@ def _add_generate(sub) -> None:
     gen.add_argument("--top-k", type=int, default=None, help="sampling: keep the K likeliest tokens (0: all)")
     gen.add_argument("--top-p", type=float, default=None, help="sampling: nucleus probability mass")
     gen.add_argument("--seed", type=int, default=0, help="sampling: the same seed draws the same text")
+    gen.add_argument("--min-new-tokens", type=int, default=None, help="no eos before that many new tokens")
+    gen.add_argument("--no-repeat-ngram-size", type=int, default=None, help="no n-gram of that size twice")
+    gen.add_argument(
+        "--repetition-penalty", type=float, default=None, help="> 1 discourages tokens already in the text"
+    )
+    gen.add_argument("--length-penalty", type=float, default=None, help="beam search: > 0 favours longer texts")
     _add_dtype(gen)
     gen.set_defaults(func=_generate)
 

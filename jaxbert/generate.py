@@ -46,6 +46,12 @@ class Search:
     early_stopping: bool | str = False
     num_return_sequences: int = 1
     no_repeat_ngram_size: int = 0  # 0: off
+    repetition_penalty: float = 1.0  # 1: off
+
+    @property
+    def needs_prompt(self) -> bool:
+        """The processors that read the prompt and the tokens so far are on."""
+        return bool(self.no_repeat_ngram_size) or self.repetition_penalty != 1.0
 
     @property
     def fill(self) -> int:
@@ -84,6 +90,22 @@ def _no_repeat(
     rows = jnp.arange(seq.shape[0])[:, None]
     banned = jnp.zeros(scores.shape, jnp.int32).at[rows, seq[:, n - 1 : n - 1 + W]].max(match.astype(jnp.int32))
     return jnp.where((banned > 0) & (cur >= n - 1), -jnp.inf, scores)
+
+
+def _penalize(
+    scores: Float[Array, "R V"], prompt: Int[Array, "R P"], length, tokens: Int[Array, "R N"], t, search: Search
+) -> Float[Array, "R V"]:
+    """transformers' RepetitionPenaltyLogitsProcessor: each token already in the sequence (the prompt's `length`
+    columns as given, padding ids included, then the `t` tokens chosen) has its score multiplied by the penalty
+    where negative, divided by it where not (so a penalty > 1 makes it less likely either way)."""
+    p = search.repetition_penalty
+    if p == 1.0:
+        return scores
+    rows = jnp.arange(scores.shape[0])[:, None]
+    seen = jnp.zeros(scores.shape, jnp.int32)
+    seen = seen.at[rows, prompt].max((jnp.arange(prompt.shape[1]) < length).astype(jnp.int32)[None, :])
+    seen = seen.at[rows, tokens].max((jnp.arange(tokens.shape[1]) < t).astype(jnp.int32)[None, :])
+    return jnp.where(seen > 0, jnp.where(scores < 0, scores * p, scores / p), scores)
 
 
 def _no_eos_yet(scores: Float[Array, "R V"], t, warp: Warp | None, search: Search) -> Float[Array, "R V"]:
@@ -142,9 +164,10 @@ class _Rows(NamedTuple):
 
 
 def _pick(search: Search, warp: Warp | None, rng, s: _Rows, logits: Float[Array, "R V"], prompt=None) -> _Rows:
-    logits = _no_eos_yet(logits, s.t, warp, search)
+    # transformers' processor order: repetition penalty, no-repeat n-grams, min length; then the warpers
     if prompt is not None:
-        logits = _no_repeat(logits, *prompt, s.tokens, s.t, search)
+        logits = _no_repeat(_penalize(logits, *prompt, s.tokens, s.t, search), *prompt, s.tokens, s.t, search)
+    logits = _no_eos_yet(logits, s.t, warp, search)
     if search.do_sample:
         # One key per (step, row): a row's draws do not depend on how many rows share the batch.
         keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.fold_in(rng, s.t), r))(jnp.arange(logits.shape[0]))
@@ -176,7 +199,7 @@ def sample(
     prompt=None,
 ):
     """Greedy (argmax) or sampled tokens after a prefill: (tokens [R, N], steps run). Finished rows get pad.
-    `prompt`: (ids [R, P], length), for no_repeat_ngram_size."""
+    `prompt`: (ids [R, P], length), for no_repeat_ngram_size and repetition_penalty."""
     s = _Rows(jnp.int32(0), jnp.full((logits.shape[0], bound), search.pad or 0, jnp.int32), live, cache)
     s = _pick(search, warp, rng, s, logits, prompt)
 
@@ -209,13 +232,15 @@ def _gather(a: Array, index: Int[Array, "B J"]) -> Array:
 
 def _candidates(s: _Beams, logits: Float[Array, "BK V"], search: Search, warp: Warp | None, prompt=None):
     """transformers' `_get_top_k_continuations`: the best max(2, 1 + #eos) * K of all K * V continuations (the
-    processors, here min_new and no_repeat_ngram_size, act on the log-probabilities)."""
+    processors, here repetition_penalty, no_repeat_ngram_size and min_new, act on the log-probabilities)."""
     B, K, N = s.running.shape
     V = logits.shape[-1]
-    logp = _no_eos_yet(jax.nn.log_softmax(logits, axis=-1), s.t, warp, search)
+    logp = jax.nn.log_softmax(logits, axis=-1)
     if prompt is not None:
         ids, length = prompt
-        logp = _no_repeat(logp, jnp.repeat(ids, K, axis=0), length, s.running.reshape(B * K, N), s.t, search)
+        seq = (jnp.repeat(ids, K, axis=0), length, s.running.reshape(B * K, N), s.t, search)
+        logp = _no_repeat(_penalize(logp, *seq), *seq)
+    logp = _no_eos_yet(logp, s.t, warp, search)
     logp = logp.reshape(B, K, V) + s.running_scores[..., None]
     top, index = jax.lax.top_k(logp.reshape(B, K * V), max(2, 1 + len(search.eos)) * K)
     beam, token = index // V, index % V
@@ -337,7 +362,7 @@ def decode(
     """Prefill then decode. Returns (tokens [R, N], steps run) for greedy search and sampling, (hypotheses
     [R, num_return_sequences, N], longest length) for beam search; columns past those lengths are filler."""
     logits, cache, start = prefill(step, cache, ids, mask, positions, length)
-    prompt = (ids, length) if search.no_repeat_ngram_size else None
+    prompt = (ids, length) if search.needs_prompt else None
     if search.num_beams == 1:
         return sample(step, cache, logits, start, max_new, live, search, bound, warp, rng, prompt)
     return beam_search(step, cache, logits, start, max_new, live, search, bound, warp, prompt)

@@ -34,12 +34,12 @@ KNOBS = {
     "min_new_tokens": None,
     "min_length": 0,
     "no_repeat_ngram_size": 0,
+    "repetition_penalty": 1.0,
 }
 TOKENS = ("eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id")
 # generation_config.json settings that change what transformers generates and that jaxbert does not implement,
 # with the values that change nothing (transformers' defaults, and the empty ones it treats alike)
 _UNSUPPORTED = {
-    "repetition_penalty": (1.0,),
     "bad_words_ids": ([],),
     "forced_bos_token_id": (),
     "forced_eos_token_id": (),
@@ -188,10 +188,13 @@ def _search(o: dict) -> tuple[Search, int]:
     if o["early_stopping"] not in (True, False, "never"):
         raise ValueError(f"early_stopping {o['early_stopping']!r}: must be true, false or 'never'")
     penalty = _number("length_penalty", o["length_penalty"], -math.inf, math.inf)
-    ngram = _non_negative("no_repeat_ngram_size", o["no_repeat_ngram_size"])
+    seen = dict(
+        no_repeat_ngram_size=_non_negative("no_repeat_ngram_size", o["no_repeat_ngram_size"]),
+        repetition_penalty=_number("repetition_penalty", o["repetition_penalty"], 0.0, math.inf),
+    )
     if beams == 1:  # beam-only settings must not split greedy/sampling programs
-        return Search(1, o["do_sample"], o["eos"], o["pad"], no_repeat_ngram_size=ngram), returned
-    return Search(beams, False, o["eos"], o["pad"], penalty, o["early_stopping"], returned, ngram), 1
+        return Search(1, o["do_sample"], o["eos"], o["pad"], **seen), returned
+    return Search(beams, False, o["eos"], o["pad"], penalty, o["early_stopping"], returned, **seen), 1
 
 
 def _warp(o: dict) -> tuple[float, int, float]:

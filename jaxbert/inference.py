@@ -345,11 +345,14 @@ class Bert:
         min_new_tokens: int | None = None,
         min_length: int | None = None,
         no_repeat_ngram_size: int | None = None,
+        repetition_penalty: float | None = None,
     ) -> np.ndarray:
         """transformers' `generate` for a causal LM: prompt_ids [B, P] (rows left-padded, with attention_mask) ->
         [B * num_return_sequences, P + steps run] as np.int32. Greedy by default; num_beams > 1 beam search;
         do_sample=True samples (temperature, top_k, top_p) reproducibly from `seed`. eos cannot end a row before
-        min_new_tokens new tokens, nor before min_length tokens with the prompt's. Unset options come from the
+        min_new_tokens new tokens, nor before min_length tokens with the prompt's. no_repeat_ngram_size bans
+        repeated n-grams and repetition_penalty (> 1) discourages every token already in the row, the prompt's
+        included, as transformers' processors. Unset options come from the
         checkpoint's generation_config.json (else config.json), then transformers' defaults. Compiles one program
         per (batch, prompt length, new-token) bucket and search mode; see generate.py."""
         given = dict(
@@ -368,6 +371,7 @@ class Bert:
             min_new_tokens=min_new_tokens,
             min_length=min_length,
             no_repeat_ngram_size=no_repeat_ngram_size,
+            repetition_penalty=repetition_penalty,
         )
         settings = generate_inputs.file_settings(self.directory)
         req = generate_inputs.request(

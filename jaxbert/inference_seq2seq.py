@@ -151,6 +151,7 @@ class EncoderDecoder:
         min_new_tokens: int | None = None,
         min_length: int | None = None,
         no_repeat_ngram_size: int | None = None,
+        repetition_penalty: float | None = None,
         decoder_start_token_id: int | list[int] | None = None,
     ) -> np.ndarray:
         """transformers' `generate` for an EncoderDecoderModel: input_ids [B, S] for the encoder (rows padded on
@@ -175,6 +176,7 @@ class EncoderDecoder:
             min_new_tokens=min_new_tokens,
             min_length=min_length,
             no_repeat_ngram_size=no_repeat_ngram_size,
+            repetition_penalty=repetition_penalty,
             decoder_start_token_id=decoder_start_token_id,
         )
         settings = generate_inputs.file_settings(self.directory)

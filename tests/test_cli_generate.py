@@ -46,6 +46,14 @@ def _lines(capsys, *args) -> list[str]:
             ("--max-new-tokens", 7, "--num-beams", 3, "--num-return-sequences", 2),
             dict(max_new_tokens=7, num_beams=3, num_return_sequences=2, do_sample=False),
         ),
+        (
+            ("--repetition-penalty", 1.6, "--no-repeat-ngram-size", 2, "--min-new-tokens", 3),
+            dict(repetition_penalty=1.6, no_repeat_ngram_size=2, min_new_tokens=3, do_sample=False),
+        ),
+        (
+            ("--num-beams", 2, "--length-penalty", -1.0, "--max-new-tokens", 9, "--repetition-penalty", 1.3),
+            dict(num_beams=2, length_penalty=-1.0, max_new_tokens=9, repetition_penalty=1.3, do_sample=False),
+        ),
     ],
 )
 def test_generate_prints_what_transformers_generates(lm_dir, capsys, options, kwargs):
@@ -71,6 +79,8 @@ def test_sampling_is_reproducible_from_the_seed(lm_dir, capsys):
         # Without sampling they changed nothing, and the greedy text was printed as if they had.
         (("--temperature", 0.5), "--temperature: applies to sampling only"),
         (("--top-k", 3, "--top-p", 0.9, "--num-beams", 2), "--top-k, --top-p: applies to sampling only"),
+        (("--length-penalty", 2.0), "--length-penalty: applies to beam search only"),
+        (("--repetition-penalty", 0), "repetition_penalty 0.0: must be in (0.0, inf)"),
     ],
 )
 def test_bad_options_are_one_line_errors(lm_dir, capsys, tmp_path, args, match):

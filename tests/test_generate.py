@@ -121,6 +121,54 @@ def test_no_repeat_ngram_size_equals_transformers(models):
     assert not np.array_equal(expected, _hf_generate(hf, ids, mask, max_new_tokens=NEW, num_beams=2))
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(repetition_penalty=1.5),
+        dict(repetition_penalty=0.6, no_repeat_ngram_size=3),  # < 1 encourages repeats; both processors, in order
+        dict(repetition_penalty=2.0, num_beams=3, num_return_sequences=2),
+        dict(repetition_penalty=1.3, num_beams=2, no_repeat_ngram_size=2, min_new_tokens=4),
+    ],
+)
+def test_repetition_penalty_equals_transformers(models, options):
+    """transformers' RepetitionPenaltyLogitsProcessor over the prompt (its padding ids included) and the tokens so
+    far: on the logits for greedy search, on the log-probabilities of each hypothesis for beam search."""
+    hf, lm, _ = models
+    ids, mask = _prompts(seed=11)
+    eos = _stops_some_rows(_hf_generate(hf, ids, mask, max_new_tokens=NEW)[:, P:])
+    expected = _hf_generate(hf, ids, mask, max_new_tokens=NEW, eos_token_id=eos, **options)
+    np.testing.assert_array_equal(
+        lm.generate(ids, attention_mask=mask, max_new_tokens=NEW, eos_token_id=eos, **options), expected
+    )
+    unpenalized = {k: v for k, v in options.items() if k != "repetition_penalty"}
+    assert not np.array_equal(
+        expected, _hf_generate(hf, ids, mask, max_new_tokens=NEW, eos_token_id=eos, **unpenalized)
+    )
+
+
+def test_repetition_penalty_processor_equals_transformers():
+    """The processor alone, as sampling applies it (before the warpers), on scores of both signs, a token repeated
+    in a row and the prompt's columns past its length (the bucket's padding) left out."""
+    from transformers.generation import logits_process as lp
+
+    from jaxbert.generate import Search, _penalize
+
+    rng = np.random.default_rng(12)
+    V = 50
+    scores = rng.normal(size=(3, V)).astype(np.float32)
+    prompt = rng.integers(0, V, (3, 6))
+    tokens = rng.integers(0, V, (3, 5))
+    tokens[1, 1] = tokens[1, 0]
+    length, t = 4, 3  # columns of the prompt given, tokens chosen so far
+    seen = np.concatenate([prompt[:, :length], tokens[:, :t]], axis=1)
+    for penalty in (1.7, 0.5):
+        expected = lp.RepetitionPenaltyLogitsProcessor(penalty)(torch.as_tensor(seen), torch.as_tensor(scores.copy()))
+        got = _penalize(jnp.asarray(scores), jnp.asarray(prompt), length, jnp.asarray(tokens), t,
+                        Search(repetition_penalty=penalty))  # fmt: skip
+        np.testing.assert_allclose(np.asarray(got), expected.numpy(), rtol=1e-6)
+        assert not np.allclose(np.asarray(got), scores)
+
+
 def test_sampling_is_reproducible_and_respects_top_k_and_top_p(models):
     _, lm, _ = models
     ids, mask = _prompts(seed=3)
@@ -204,9 +252,13 @@ def test_defaults_come_from_generation_config_json(models, tmp_path):
     expected = _hf_generate(transformers.BertLMHeadModel.from_pretrained(copy).eval(), ids)
     np.testing.assert_array_equal(jaxbert.load(copy).generate(ids), expected)
     assert expected[0, -1] == eos
-    (copy / "generation_config.json").write_text(json.dumps({"repetition_penalty": 1.3}))
-    with pytest.raises(ValueError, match="repetition_penalty=1.3 is not implemented"):
+    (copy / "generation_config.json").write_text(json.dumps({"encoder_repetition_penalty": 1.3}))
+    with pytest.raises(ValueError, match="encoder_repetition_penalty=1.3 is not implemented"):
         jaxbert.load(copy).generate(ids)
+    # repetition_penalty is implemented: read from the file as transformers reads it
+    (copy / "generation_config.json").write_text(json.dumps({"repetition_penalty": 1.3, "max_new_tokens": 6}))
+    expected = _hf_generate(transformers.BertLMHeadModel.from_pretrained(copy).eval(), ids, mask)
+    np.testing.assert_array_equal(jaxbert.load(copy).generate(ids, attention_mask=mask), expected)
     # Settings that change transformers' output are refused by name (they were ignored: greedy tokens differed).
     for key, value in (("guidance_scale", 1.5), ("watermarking_config", {"bias": 2.0}), ("top_h", 0.01),
                        ("penalty_alpha", 0.6), ("max_time", 1.0), ("token_healing", True)):  # fmt: skip
@@ -311,6 +363,9 @@ def test_the_step_function_is_model_agnostic():
         (dict(num_beams=2, early_stopping="soon"), ValueError, "early_stopping 'soon'"),
         (dict(min_new_tokens=-1, eos_token_id=5), ValueError, "min_new_tokens -1: must be an integer ≥ 0"),
         (dict(no_repeat_ngram_size=-2), ValueError, "no_repeat_ngram_size -2: must be an integer ≥ 0"),
+        (dict(repetition_penalty=0.0), ValueError, r"repetition_penalty 0.0: must be in \(0.0, inf\)"),
+        (dict(repetition_penalty=-1), ValueError, r"repetition_penalty -1: must be in \(0.0, inf\)"),
+        (dict(repetition_penalty="1.2"), TypeError, "repetition_penalty must be a number, got str '1.2'"),
         (dict(min_length=2.0, eos_token_id=5), ValueError, "min_length 2.0: must be an integer ≥ 0"),
         (dict(eos_token_id=[3, 97]), ValueError, "eos_token_id \\[3, 97\\]: token ids must be integers in \\[0, vocab"),
         (dict(length_penalty=float("nan"), num_beams=2), ValueError, "length_penalty nan"),

@@ -113,6 +113,18 @@ def test_beam_search_returning_several_with_early_stopping_equals_transformers(p
     )
 
 
+def test_repetition_penalty_equals_transformers(models):
+    """Over the decoder's tokens (its start token, then those chosen), not the encoder's input: transformers'
+    RepetitionPenaltyLogitsProcessor reads the decoder's input_ids. Greedy (logits) and beams (log-probabilities)."""
+    hf, s2s, _ = models
+    ids, mask = _inputs(seed=2)
+    for options in (dict(repetition_penalty=1.8), dict(repetition_penalty=1.5, num_beams=3)):
+        expected = _hf_generate(hf, ids, mask, max_new_tokens=NEW, **options)
+        np.testing.assert_array_equal(s2s.generate(ids, attention_mask=mask, max_new_tokens=NEW, **options), expected)
+        plain = {k: v for k, v in options.items() if k != "repetition_penalty"}
+        assert not np.array_equal(expected, _hf_generate(hf, ids, mask, max_new_tokens=NEW, **plain))
+
+
 def test_sampling_is_reproducible_from_the_seed(projected):
     _, s2s, _ = projected
     ids, mask = _inputs(seed=2)
