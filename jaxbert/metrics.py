@@ -13,7 +13,6 @@ import re
 from collections.abc import Sequence
 
 import numpy as np
-import scipy.spatial.distance
 import scipy.stats
 from jaxtyping import ArrayLike, Bool, Num, Shaped
 
@@ -27,6 +26,7 @@ from jaxbert.metrics_text import (  # noqa: F401  (re-exported: one namespace fo
     squad_normalize,
     squad_scores,
 )
+from jaxbert.sentence_dir import SIMILARITIES
 
 GREATER_IS_BETTER = {
     "accuracy": True,
@@ -190,8 +190,6 @@ def exact_match(pred: Bool[ArrayLike, "N C"], gold: Bool[ArrayLike, "N C"]) -> f
 # ---- token classification (= seqeval's default, non-strict mode) ----
 
 _SIMILARITIES_PER_BLOCK = 1 << 24  # queries are scored in blocks of [B, M] float64 similarities, ~128 MB
-# sentence-transformers' SimilarityFunction names (a model's similarity_fn_name); the distances are negated.
-SIMILARITIES = ("cosine", "dot", "euclidean", "manhattan")
 
 
 def _similarities(q: Num[np.ndarray, "B D"], c: Num[np.ndarray, "M D"], similarity: str) -> Num[np.ndarray, "B M"]:
@@ -199,7 +197,9 @@ def _similarities(q: Num[np.ndarray, "B D"], c: Num[np.ndarray, "M D"], similari
     |q|² + |c|² - 2 q·c, which cancels to rounding noise for near neighbours and could reorder them."""
     if similarity in ("cosine", "dot"):
         return q @ c.T
-    return -scipy.spatial.distance.cdist(q, c, "euclidean" if similarity == "euclidean" else "cityblock")
+    from scipy.spatial.distance import cdist
+
+    return -cdist(q, c, "euclidean" if similarity == "euclidean" else "cityblock")
 
 
 def retrieval_metrics(

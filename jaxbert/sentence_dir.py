@@ -16,7 +16,6 @@ import dataclasses
 import os
 
 from jaxbert.files import checkpoint_file, existing_file, read_json
-from jaxbert.metrics import SIMILARITIES
 
 # sentence-transformers' legacy boolean keys, in the order its Pooling concatenates the modes.
 _LEGACY_MODES = {
@@ -28,6 +27,8 @@ _LEGACY_MODES = {
     "pooling_mode_lasttoken": "lasttoken",
 }
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens")  # the ones jaxbert computes
+# sentence-transformers' SimilarityFunction names (a model's similarity_fn_name); its distances are negated.
+SIMILARITIES = ("cosine", "dot", "euclidean", "manhattan")
 
 
 @dataclasses.dataclass(frozen=True)
