@@ -17,6 +17,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _OWN_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxbert-tests-xla-")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# XLA's backend optimizations (LLVM at O3 and its expensive passes) were half of the suite's time: it compiles
+# hundreds of small programs, each run for milliseconds. Off for the run (this process, the workers and every CLI
+# subprocess, through the environment); a test whose time is in running a model, not in compiling it, is marked
+# `optimized` and compiles as users' programs do (the `_optimized` fixture). Both ways pass every parity check:
+# LLVM reorders no float arithmetic at any level (XLA enables no fast-math on CPU).
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 import jax  # noqa: E402
 
@@ -140,6 +146,25 @@ def train_args(task: str, model, data, out, *flags) -> list[str]:
     progress bar; `flags` follow (a flag given twice: argparse keeps the last)."""
     head = ("train", "--task", task, "--model", model, "--train-file", data, "--validation-file", data)
     return [str(a) for a in (*head, "--output-dir", out, "--no-progress", *flags)]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "optimized: compile with XLA's full optimizations (see JAX_DISABLE_MOST_...)")
+
+
+@pytest.fixture(autouse=True)
+def _optimized(request, monkeypatch):
+    """Full XLA optimizations for an `optimized` test, in this process and in the CLI subprocesses it starts."""
+    if request.node.get_closest_marker("optimized") is None:
+        yield
+        return
+    monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0")
+    before = jax.config.values["jax_disable_most_optimizations"]
+    jax.config.update("jax_disable_most_optimizations", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
 
 
 def pytest_unconfigure(config):

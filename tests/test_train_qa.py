@@ -118,6 +118,7 @@ def test_one_step_equals_pytorch(tmp_path, capsys):
     assert "blank.jsonl:1: column 'context': empty text" in capsys.readouterr().err
 
 
+@pytest.mark.optimized  # 60 MiniLM steps: its time is in running them (~8 s more unoptimized)
 def test_minilm_learns_the_reading_task(tmp_path, capsys):
     """A short fine-tune of the offline MiniLM (a new QA head) on generated multi-fact contexts; validation uses
     held-out people, places and companies."""
