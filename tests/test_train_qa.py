@@ -149,13 +149,16 @@ def test_minilm_learns_the_reading_task(tmp_path, capsys):
             "--eval-steps",
             "1000",
             "--no-progress",
+            "--seed",
+            "3",
         ]
     )
     assert rc == 0, capsys.readouterr().err
     log = [json.loads(line) for line in open(out / "metrics.jsonl")]
     before, after = log[0], [r for r in log if "eval_exact_match" in r][-1]
-    # 60 steps from a fresh head vary with the seed (exact match after: 25-78 over five seeds, from 0-7 before;
-    # the validation loss fell by more than half in each): the bounds hold for all of them, not one lucky draw.
+    # 60 steps from a fresh head vary with the seed (exact match after, seeds 1-5 and 42: 66, 31, 48, 79, 73, 24,
+    # from 0-7 before; the validation loss fell by more than half in each): the bounds hold for all of them, not one
+    # lucky draw. Seed 3, a middle one: the default 42 passes by 2 points, which another CPU's rounding could take.
     assert before["eval_exact_match"] < 15 and after["eval_exact_match"] >= before["eval_exact_match"] + 15
     assert after["eval_loss"] < 0.5 * before["eval_loss"], (before, after)
     bert = jaxbert.load(out / "final")
