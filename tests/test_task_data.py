@@ -490,3 +490,21 @@ def test_predict_and_evaluate_refuse_bad_requests(tiny, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "c.jsonl:2: column 'choices': no options to choose from" in err and len(err.splitlines()) == 1, err
     assert not os.path.exists(tmp_path / "p.jsonl")
+
+
+def test_a_0_1_indicator_vector_is_no_list_of_label_ids(tmp_path):
+    """Multi-label targets written as 0/1 indicator vectors ([0, 1, 1, 0], the float targets transformers' loss
+    takes) read as the label ids 0 and 1 in every row: a two-label model whose every target was [1, 1], trained and
+    scored without a word. A list names each label once: one giving an id twice is refused, naming the ids of its
+    1s; a name given twice is still the one label."""
+    rows = read_rows(str(_jsonl(tmp_path / "m.jsonl", [{"label": [0, 1, 1, 0]}, {"label": [1, 0, 0, 1]}])))
+    with pytest.raises(ValueError, match=r"m.jsonl:1: column 'label': multi-label: \[0, 1, 1, 0\] gives id 0 more"):
+        sequence_labels(rows, "label", None, None)
+    good = read_rows(str(_jsonl(tmp_path / "g.jsonl", [{"label": [1, 2]}, {"label": [0, 3]}])))
+    labels = sequence_labels(good, "label", None, None)
+    assert [sequence_target(r, "label", labels) for r in good] == [[0.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 1.0]]
+    with pytest.raises(ValueError, match=r"m.jsonl:2: .* gives id 1 more than once; .* the ids of its 1s \(\[0, 3\]\)"):
+        sequence_target(rows[1], "label", labels)
+    names = read_rows(str(_jsonl(tmp_path / "n.jsonl", [{"label": ["a", "a", "b"]}, {"label": ["b"]}])))
+    labels = sequence_labels(names, "label", None, None)
+    assert [sequence_target(r, "label", labels) for r in names] == [[1.0, 1.0], [0.0, 1.0]]

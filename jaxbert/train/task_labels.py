@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 
 # Integer labels are class ids 0..max: from this max on, ids of which the data use at most half are refused (a label
 # 1000000000 had built a billion-class classifier).
@@ -138,6 +139,15 @@ def _infer(values) -> str:
 def _list(row, column: str, value) -> list:
     if not isinstance(value, list):
         raise ValueError(f"{row.where(column)}: multi-label: expected a list of labels, got {_kind(value)}")
+    # A 0/1 indicator vector ([0, 1, 1, 0], transformers' multi-label targets) reads as the ids 0 and 1 in every
+    # row: a two-label model learning nothing, without an error. A list of ids names each once.
+    repeated = next((v for v, n in Counter(v for v in value if type(v) is int).items() if n > 1), None)
+    if repeated is not None:
+        ones = [i for i, v in enumerate(value) if v == 1]
+        raise ValueError(
+            f"{row.where(column)}: multi-label: {value!r} gives id {repeated} more than once; a list holds each "
+            f"label's id (or name) once: a 0/1 indicator vector is written as the ids of its 1s ({ones})"
+        )
     return value
 
 
