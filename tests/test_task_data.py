@@ -73,6 +73,32 @@ def test_csv_lists_as_numbered_columns_or_json_cells(tmp_path):
     assert row.texts("tokens") == ["Anna", "lives"] and row.label("ner_tags") == ["B-PER", "O"]
 
 
+def test_numbered_label_columns_are_a_list_not_their_first_cell(tmp_path):
+    """Numbered columns are a list (the module doc: tags, options), but a label was read from label0's cell alone:
+    one-hot columns (text,label0,label1,label2) trained a single-label classifier on label0 without a word, and tags
+    in numbered columns failed as "expected a list of tags, got a string". A label is the list of its cells now (a
+    one-hot row then refused as a 0/1 vector), and a text is never its first numbered column's cell."""
+    (tmp_path / "onehot.csv").write_text("text,label0,label1,label2\nx,0,1,1\ny,1,0,0\n")
+    rows = read_rows(str(tmp_path / "onehot.csv"))
+    assert rows[0].label("label") == [0, 1, 1]
+    with pytest.raises(ValueError, match=r"onehot.csv:2: column 'label': multi-label: \[0, 1, 1\] gives id 1 more"):
+        sequence_labels(rows, "label", None, None)
+    (tmp_path / "sets.csv").write_text("text,label0,label1\nx,sports,news\ny,news,\n")
+    first, second = read_rows(str(tmp_path / "sets.csv"))
+    assert first.label("label") == ["sports", "news"]
+    (tmp_path / "ids.csv").write_text("text,label0,label1\nx,2,0\ny,1,3\n")
+    rows = read_rows(str(tmp_path / "ids.csv"))
+    labels = sequence_labels(rows, "label", None, None)
+    assert [sequence_target(r, "label", labels) for r in rows] == [[1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0]]
+    with pytest.raises(ValueError, match=r"sets.csv:3: column 'label1': the cell is empty; expected a label"):
+        second.label("label")
+    (tmp_path / "tags.tsv").write_text("tokens0\ttokens1\tner_tags0\tner_tags1\nAnna\tlives\tB-PER\tO\n")
+    (row,) = read_rows(str(tmp_path / "tags.tsv"))
+    assert row.texts("tokens") == ["Anna", "lives"] and row.label("ner_tags") == ["B-PER", "O"]
+    with pytest.raises(ValueError, match=r"tags.tsv:2: column 'tokens': expected a string, got a list"):
+        row.text("tokens")
+
+
 def test_label_names_sorted_or_the_models(tmp_path):
     rows = read_rows(str(_jsonl(tmp_path / "t.jsonl", [{"label": "pos"}, {"label": "neg"}, {"label": "mid"}])))
     assert sequence_labels(rows, "label", None, None) == Labels(("mid", "neg", "pos"), "single_label_classification")

@@ -4,8 +4,8 @@ remember their file and line, so every error about a value names file, line and 
 JSON lines keep JSON's types (a label may be an integer, a number, a string or a list). CSV/TSV cells are text
 (TSV unquoted: quotes are part of the text): a label cell is read as an integer, else a number (ASCII digits, no
 "_" separators), else a JSON array when it starts with "[", else a string, and an empty one is an error as a JSON
-null is; a list column (token-classification words and tags, multiple-choice options) is a JSON array in one cell,
-or numbered columns NAME0, NAME1, ... (SWAG's ending0..ending3).
+null is; a list column (token-classification words and tags, multiple-choice options, multi-label labels) is a
+JSON array in one cell, or numbered columns NAME0, NAME1, ... (SWAG's ending0..ending3), never one of them alone.
 """
 
 from __future__ import annotations
@@ -37,11 +37,15 @@ class Row:
         if column in self.values and self.values[column] is not None:
             return self.values[column]
         if not self.typed and f"{column}0" in self.values:  # numbered columns: a list
-            return self.values[column + "0"]
+            return [self.values[name] for name in self._numbered(column)]
         if column in self.values:
             raise ValueError(f"{self.where(column)}: the value is null")
         names = ", ".join(map(repr, self.values)) or "none"
         raise ValueError(f"{self.path}:{self.line}: no column {column!r} (columns: {names})")
+
+    def _numbered(self, column: str) -> list[str]:
+        """The columns NAME0, NAME1, ... of a list given as numbered CSV/TSV columns, in order."""
+        return [f"{column}{i}" for i in range(len(self.values)) if f"{column}{i}" in self.values]
 
     def unicode(self, column: str, value, item: int | None = None):
         """`value`, or an error where it holds a lone surrogate (only a JSON "\\ud800" escape makes one): a str
@@ -66,19 +70,27 @@ class Row:
     def texts(self, column: str) -> list[str]:
         """A list of strings: a JSON array, or (CSV/TSV) a JSON array in the cell or numbered columns."""
         value = self.get(column)
-        if not self.typed:
-            numbered = [self.values[f"{column}{i}"] for i in range(len(self.values)) if f"{column}{i}" in self.values]
-            value = numbered if column not in self.values else parse_cell(self, column, value, want_list=True)
+        if not self.typed and isinstance(value, str):
+            value = parse_cell(self, column, value, want_list=True)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"{self.where(column)}: expected a list of strings, got {_kind(value)}")
         return self.unicode(column, value)
 
     def label(self, column: str):
-        """A label as JSON would have it: int, float, str or list (CSV/TSV cells parsed, see the module doc)."""
+        """A label as JSON would have it: int, float, str or list (CSV/TSV cells parsed, see the module doc;
+        numbered columns a list of such cells)."""
         value = self.get(column)
-        if not self.typed and not value.strip():  # as a JSON null: not a class named ""
+        if self.typed:
+            return self.unicode(column, value)
+        if isinstance(value, list):  # not its first column's cell alone: one-hot columns label0, label1, ...
+            return [self._label_cell(name) for name in self._numbered(column)]
+        return self._label_cell(column)
+
+    def _label_cell(self, column: str):
+        cell = self.values[column]
+        if not cell.strip():  # as a JSON null: not a class named ""
             raise ValueError(f"{self.where(column)}: the cell is empty; expected a label")
-        return self.unicode(column, value if self.typed else parse_cell(self, column, value))
+        return self.unicode(column, parse_cell(self, column, cell))
 
 
 def _kind(value) -> str:

@@ -111,8 +111,9 @@ def _listed(names) -> str:
 def _named_cell(row, column: str, value, names) -> object:
     """A CSV/TSV cell that is one of the label names is that name, though it reads as an integer: for a model named
     "1", "2", "3" the cell 1 is the name "1", not the id of "2" (JSON keeps its types: 1 is an id, "1" a name)."""
-    if names and not row.typed and type(value) is int and (text := row.get(column).strip()) in names:
-        return text
+    cell = None if row.typed else row.values.get(column)  # None: numbered columns, whose items stay as parsed
+    if names and type(value) is int and isinstance(cell, str) and cell.strip() in names:
+        return cell.strip()
     return value
 
 
