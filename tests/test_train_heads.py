@@ -208,3 +208,37 @@ def test_a_config_larger_than_its_weights_is_refused_before_it_is_built(models, 
     config = _config(models["three"], SEQ).replace(**change)
     with pytest.raises(ValueError, match=match):
         task_params(models["three"], config, SEQ, 42)
+
+
+@pytest.mark.parametrize(
+    "source, task, labels, data",
+    [
+        ("BertForTokenClassification", "sequence-classification", ["O", "B-PER", "I-PER"], [0, 1] * 3),
+        ("BertForSequenceClassification", "token-classification", ["negative", "positive"], None),
+    ],
+)
+def test_another_tasks_classifier_lends_neither_its_names_nor_its_weights(source, task, labels, data, tmp_path, capsys):
+    """An NER tagger (id2label O, B-PER, I-PER) fine-tuned for sentence classes given as ids 0, 1: the ids were read
+    as indices into the tagger's tags and its token classifier (same parameter names and shape) kept as the
+    sentence classifier, so the model wrote id2label {0: 'O', 1: 'B-PER', 2: 'I-PER'} and classify labelled
+    reviews 'B-PER'. The data name the classes (LABEL_0, LABEL_1) and the classifier is new, as for any other
+    mapping; likewise a sentence classifier fine-tuned as a tagger."""
+    names = dict(enumerate(labels))
+    label2id = {n: i for i, n in names.items()}
+    model = model_dir(tmp_path / "m", source, num_labels=len(names), id2label=names, label2id=label2id, **SMALL)
+    assert jaxbert.BertConfig.from_pretrained(model).id2label == names
+    if data is None:  # tags as ids
+        path = tmp_path / "t.jsonl"
+        rows = [{"tokens": ["good", "film"], "ner_tags": [0, 1]}, {"tokens": ["bad"], "ner_tags": [0]}] * 3
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        data = str(path)
+    else:
+        data = _rows(tmp_path, data)
+    assert _train(model, data, tmp_path / "out", task) == 0, capsys.readouterr()
+    printed = capsys.readouterr().out
+    config = json.load(open(tmp_path / "out" / "final" / "config.json"))
+    assert config["id2label"] == {"0": "LABEL_0", "1": "LABEL_1"}, config["id2label"]
+    head = TASKS[task].head
+    assert f"model: the checkpoint's classifier is a {source}'s, not a {head}'s: initialized a new classifier" in (
+        printed
+    ), printed

@@ -7,7 +7,7 @@ the head, so both happen without a flag, by name in the "model:" line:
 
 - no task head (a sentence encoder, an MLM checkpoint): a new head;
 - no pooler (BertForMaskedLM / BertLMHeadModel checkpoints) for a head that pools: a new pooler;
-- a classifier for other labels (a different count, or names the data do not fit): a new classifier. The
+- a classifier for other labels (a different count, names the data do not fit, another task's): a new classifier. The
   whole classifier is renewed, bias included: a bias learned for other labels means nothing for these.
 
 Only the pooler and the head are ever initialized: any other missing or mismatched parameter is the

@@ -1,12 +1,12 @@
 """Labels of a fine-tuning task: their names (id -> name), the problem type, and each row's label as a target.
 
-Names come from the model when it has its own (a label2id whose names are not transformers' LABEL_i defaults,
-or a checkpoint that already is the task's head) and the training data fit them (every string among the names,
-every integer in range); otherwise from the training data: strings sorted, integers used as ids 0..max. Data
-that do not fit the model's names raise `LabelMismatch`: `evaluate` reports it, a fine-tune catches it and lets
-the data decide (with a new classifier: reusing one under a different mapping would be silently wrong). A label
-the names do not know (a string seen only in the validation file) is an error naming file, line and column, and
-so is a label of the other kind than the training data's (an integer among string labels would silently be read
+Names come from the model when it has its own (a label2id whose names are not transformers' LABEL_i defaults, or a
+checkpoint that already is the task's head; never another task's classifier) and the training data fit them (every
+string among the names, every integer in range); otherwise from the training data: strings sorted, integers used as
+ids 0..max. Data that do not fit the model's names raise `LabelMismatch`: `evaluate` reports it, a fine-tune catches
+it and lets the data decide (with a new classifier: reusing one under a different mapping would be silently wrong).
+A label the names do not know (a string seen only in the validation file) is an error naming file, line and column,
+and so is a label of the other kind than the training data's (an integer among string labels would silently be read
 as an index into the sorted names).
 """
 
@@ -39,8 +39,22 @@ class Labels:
         return {name: i for i, name in enumerate(self.names)}
 
 
+# Heads whose `classifier` scores their own task's labels: a checkpoint of one of them fine-tuned for another (a
+# tagger for sentences, say) has names and weights meaning nothing there, and the same parameter names and shapes.
+CLASSIFIER_HEADS = ("BertForSequenceClassification", "BertForTokenClassification", "BertForMultipleChoice")
+
+
+def other_classifier(config, head: str) -> str | None:
+    """The checkpoint's architecture when it is another task's classifier than `head`'s, else None."""
+    arch = (config.architectures or ("",))[0]
+    return arch if arch != head and arch in CLASSIFIER_HEADS and head in CLASSIFIER_HEADS else None
+
+
 def model_labels(config, head: str) -> tuple[str, ...] | None:
-    """The model's own label names, or None when the data should decide them."""
+    """The model's own label names, or None when the data should decide them (always for another task's
+    classifier: an NER tagger's B-PER, I-PER are no sentence classes)."""
+    if other_classifier(config, head):
+        return None
     names = tuple(config.id2label[i] for i in range(config.num_labels))
     named = any(name != f"LABEL_{i}" for i, name in enumerate(names))
     return names if named or (config.architectures or ("",))[0] == head else None

@@ -25,7 +25,7 @@ from jaxbert.train.plan import model_and_batch
 from jaxbert.train.step import task_eval_step
 from jaxbert.train.task_data import read_rows
 from jaxbert.train.task_init import task_params
-from jaxbert.train.task_labels import LabelMismatch, Labels, check_scorable, model_labels
+from jaxbert.train.task_labels import LabelMismatch, Labels, check_scorable, model_labels, other_classifier
 from jaxbert.train.task_table import COLUMNS_KEY, TASKS, Task, columns, metric_name
 
 
@@ -193,6 +193,8 @@ def prepare(cfg: TrainConfig) -> TaskRun:
         val_rows, train_rows = train_rows[:cut], train_rows[cut:]
     cols = columns(task, cfg)
     labels, renew = task_labels(task, train_rows, cols, cfg.problem_type, model_labels(config, task.head))
+    if renew is None and (other := other_classifier(config, task.head)):  # its names and shapes, not its outputs
+        renew = f"the checkpoint's classifier is a {other}'s, not a {task.head}'s"
     if cfg.label_smoothing and labels.problem_type in ("regression", "multi_label_classification"):
         # transformers' label smoother would apply a softmax over scores / independent labels: meaningless here.
         raise ValueError(
