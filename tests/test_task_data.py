@@ -534,3 +534,16 @@ def test_a_0_1_indicator_vector_is_no_list_of_label_ids(tmp_path):
     names = read_rows(str(_jsonl(tmp_path / "n.jsonl", [{"label": ["a", "a", "b"]}, {"label": ["b"]}])))
     labels = sequence_labels(names, "label", None, None)
     assert [sequence_target(r, "label", labels) for r in names] == [[1.0, 1.0], [0.0, 1.0]]
+
+
+def test_two_label_indicator_vectors_are_refused_too(tmp_path):
+    """Two-label 0/1 vectors ([1, 0], [0, 1]: a binary task written one-hot) repeat no id, so they passed as id
+    lists: every row got both labels, target [1.0, 1.0] throughout, and the run learned and scored a constant."""
+    records = [{"label": [1, 0]}, {"label": [0, 1]}, {"label": [0, 1]}]
+    rows = read_rows(str(_jsonl(tmp_path / "b.jsonl", records)))
+    with pytest.raises(ValueError, match=r"b.jsonl:1: column 'label': multi-label: every row's labels are \[0, 1\] or"):
+        sequence_labels(rows, "label", None, None)
+    with pytest.raises(ValueError, match=r"written as the ids of its 1s \(\[0\] for \[1, 0\]\)"):
+        sequence_labels(rows, "label", "multi_label_classification", ("a", "b"))
+    rows = read_rows(str(_jsonl(tmp_path / "i.jsonl", [{"label": [1, 0]}, {"label": [1]}, {"label": []}])))
+    assert sequence_labels(rows, "label", None, None).names == ("LABEL_0", "LABEL_1")  # ids, as a row differs

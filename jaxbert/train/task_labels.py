@@ -177,9 +177,22 @@ def sequence_labels(rows, column: str, problem_type: str | None, fixed) -> Label
             raise LabelMismatch(f"regression needs one output; the model has {len(fixed)} labels")
         return Labels(tuple(fixed or ("LABEL_0",)), problem)
     if problem == "multi_label_classification":
+        _two_label_vectors(values, column)
         values = [(row, item) for row, value in values for item in _list(row, column, value)]
     names, first = _names(values, column, fixed, _path(rows))
     return Labels(names, problem, first)
+
+
+def _two_label_vectors(values, column: str) -> None:
+    """Two-label 0/1 indicator vectors repeat no id (_list finds the longer ones): read as ids, [0, 1] and [1, 0]
+    alike give every row both labels, a constant target learned and scored without a word."""
+    if len(values) > 1 and all(isinstance(v, list) and sorted(map(repr, v)) == ["0", "1"] for _, v in values):
+        row, value = values[0]
+        raise ValueError(
+            f"{row.where(column)}: multi-label: every row's labels are [0, 1] or [1, 0], which as label ids give "
+            f"every row both labels (nothing to learn): a 0/1 indicator vector is written as the ids of its 1s "
+            f"([{value.index(1)}] for {value!r})"
+        )
 
 
 def check_scorable(rows, labels: Labels, where: str = "") -> None:
