@@ -180,8 +180,29 @@ def test_a_csv_cell_that_is_a_label_name_is_that_name_though_it_reads_as_an_inte
     for rows in (csv, jsonl):
         labels = sequence_labels(rows, "label", None, names)
         assert [sequence_target(row, "label", labels) for row in rows] == ids
-    typed = read_rows(_write(tmp_path / "i.jsonl", [{"text": "a", "label": 1}]), "--file")
-    assert sequence_target(typed[0], "label", sequence_labels(typed, "label", None, names)) == 1
+    typed = read_rows(_write(tmp_path / "i.jsonl", [{"text": "a", "label": 0}]), "--file")
+    assert sequence_target(typed[0], "label", sequence_labels(typed, "label", None, names)) == 0
+
+
+def test_a_json_integer_that_names_a_label_at_another_id_is_refused(tmp_path):
+    """A model named "1".."5" (star ratings: id 0 is "1") and a JSON lines file of ratings 1..4 as integers: each
+    was read as an id, rating 2 as "3", every label shifted by one and a perfect model scored 0.0 without a word
+    (only a 5, out of range, would have stopped it). The file cannot say which it means: refused, naming the id's
+    name and the name's id. Integers that are their own names ("0", "1") or name nothing stay ids."""
+    from jaxbert.train.task_labels import sequence_target
+
+    names = ("1", "2", "3", "4", "5")
+    rows = read_rows(_write(tmp_path / "r.jsonl", [{"text": "a", "label": 4}, {"text": "b", "label": 2}]), "--file")
+    refused = r"label 4 is an integer, so a label id \('5'\), but the labels also name '4' \(id 3\)"
+    with pytest.raises(ValueError, match=r"r.jsonl:1: column 'label': " + refused):
+        sequence_labels(rows, "label", None, names)
+    zero = read_rows(_write(tmp_path / "z.jsonl", [{"text": "a", "label": 0}]), "--file")
+    labels = sequence_labels(zero, "label", None, names)  # 0 names no label: the id of "1"
+    with pytest.raises(ValueError, match=r"r.jsonl:2: column 'label': label 2 is an integer, so a label id \('3'\)"):
+        sequence_target(rows[1], "label", labels)
+    own = read_rows(_write(tmp_path / "o.jsonl", [{"text": "a", "label": 1}, {"text": "b", "label": 0}]), "--file")
+    labels = sequence_labels(own, "label", None, ("0", "1"))
+    assert [sequence_target(row, "label", labels) for row in own] == [1, 0]
 
 
 def test_a_regression_model_of_several_outputs_predicts_each(tmp_path):

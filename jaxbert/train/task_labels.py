@@ -97,6 +97,8 @@ def _names(items, column: str, fixed, path: str) -> tuple[tuple[str, ...], tuple
             raise LabelMismatch(f"{row.where(column)}: label {value} out of range [0, {len(fixed)})")
         if fixed and isinstance(value, str) and value not in fixed:
             raise LabelMismatch(f"{row.where(column)}: unknown label {value!r} (labels: {_listed(fixed)})")
+        if fixed:
+            _ambiguous_id(row, column, value, fixed)
     if fixed:
         return tuple(fixed), first
     if first is None:
@@ -124,7 +126,8 @@ def _listed(names) -> str:
 
 def _named_cell(row, column: str, value, names) -> object:
     """A CSV/TSV cell that is one of the label names is that name, though it reads as an integer: for a model named
-    "1", "2", "3" the cell 1 is the name "1", not the id of "2" (JSON keeps its types: 1 is an id, "1" a name)."""
+    "1", "2", "3" the cell 1 is the name "1", not the id of "2" (JSON keeps its types: "1" is a name, 1 an id, refused
+    where it is also a name: _ambiguous_id)."""
     cell = None if row.typed else row.values.get(column)  # None: numbered columns, whose items stay as parsed
     if names and type(value) is int and isinstance(cell, str) and cell.strip() in names:
         return cell.strip()
@@ -140,7 +143,20 @@ def label_id(row, column: str, value, labels: Labels) -> int:
         return labels.ids[value]
     if not 0 <= value < len(labels.names):
         raise ValueError(f"{row.where(column)}: label {value} out of range [0, {len(labels.names)})")
+    _ambiguous_id(row, column, value, labels.names)
     return value
+
+
+def _ambiguous_id(row, column: str, value, names) -> None:
+    """A JSON integer is a label id, but where the names hold its digits at another id (a model named "1".."5" for
+    star ratings: id 0 is "1") the file may mean that name: 2 read as id 2 ("3") shifted every label by one without
+    a word. Refused, as the file cannot say which (a CSV cell is that name: _named_cell)."""
+    if type(value) is int and str(value) in names and names[value] != str(value):
+        raise ValueError(
+            f"{row.where(column)}: label {value} is an integer, so a label id ({names[value]!r}), but the labels also "
+            f'name {str(value)!r} (id {names.index(str(value))}): write the name as a string ("{value}") or the id '
+            "of the label meant"
+        )
 
 
 def _infer(values) -> str:
