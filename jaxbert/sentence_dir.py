@@ -125,9 +125,11 @@ _PLAIN_SETTINGS = {
     **{key: (None,) for key in ("query_length", "document_length", "query_expansion")},
     "processing_kwargs": (None, {}),
 }
-# Keyword dicts sentence-transformers passes to transformers (the old name first: it wins when both are given).
+# Keyword dicts sentence-transformers passes to transformers, old name first. It renames the old key to the new one
+# over it: when both are given, the old one's dict is the one passed and the new one's is never read.
 _TOKENIZER_KWARGS = ("tokenizer_args", "processor_kwargs")
 _MODEL_KWARGS = ("model_args", "model_kwargs", "config_args", "config_kwargs")
+_RENAMED = {"processor_kwargs": "tokenizer_args", "model_kwargs": "model_args", "config_kwargs": "config_args"}
 # Keyword arguments that leave the vectors as jaxbert computes them: how and where transformers loads (a dtype or
 # attention kernel changes round-off only); trust_remote_code is dropped by sentence-transformers itself.
 _HARMLESS = ("trust_remote_code", "torch_dtype", "dtype", "attn_implementation", "low_cpu_mem_usage", "revision",
@@ -138,11 +140,10 @@ def _length(path: str | None, settings: dict) -> int | None:
     """The tokens kept: the tokenizer keyword arguments' model_max_length, which sentence-transformers gives the
     tokenizer in place of max_seq_length, else max_seq_length; None when neither is set."""
     key, length = "max_seq_length", settings.get("max_seq_length")
-    for name in _TOKENIZER_KWARGS:
-        kwargs = settings.get(name)
-        if isinstance(kwargs, dict) and "model_max_length" in kwargs:
-            key, length = f"{name}.model_max_length", kwargs["model_max_length"]
-            break
+    name = "tokenizer_args" if "tokenizer_args" in settings else "processor_kwargs"  # see _RENAMED
+    kwargs = settings.get(name)
+    if isinstance(kwargs, dict) and "model_max_length" in kwargs:
+        key, length = f"{name}.model_max_length", kwargs["model_max_length"]
     if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
         raise ValueError(f"{path}: {key} {length!r} is not a positive integer")
     return None if length is None else _capped(os.path.dirname(path), length)
@@ -151,7 +152,7 @@ def _length(path: str | None, settings: dict) -> int | None:
 def _transformer_unsupported(path: str | None, settings: dict) -> str | None:
     """Why sentence-transformers' Transformer module would not be the model and tokenizer jaxbert runs, if so."""
     for key, value in settings.items():
-        if key in ("max_seq_length", "do_lower_case"):
+        if key in ("max_seq_length", "do_lower_case") or _RENAMED.get(key) in settings:
             continue
         if key in _TOKENIZER_KWARGS + _MODEL_KWARGS and isinstance(value, dict):
             read = {*_HARMLESS, *(("model_max_length",) if key in _TOKENIZER_KWARGS else ())}

@@ -218,6 +218,23 @@ def test_the_tokenizer_length_in_sentence_bert_config_truncates_as_sentence_tran
 
 
 @pytest.mark.parametrize(
+    "settings",
+    [
+        dict(max_seq_length=30, tokenizer_args={}, processor_kwargs={"model_max_length": 9}),
+        dict(max_seq_length=30, tokenizer_args={}, config_args={}, config_kwargs={"num_hidden_layers": 1}),
+    ],
+)
+def test_the_older_keyword_dicts_replace_the_newer_ones_as_in_sentence_transformers(tmp_path, settings):
+    """sentence-transformers renames tokenizer_args to processor_kwargs (model_args, config_args likewise) over the
+    newer key: with both in sentence_bert_config.json, the newer dict is never read. jaxbert truncated at the
+    ignored processor_kwargs' model_max_length 9 instead of max_seq_length 30 (max |diff| 0.08 on normalized
+    vectors, no error), and refused an ignored config_kwargs."""
+    directory = _st_dir(tmp_path, {"pooling_mode": "mean"}, modules=("Pooling", "Normalize"), **settings)
+    assert jaxbert.load(directory).sentence_defaults.max_seq_length == 30
+    _assert_same(jaxbert.load(directory).embed(TEXTS), _reference(directory))
+
+
+@pytest.mark.parametrize(
     "settings, match",
     [
         (dict(config_args={"num_hidden_layers": 1}), r"config_args 'num_hidden_layers' is not run by jaxbert"),
