@@ -1,5 +1,6 @@
 """sentence-transformers model directories: what `embed` should do by default, read from the files that
-SentenceTransformer(dir) reads (modules.json, the Pooling module's config.json, sentence_bert_config.json).
+SentenceTransformer(dir) reads (modules.json, the Pooling module's config.json, sentence_bert_config.json or an
+older name of it).
 
 A directory is a pipeline of modules: the Transformer (BERT at the directory's root), then Pooling (cls / mean /
 max / mean of the square root of the length, concatenated in the configured order when several), then optionally
@@ -164,6 +165,25 @@ def _transformer_unsupported(path: str | None, settings: dict) -> str | None:
     return None
 
 
+# The Transformer module's settings files, in the order sentence-transformers tries them (its older releases named
+# the file after the model type).
+SETTINGS_FILES = tuple(
+    f"sentence_{kind}_config.json"
+    for kind in ("bert", "roberta", "distilbert", "camembert", "albert", "xlm-roberta", "xlnet")
+)
+
+
+def _settings(directory: str) -> tuple[str | None, dict]:
+    """(path, contents) of the Transformer's settings: the first of SETTINGS_FILES that is there and not empty, as
+    sentence-transformers reads them (an empty one is passed over)."""
+    for name in SETTINGS_FILES:
+        path = existing_file(directory, name)
+        settings = read_json(path) if path else {}
+        if settings:
+            return path, settings
+    return existing_file(directory, SETTINGS_FILES[0]), {}
+
+
 def read(directory: str) -> SentenceDefaults | None:
     """The embedding defaults of a sentence-transformers directory; None when `directory` is not one."""
     modules_path = existing_file(directory, "modules.json")
@@ -194,8 +214,7 @@ def read(directory: str) -> SentenceDefaults | None:
             unsupported = f"{modules_path}: module {kind} at {sub!r} is not run by jaxbert"
     if pooling is None and unsupported is None:
         unsupported = f"{modules_path}: no Pooling module"
-    settings_path = existing_file(directory, "sentence_bert_config.json")
-    settings = read_json(settings_path) if settings_path else {}
+    settings_path, settings = _settings(directory)
     length = _length(settings_path, settings)
     unsupported = unsupported or _transformer_unsupported(settings_path, settings)
     model_path = existing_file(directory, "config_sentence_transformers.json")
@@ -231,7 +250,7 @@ def embedding_options(defaults: SentenceDefaults | None, pooling, normalize, max
     return modes, bool(normalize), max_length, bool(defaults and defaults.lower_case)
 
 
-FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+FILES = ("modules.json", *SETTINGS_FILES, "config_sentence_transformers.json")
 
 
 def companion_files(directory: str) -> list[str]:

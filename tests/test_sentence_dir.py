@@ -218,6 +218,26 @@ def test_the_tokenizer_length_in_sentence_bert_config_truncates_as_sentence_tran
 
 
 @pytest.mark.parametrize(
+    "name, empty_bert_config", [("sentence_distilbert_config.json", False), ("sentence_roberta_config.json", True)]
+)
+def test_the_settings_under_an_older_file_name_truncate_as_sentence_transformers(tmp_path, name, empty_bert_config):
+    """sentence-transformers reads the Transformer's settings from the first of sentence_bert_config.json,
+    sentence_roberta_config.json, sentence_distilbert_config.json, ... that is there and not empty (its older
+    releases named the file after the model). jaxbert read sentence_bert_config.json alone, so such a directory's
+    max_seq_length 9 was never applied (max |diff| 0.09 on normalized vectors, no error); convert dropped the file."""
+    directory = _st_dir(tmp_path, {"pooling_mode": "mean"}, modules=("Pooling", "Normalize"))
+    if not empty_bert_config:
+        os.remove(os.path.join(directory, "sentence_bert_config.json"))
+    with open(os.path.join(directory, name), "w") as f:
+        json.dump({"max_seq_length": 9, "do_lower_case": False}, f)
+    want = _reference(directory)
+    assert jaxbert.load(directory).sentence_defaults.max_seq_length == 9
+    _assert_same(jaxbert.load(directory).embed(TEXTS), want)
+    assert main(["convert", directory, str(tmp_path / "jax")]) == 0
+    _assert_same(jaxbert.load(tmp_path / "jax").embed(TEXTS), want)
+
+
+@pytest.mark.parametrize(
     "settings",
     [
         dict(max_seq_length=30, tokenizer_args={}, processor_kwargs={"model_max_length": 9}),
