@@ -7,6 +7,7 @@ import dataclasses
 import os
 
 from jaxbert.files import json_line
+from jaxbert.inputs import lone_surrogate
 
 
 @dataclasses.dataclass
@@ -49,6 +50,10 @@ def read_text_file(path: str, allow_empty: bool = False, keep_empty: bool = Fals
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                 raise ValueError(f'{path}:{n}: expected an object with a string "text" field')
             line = record["text"]
+            at = lone_surrogate(line)  # a JSON "\ud800" escape: the tokenizer would name the text's index, not the line
+            if at is not None:
+                code = f"U+{ord(line[at]):04X}"
+                raise ValueError(f'{path}:{n}: "text" character {at + 1}: {code} is a lone surrogate, not Unicode')
         texts.append(line)
     if not texts and not allow_empty:
         raise ValueError(f"{path}: no text (0 non-empty lines)")

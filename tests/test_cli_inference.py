@@ -47,6 +47,8 @@ def test_embed_txt_and_jsonl_equal_the_api(tmp_path, capsys):
         (b'{"text": "fine"}\n{"txt": "no"}\n', ':2: expected an object with a string "text" field'),
         (b'{"text": "fine"}\n{oops\n', ":2: invalid JSON"),
         (b'{"text": "fine"}\n{"text": "one", "text": "two"}\n', ":2: the key 'text' appears twice in one object"),
+        # A lone surrogate (JSON's "\ud800" escape) was named "texts[1]", the index among the records, not the line
+        (b'{"text": "fine"}\n\n{"text": "bad \\ud800"}\n', ':3: "text" character 5: U+D800 is a lone surrogate'),
     ],
 )
 def test_embed_bad_input_files(tmp_path, capsys, content, match):
