@@ -184,6 +184,19 @@ def _settings(directory: str) -> tuple[str | None, dict]:
     return existing_file(directory, SETTINGS_FILES[0]), {}
 
 
+def _default_prompt(model: dict):
+    """The prompt SentenceTransformer.encode puts before every text, by config_sentence_transformers.json: its
+    default_prompt_name's (any name, "" too) among its prompts, where "query" and "document" are "" unless given
+    (null is "" too); encode adds a prompt only when it is not empty. A name it lacks (sentence-transformers
+    refuses the directory) is True."""
+    name, prompts = model.get("default_prompt_name"), model.get("prompts") or {}
+    if name is None:
+        return None
+    if not isinstance(name, str) or not isinstance(prompts, dict):
+        return True
+    return {"query": None, "document": None, **prompts}.get(name, True)
+
+
 def read(directory: str) -> SentenceDefaults | None:
     """The embedding defaults of a sentence-transformers directory; None when `directory` is not one."""
     modules_path = existing_file(directory, "modules.json")
@@ -219,7 +232,7 @@ def read(directory: str) -> SentenceDefaults | None:
     unsupported = unsupported or _transformer_unsupported(settings_path, settings)
     model_path = existing_file(directory, "config_sentence_transformers.json")
     model = read_json(model_path) if model_path else {}
-    if model.get("default_prompt_name") and unsupported is None:
+    if _default_prompt(model) and unsupported is None:
         unsupported = f"{model_path}: a default prompt is not implemented by jaxbert"
     if model.get("truncate_dim") is not None and unsupported is None:  # encode keeps that many dimensions
         unsupported = f"{model_path}: truncate_dim {model['truncate_dim']!r} is not implemented by jaxbert"

@@ -393,6 +393,29 @@ def test_a_saved_truncate_dim_is_refused_not_ignored(tmp_path):
         jaxbert.load(directory).embed(TEXTS)
 
 
+@pytest.mark.parametrize(
+    "settings, applied",
+    [
+        ({"prompts": {"": "passage: "}, "default_prompt_name": ""}, True),  # "" names a prompt too
+        ({"prompts": {"query": "", "doc": "passage: "}, "default_prompt_name": "query"}, False),
+        ({"prompts": {"query": None}, "default_prompt_name": "query"}, False),  # null is ""
+        ({"prompts": {"doc": "passage: "}, "default_prompt_name": "document"}, False),  # one of its own, ""
+    ],
+)
+def test_a_default_prompt_is_refused_exactly_when_sentence_transformers_applies_one(tmp_path, settings, applied):
+    """SentenceTransformer.encode puts the default prompt before every text when it is not empty. jaxbert tested
+    the name for truth: default_prompt_name "" naming the prompt "passage: " embedded without it (max |diff| 0.2 on
+    normalized vectors, no error), and a default naming an empty prompt (encode: no prompt) was refused."""
+    directory = _st_dir(tmp_path, {"pooling_mode": "mean"}, modules=("Pooling", "Normalize"), max_seq_length=12)
+    with open(os.path.join(directory, "config_sentence_transformers.json"), "w") as f:
+        json.dump(settings, f)
+    if applied:
+        with pytest.raises(ValueError, match=r"config_sentence_transformers.json: a default prompt is not implemented"):
+            jaxbert.load(directory).embed(TEXTS)
+    else:
+        _assert_same(jaxbert.load(directory).embed(TEXTS), _reference(directory))
+
+
 def test_the_similarity_function_is_read_as_sentence_transformers_reads_it(tmp_path):
     # It chooses how evaluate ranks (metrics.retrieval_metrics). A name sentence-transformers does not know (or
     # none) is cosine there.
