@@ -411,6 +411,26 @@ def test_pipeline_flags_replace_the_models_and_an_unrunnable_one_needs_pooling(t
     assert got(with_pipeline(cfg(model=model, pooling="mean"))) == ("mean", True, 20)
 
 
+def test_a_directory_saved_by_sentence_transformers_6_is_trained_at_its_own_length(tiny, tmp_path):
+    """sentence-transformers 6 saves no max_seq_length in sentence_bert_config.json: the length is the tokenizer's
+    model_max_length (tokenizer_config.json), which SentenceTransformer(dir) and embed read. Fine-tuned without
+    --max-seq-length, such a model (max_seq_length 20) was trained at 128 tokens and OUT/final written with
+    max_seq_length 128: the fine-tuned model cut texts elsewhere than the one given, without a word."""
+    from jaxbert.train.config import TrainConfig
+    from jaxbert.train.task_embedding import with_pipeline
+
+    source, bert = tiny
+    written = str(tmp_path / "st")
+    write_sentence_model(bert.params, bert.config, written, pooling="cls", normalize=True, max_seq_length=20,
+                         tokenizer_from=source)  # fmt: skip
+    st.SentenceTransformer(written, device="cpu").save(str(tmp_path / "saved"))
+    saved = str(tmp_path / "saved")
+    assert "max_seq_length" not in json.load(open(os.path.join(saved, "sentence_bert_config.json")))
+    assert st.SentenceTransformer(saved, device="cpu").max_seq_length == 20 == jaxbert.load(saved).max_length(None)
+    cfg = with_pipeline(TrainConfig(task="embedding", train_file="x", output_dir="o", model=saved))
+    assert (cfg.pooling, cfg.normalize, cfg.max_seq_length) == ("cls", True, 20)
+
+
 @pytest.mark.parametrize("similarity", ["dot", "euclidean", "manhattan"])
 def test_evaluate_ranks_by_the_model_s_similarity_as_sentence_transformers(similarity, tiny, tmp_path):
     """sentence-transformers' InformationRetrievalEvaluator ranks by the model's own similarity function. evaluate

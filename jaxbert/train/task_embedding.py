@@ -210,7 +210,8 @@ class EmbeddingRun(task_plan.TaskRun):
 def with_pipeline(cfg):
     """`cfg` with each part of the embedding pipeline it leaves open (None) taken from the model's
     sentence-transformers directory, as sentence-transformers fine-tunes a model in its own pipeline: its pooling,
-    normalization and max_seq_length (capped at the positions); from a plain model: mean pooling, not normalized,
+    normalization and max_seq_length (capped at the positions; where none is set, its tokenizer's length, as
+    SentenceTransformer reads a directory it saved itself); from a plain model: mean pooling, not normalized,
     128 tokens. The default was that whatever the model: a CLS-pooled model (bge's kind) was trained and written
     mean-pooled without a word. A pipeline jaxbert cannot train (another pooling, a Dense module, ...) is refused
     unless --pooling says what to train instead."""
@@ -227,12 +228,26 @@ def with_pipeline(cfg):
                 "--pooling"
             )
         pooling = found.pooling[0]
+    length = cfg.max_seq_length or (found and found.max_seq_length)
+    if not length and found is not None:  # sentence-transformers 6 saves it as the tokenizer's model_max_length
+        length = _tokenizer_length(cfg.model)
     return dataclasses.replace(
         cfg,
         pooling=pooling or "mean",
         normalize=bool(found and found.normalize) if cfg.normalize is None else cfg.normalize,
-        max_seq_length=cfg.max_seq_length or (found and found.max_seq_length) or 128,
+        max_seq_length=length or 128,
     )
+
+
+def _tokenizer_length(directory: str) -> int:
+    """A sentence-transformers directory's length where sentence_bert_config.json names none (sentence-transformers
+    6 writes none there): its tokenizer's model_max_length, at most the model's positions, as SentenceTransformer
+    reads it and embed truncates."""
+    from jaxbert.config import BertConfig
+    from jaxbert.tokenizer import WordPiece
+
+    positions = BertConfig.from_pretrained(directory).max_position_embeddings
+    return min(positions, WordPiece.from_dir(directory).model_max_length)
 
 
 def prepare(cfg) -> EmbeddingRun:
