@@ -219,8 +219,8 @@ def read(directory: str) -> SentenceDefaults | None:
             pooling, why = _pooling(directory, modules_path, sub)
             unsupported = unsupported or why
         elif kind == "Normalize" and pooling is not None:
-            normalize = True
             elsewhere = _normalizes_elsewhere(directory, sub)
+            normalize = normalize or not elsewhere  # one of another feature leaves the sentence embedding as pooled
             if elsewhere and unsupported is None:
                 unsupported = elsewhere
         elif unsupported is None:

@@ -195,6 +195,9 @@ def test_a_normalize_module_configured_elsewhere_is_refused(tmp_path, names):
         json.dump(names, f)
     with pytest.raises(ValueError, match=rf"2_Normalize/config.json: {next(iter(names))} .* is not run by jaxbert"):
         jaxbert.load(directory).embed(TEXTS)
+    # Its own pooling asked for: the directory's other parts as they are, unnormalized as its sentence embedding
+    # (normalized before, max |diff| 1.9 against encode with the very pooling the directory has)
+    _assert_same(jaxbert.load(directory).embed(TEXTS, pooling="mean"), _reference(directory))
     plain = _st_dir(tmp_path / "plain", {"pooling_mode": "mean"}, modules=("Pooling", "Normalize"), max_seq_length=12)
     with open(os.path.join(plain, "2_Normalize", "config.json"), "w") as f:  # as sentence-transformers 6 saves it
         json.dump({"module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding"}, f)
