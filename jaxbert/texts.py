@@ -16,13 +16,15 @@ class TextFile:
     empty_lines: int
 
 
-def utf8_lines(path: str):
-    """(number, text) of each line of a UTF-8 file, the line break removed; a byte order mark (Excel's "CSV UTF-8"
-    starts with one) is dropped, or it would be part of the first text or column name."""
+def utf8_lines(path: str, keep_ends: bool = False):
+    """(number, text) of each line of a UTF-8 file, the line break removed (kept with `keep_ends`: a CSV reader
+    needs them, as a quoted cell's own line breaks are its text); a byte order mark (Excel's "CSV UTF-8" starts
+    with one) is dropped, or it would be part of the first text or column name."""
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             try:
-                yield n, raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+                yield n, line if keep_ends else line.rstrip("\r\n")
             except UnicodeDecodeError as e:
                 raise ValueError(f"{path}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
 

@@ -371,6 +371,25 @@ def test_predict_writes_the_best_answers(qa_model, tmp_path, capsys):
     assert written == json.loads(json.dumps([bert.answer(r["question"], r["context"])[0] for r in rows]))
 
 
+def test_predict_offsets_count_the_crlf_of_a_csv_context(qa_model, tmp_path):
+    """A quoted CSV cell holds its line breaks as written: "\r\n" in a context (csv.writer writes its records
+    with them too) was read as "\n", so predict's start and end, counted in the text it read, pointed one
+    character early per "\r" into the context as written (and training refused answer_starts counted with them)."""
+    import csv
+
+    from jaxbert.train.task_data import read_rows
+
+    context = "Note:\r\n\r\n" + CONTEXT.replace(". ", ".\r\n")
+    path = tmp_path / "in.csv"
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows([["question", "context"], ["Where does Anna Schmidt live?", context]])
+    assert read_rows(str(path))[0].text("context") == context
+    out = tmp_path / "out.jsonl"
+    assert main(["predict", qa_model, "--input", str(path), "--output", str(out)]) == 0
+    (got,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert got["end"] > got["start"] > 0 and context[got["start"] : got["end"]] == got["answer"]
+
+
 @pytest.mark.parametrize("v2", [False, True])
 def test_trained_answers_never_invent_text(monkeypatch, v2):
     """No span fits (the best start after the best end, one candidate each): run_qa's post-processing names the

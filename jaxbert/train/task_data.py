@@ -160,7 +160,9 @@ def _records(path: str, delimiter: str):
     if delimiter == "\t":
         yield from ((n, line.split("\t")) for n, line in utf8_lines(path))
         return
-    text = "\n".join(line for _, line in utf8_lines(path))  # UTF-8 checked line by line, with the line's number
+    # UTF-8 checked line by line, with the line's number; the line breaks as written, which the reader parses: a
+    # quoted cell's "\r\n" is its text (a QA context's answer offsets count the "\r").
+    text = "".join(line for _, line in utf8_lines(path, keep_ends=True))
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
     try:
         for fields in reader:
