@@ -215,6 +215,29 @@ def test_squad_json_reads_as_jsonl(tmp_path):
         encode(None, read_rows(str(tmp_path / "d.json")), ("question", "context", "answers"), None, 32)
 
 
+@pytest.mark.parametrize("name", ["d.csv", "d.tsv"])
+def test_csv_with_answers_as_json_objects_reads_as_jsonl(tmp_path, name):
+    """The README's CSV/TSV form, `answers` a JSON object in its cell, was refused ('expected {'text': [...],
+    'answer_start': [...]}'): the cell's text was never parsed."""
+    import csv
+
+    from jaxbert.train.task_qa import encode
+
+    records = _records()
+    keys = ("id", "question", "context", "answers")
+    lines = [keys, *([json.dumps(r[k]) if k == "answers" else r[k] for k in keys] for r in records)]
+    with open(tmp_path / name, "w", newline="", encoding="utf-8") as f:
+        if name.endswith(".tsv"):  # no quoting in TSV: a cell is the text between tabs
+            f.writelines("\t".join(line) + "\n" for line in lines)
+        else:
+            csv.writer(f).writerows(lines)
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    columns = ("question", "context", "answers")
+    read = (read_rows(str(tmp_path / n)) for n in (name, "d.jsonl"))
+    got, want = (encode(None, rows, columns, None, 384, version_2_with_negative=True)[0] for rows in read)
+    assert got == want and got[2] == [r["answers"]["text"] for r in records]
+
+
 def test_a_negative_answer_start_is_refused(tmp_path):
     """answer_start -6 read "Paris" through Python's negative slicing, so the row passed the check and trained on
     [CLS] (no answer) in every window; it names the row as any start not at its answer does."""

@@ -82,6 +82,11 @@ def _list(path, where, obj, key) -> list:
 def _answers(row: Row, column: str, context: str, version_2: bool) -> tuple[list[str], list[int]]:
     """Checked gold answers: texts and character starts, each text found at its start in the context."""
     value = row.get(column)
+    if not row.typed and isinstance(value, str):  # a CSV/TSV cell holds the JSON object (README)
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError):
+            pass  # named below
     texts = value.get("text") if isinstance(value, dict) else None
     starts = value.get("answer_start") if isinstance(value, dict) else None
     if not isinstance(texts, list) or not isinstance(starts, list) or len(texts) != len(starts):
