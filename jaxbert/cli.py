@@ -189,7 +189,10 @@ def _answer(args) -> int:
     import jaxbert
     from jaxbert.finetuned import json_line
 
-    answers = jaxbert.load(args.dir, dtype=args.dtype).answer(args.question, args.context, top_k=args.top_k)
+    bert = jaxbert.load(args.dir, dtype=args.dtype)
+    answers = bert.answer(
+        args.question, args.context, top_k=args.top_k, handle_impossible_answer=args.handle_impossible_answer
+    )
     print(json_line(answers))
     return 0
 
@@ -323,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     answer.add_argument("--question", required=True)
     answer.add_argument("--context", required=True)
     answer.add_argument("--top-k", type=int, default=1)
+    answer.add_argument(
+        "--handle-impossible-answer", action="store_true", help='the null answer ("" at 0-0) among the answers'
+    )
     _add_dtype(answer)
     answer.set_defaults(func=_answer)
     _add_generate(sub)

@@ -190,10 +190,11 @@ def best_answers(
 
 def pipeline_spans(
     start: np.ndarray, end: np.ndarray, offsets: list[tuple[int, int]], top_k: int, max_answer_len: int
-) -> list[tuple[int, int, float]]:
+) -> tuple[list[tuple[int, int, float]], float]:
     """One window's top_k (start token, end token, probability) as transformers' question-answering pipeline
     scores them: softmax over [CLS] and the context tokens (others at -10000), then [CLS] zeroed, and the
-    probability of a span the product of its start's and end's."""
+    probability of a span the product of its start's and end's; and the window's null answer probability, [CLS]'s
+    start times end before zeroing (the pipeline's handle_impossible_answer)."""
     keep = np.array([o != NO_SPAN for o in offsets])
     keep[0] = True  # the pipeline leaves [CLS] in the softmax (the null answer), then zeroes it
     probs = []
@@ -202,6 +203,7 @@ def pipeline_spans(
         p = np.exp(x - x.max())
         probs.append(p / p.sum())
     ps, pe = probs
+    null = float(ps[0] * pe[0])
     ps[0] = pe[0] = 0.0
     outer = np.tril(np.triu(np.outer(ps, pe)), max_answer_len - 1)
     flat = outer.ravel()
@@ -211,7 +213,7 @@ def pipeline_spans(
         s, e = divmod(int(i), len(ps))
         if keep[s] and keep[e]:
             out.append((s, e, float(outer[s, e])))
-    return out
+    return out, null
 
 
 def word_span(enc, s: int, e: int) -> tuple[int, int]:
@@ -232,11 +234,13 @@ def answer(
     max_seq_len: int | None = None,
     doc_stride: int | None = None,
     batch_size: int = 32,
+    handle_impossible_answer: bool = False,
 ) -> list[dict]:
     """The top_k answers [{answer, score, start, end}] (character offsets into `context`), best first, over all
     windows of a long context: transformers' question-answering pipeline's results and defaults (windows of
     min(384, the model's limit) tokens, stride min(half of it, 128), answers aligned to whole words, equal
-    answers merged: tests/fixtures/golden/qa_pipeline, written by transformers 4.57)."""
+    answers merged: tests/fixtures/golden/qa_pipeline, written by transformers 4.57). `handle_impossible_answer`
+    adds the pipeline's null answer, "" at 0-0, scored by the smallest null probability of any window."""
     from jaxbert.inputs import positive_int
 
     if bert.head != "BertForQuestionAnswering":
@@ -248,16 +252,24 @@ def answer(
     length = length if max_seq_len is not None else min(length, 384)
     stride = default_stride(length) if doc_stride is None else _doc_stride(doc_stride, length)
     w = windows(bert.tokenizer, [question], [context], length, stride, ("max_seq_len", "doc_stride"))
+    if not isinstance(handle_impossible_answer, bool):
+        raise TypeError(f"handle_impossible_answer must be True or False, got {handle_impossible_answer!r}")
     found: dict[str, dict] = {}  # by lower-cased answer text, in the order first found
+    null = 1.0
     for f, (start, end) in enumerate(window_logits(bert, w, batch_size)):
         # As the pipeline (transformers 4.57): 2 top_k + 10 spans a window, since widening to whole words makes
         # several spans one answer; an answer found again (the same text, in any case, from another span or
         # window) adds its probability to the first one's, which keeps its place in the context.
-        for s, e, score in pipeline_spans(start, end, w.offsets[f], 2 * top_k + 10, max_answer_len):
+        spans, window_null = pipeline_spans(start, end, w.offsets[f], 2 * top_k + 10, max_answer_len)
+        null = min(null, window_null)
+        for s, e, score in spans:
             a, b = word_span(w.encodings[f], s, e)
             seen = found.setdefault(context[a:b].lower(), {"answer": context[a:b], "score": 0.0, "start": a, "end": b})
             seen["score"] += score
-    return sorted(found.values(), key=lambda x: x["score"], reverse=True)[:top_k]
+    answers = list(found.values())
+    if handle_impossible_answer:  # as the pipeline: never merged with an answer found, ranked after equal scores
+        answers.append({"answer": "", "score": null, "start": 0, "end": 0})
+    return sorted(answers, key=lambda x: x["score"], reverse=True)[:top_k]
 
 
 def default_stride(length: int) -> int:

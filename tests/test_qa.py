@@ -270,14 +270,17 @@ def _decode_spans(start, end, topk, max_answer_len, undesired_tokens):
     return starts, ends, candidates[0, starts, ends]
 
 
-def _reference_pipeline(model, hf, question, context, top_k, max_answer_len, max_seq_len, doc_stride):
+def _reference_pipeline(
+    model, hf, question, context, top_k, max_answer_len, max_seq_len, doc_stride, handle_impossible_answer=False
+):
     """transformers 4.57's QuestionAnsweringPipeline (fast tokenizer, question first): preprocess, forward one span
     at a time, postprocess with select_starts_ends / decode_spans over 2 top_k + 10 spans a window, answers aligned
-    to words, and an answer found again (same text, any case) adding its score to the first one's."""
+    to words, and an answer found again (same text, any case) adding its score to the first one's; with
+    handle_impossible_answer, the null answer of the smallest [CLS] start x end probability of any window."""
     enc = hf(text=question, text_pair=context, padding="do_not_pad", truncation="only_second",
              max_length=max_seq_len, stride=doc_stride, return_token_type_ids=True, return_overflowing_tokens=True,
              return_offsets_mapping=True, return_special_tokens_mask=True)  # fmt: skip
-    answers = []
+    answers, min_null_score = [], 1000000
     for span in range(len(enc["input_ids"])):
         ids = np.array(enc["input_ids"][span])
         p_mask = np.array([tok != 1 for tok in enc.sequence_ids(span)], np.int64)
@@ -293,6 +296,8 @@ def _reference_pipeline(model, hf, question, context, top_k, max_answer_len, max
         start = start / start.sum()
         end = np.exp(end - end.max(axis=-1, keepdims=True))
         end = end / end.sum()
+        if handle_impossible_answer:
+            min_null_score = min(min_null_score, (start[0, 0] * end[0, 0]).item())
         start[0, 0] = end[0, 0] = 0.0
         e = enc[span]
         for s, t, score in zip(*_decode_spans(start, end, top_k * 2 + 10, max_answer_len, undesired_tokens)):
@@ -306,6 +311,8 @@ def _reference_pipeline(model, hf, question, context, top_k, max_answer_len, max
                 same["score"] += score.item()
             else:
                 answers.append({"score": score.item(), "start": a, "end": b, "answer": context[a:b]})
+    if handle_impossible_answer:
+        answers.append({"score": min_null_score, "start": 0, "end": 0, "answer": ""})
     return sorted(answers, key=lambda x: x["score"], reverse=True)[:top_k]
 
 
@@ -333,6 +340,31 @@ def test_answer_matches_pipeline(qa_model, tokenizers, top_k):
         assert [(g["answer"], g["start"], g["end"]) for g in got] == [(x["answer"], x["start"], x["end"]) for x in want]
         np.testing.assert_allclose([g["score"] for g in got], [x["score"] for x in want], rtol=1e-4)
         assert all(CONTEXT[g["start"] : g["end"]] == g["answer"] for g in got)
+
+
+@pytest.mark.parametrize("context, top_k", [("Anna lives in Paris.", 6), (CONTEXT, 60)])
+def test_answer_handles_impossible_answers_as_the_pipeline(qa_model, tokenizers, context, top_k, capsys):
+    """handle_impossible_answer=True (the pipeline's option; refused as an unexpected keyword before): the null
+    answer "" at 0-0, scored by the smallest [CLS] start x end probability of any window, ranked among the answers.
+    One-token answers, and top_k enough for every answer of positive score (the rest, all 0, the pipeline picks
+    in no defined order)."""
+    _, hf = tokenizers
+    model = transformers.BertForQuestionAnswering.from_pretrained(qa_model).eval()
+    question = "Where does Anna Schmidt live?"
+    want = _reference_pipeline(model, hf, question, context, top_k, 1, MAX_LEN, STRIDE, handle_impossible_answer=True)
+    options = dict(max_answer_len=1, max_seq_len=MAX_LEN, doc_stride=STRIDE, handle_impossible_answer=True)
+    got = jaxbert.load(qa_model).answer(question, context, top_k, **options)
+    got, want = ([a for a in answers if a["score"] > 0] for answers in (got, want))
+    assert [(g["answer"], g["start"], g["end"]) for g in got] == [(w["answer"], w["start"], w["end"]) for w in want]
+    np.testing.assert_allclose([g["score"] for g in got], [w["score"] for w in want], rtol=1e-4)
+    assert ("", 0, 0) in [(g["answer"], g["start"], g["end"]) for g in got]
+    with pytest.raises(TypeError, match="handle_impossible_answer must be True or False, got 1"):
+        jaxbert.load(qa_model).answer(question, context, handle_impossible_answer=1)
+    args = ["answer", qa_model, "--question", question, "--context", context, "--top-k", str(top_k)]
+    args += ["--handle-impossible-answer"]
+    assert main(args) == 0
+    want = jaxbert.load(qa_model).answer(question, context, top_k, handle_impossible_answer=True)
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(want))
 
 
 GOLDEN_QA = os.path.join(os.path.dirname(__file__), "fixtures", "golden", "qa_pipeline")
