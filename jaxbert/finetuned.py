@@ -100,9 +100,9 @@ def _answers(bert, path: str, question: str, context: str, batch_size: int, leng
             if not text.strip():
                 raise ValueError(f"{row.where(column)}: empty text; each row needs a question and a context")
     if trained is not None:  # as evaluate: the trained stride where it fits, else the pipeline's
+        trained = qa.check_options(trained)
         saved = trained.get("max_seq_length", 384)  # run_qa's default, as qa._trained_options
-        window = min(length or positive_int("config.json question_answering.max_seq_length", saved),
-                     bert.max_length(None))  # fmt: skip
+        window = min(length or saved, bert.max_length(None))
         # The window as named in a question too long for it: by what set its length and its stride.
         given = "--max-seq-length" if length else "the trained length" if "max_seq_length" in trained else None
         names = (given or "run_qa's default length", "the trained stride" if length else "stride")
@@ -265,7 +265,7 @@ def evaluate(
         tok = tok.lowercased() if lower else tok
     opts = {}
     if task_name == "question-answering":  # the options it was trained with (task_qa.QARun.final_config)
-        opts = dict(trained_qa or {})
+        opts = qa.check_options(trained_qa or {})
         trained = opts.pop("max_seq_length", 384)
         limit = min(max_length or trained, limit)
         # A model not fine-tuned here (or a --max-seq-length below the trained stride): the QA pipeline's default

@@ -309,26 +309,41 @@ def window_logits(bert, w: Windows, batch_size: int) -> list[tuple[np.ndarray, n
     return logits
 
 
-def _trained_options(options: dict, limit: int) -> tuple[int, int, dict]:
-    """(window length, stride, best_answers' options) from a config's question_answering block, checked: it is
-    written by training (task_qa.QARun.final_config), but config.json is a text file anyone may edit."""
+INT_OPTIONS = ("max_seq_length", "doc_stride", "n_best_size", "max_answer_length")
+
+
+def check_options(options: dict) -> dict:
+    """A config's question_answering block with each option it has checked (whole numbers, a boolean, a finite
+    threshold) and any other key left out: it is written by training (task_qa.QARun.final_config), but config.json
+    is a text file anyone may edit, and a "false" read as true scored SQuAD v1 data as v2."""
     from jaxbert.inputs import positive_int
+
+    name = lambda k: f"config.json question_answering.{k}"  # noqa: E731
+    out = {k: positive_int(name(k), options[k]) for k in INT_OPTIONS if k in options}
+    if "version_2_with_negative" in options:
+        v2 = out["version_2_with_negative"] = options["version_2_with_negative"]
+        if not isinstance(v2, bool):
+            raise TypeError(f"{name('version_2_with_negative')} must be true or false, got {v2!r}")
+    if "null_score_diff_threshold" in options:
+        threshold = options["null_score_diff_threshold"]
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+            raise TypeError(f"{name('null_score_diff_threshold')} must be a finite number, got {threshold!r}")
+        out["null_score_diff_threshold"] = float(threshold)
+    return out
+
+
+def _trained_options(options: dict, limit: int) -> tuple[int, int, dict]:
+    """(window length, stride, best_answers' options) from a config's question_answering block, checked."""
     from jaxbert.train.task_qa import DEFAULTS
 
-    options = {**DEFAULTS, "max_seq_length": 384, **options}  # what evaluate and training assume when absent
-    name = lambda k: f"config.json question_answering.{k}"  # noqa: E731
-    keys = ("max_seq_length", "doc_stride", "n_best_size", "max_answer_length")
-    ints = {k: positive_int(name(k), options[k]) for k in keys}
-    v2, threshold = options["version_2_with_negative"], options["null_score_diff_threshold"]
-    if not isinstance(v2, bool):
-        raise TypeError(f"{name('version_2_with_negative')} must be true or false, got {v2!r}")
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
-        raise TypeError(f"{name('null_score_diff_threshold')} must be a finite number, got {threshold!r}")
-    length = min(limit, ints.pop("max_seq_length"))
-    stride = ints.pop("doc_stride")
+    # what evaluate and training assume when absent
+    options = check_options({**DEFAULTS, "max_seq_length": 384, **options})
+    length = min(limit, options.pop("max_seq_length"))
+    stride = options.pop("doc_stride")
     if stride >= length:
-        raise ValueError(f"{name('doc_stride')} {stride}: must be below the window length {length}")
-    return length, stride, {**ints, "version_2_with_negative": v2, "null_score_diff_threshold": float(threshold)}
+        name = "config.json question_answering.doc_stride"
+        raise ValueError(f"{name} {stride}: must be below the window length {length}")
+    return length, stride, options
 
 
 def trained_answers(

@@ -438,3 +438,32 @@ def test_evaluate_names_the_window_a_question_does_not_fit(short_qa, tmp_path, c
     data.write_text(json.dumps({"question": question, "context": context, "answers": answers}) + "\n")
     args = ["evaluate", model, "--task", "question-answering", "--file", data, "--output", tmp_path / "e.json"]
     cli_fails(capsys, tmp_path, *args, *(["--max-seq-length", length] if length else []), match=named)
+
+
+@pytest.mark.parametrize(
+    "key, value, match",
+    [
+        ("version_2_with_negative", "false", "question_answering.version_2_with_negative must be true or false, got"),
+        ("n_best_size", True, "question_answering.n_best_size must be an integer, got bool True"),
+        ("max_answer_length", 0, "question_answering.max_answer_length 0: must be ≥ 1"),
+        ("doc_stride", "10", "question_answering.doc_stride must be an integer, got str '10'"),
+    ],
+)
+def test_evaluate_checks_the_trained_options_as_predict_does(short_qa, tmp_path, capsys, key, value, match):
+    """evaluate read a config.json's question_answering block unchecked, which predict refuses: a hand-edited
+    "false" was true (SQuAD v1 data scored by v2's rules, null answers and HasAns_ split included), n_best_size
+    true one candidate, max_answer_length 0 no span ('empty' for every question), a stride "10" a comparison
+    error. Both now name the key in one line."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(short_qa, model)
+    config = json.loads((model / "config.json").read_text())
+    config["question_answering"] = {"max_seq_length": 40, "doc_stride": 10, key: value}
+    (model / "config.json").write_text(json.dumps(config))
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _records() if r["answers"]["text"]))
+    cli_fails(capsys, tmp_path, "evaluate", model, "--task", "question-answering", "--file", data,
+              "--output", tmp_path / "e.json", match=match)  # fmt: skip
+    assert not (tmp_path / "e.json").exists()
+    cli_fails(capsys, tmp_path, "predict", model, "--input", data, "--output", tmp_path / "p.jsonl", match=match)
