@@ -26,15 +26,16 @@ _tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _window_tokenizer(tok, max_length: int, stride: int):
-    """A copy of the WordPiece's tokenizer that truncates the second sequence with overflow (built once per
-    setting: tokenizers' truncation is shared mutable state, see tokenizer.WordPiece)."""
+    """A copy of the WordPiece's tokenizer that truncates the second sequence with overflow, from the side its
+    truncation_side names as transformers' tokenizer does (tokenizer_config.json's "left": the first window ends
+    the context), built once per setting: tokenizers' truncation is shared mutable state, see tokenizer.WordPiece."""
     from tokenizers import Tokenizer
 
     with _lock:
         cache = _tokenizers.setdefault(tok, {})
         if (max_length, stride) not in cache:
             copy = Tokenizer.from_str(tok._tok.to_str())
-            copy.enable_truncation(max_length, stride=stride, strategy="only_second")
+            copy.enable_truncation(max_length, stride=stride, strategy="only_second", direction=tok.truncation_side)
             cache[max_length, stride] = copy
         return cache[max_length, stride]
 

@@ -367,6 +367,31 @@ def test_answer_handles_impossible_answers_as_the_pipeline(qa_model, tokenizers,
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(want))
 
 
+def test_windows_are_cut_from_the_side_the_tokenizer_truncates(qa_model, tmp_path):
+    """tokenizer_config.json's truncation_side "left": transformers' tokenizer (the pipeline's, run_qa's) cuts the
+    context's windows from its end, the first window ending the context. jaxbert cut them from the start, so
+    answer() read other windows than the pipeline (other answers and scores) and training labelled other windows
+    than run_qa."""
+    import shutil
+
+    model = tmp_path / "left"
+    shutil.copytree(qa_model, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "truncation_side": "left"}))
+    hf = transformers.BertTokenizerFast.from_pretrained(model)
+    assert hf.truncation_side == "left"
+    question = "Where does Anna Schmidt live?"
+    ref = hf(question, CONTEXT, truncation="only_second", max_length=MAX_LEN, stride=STRIDE,
+             return_overflowing_tokens=True)  # fmt: skip
+    w = qa.windows(WordPiece.from_dir(str(model)), [question], [CONTEXT], MAX_LEN, STRIDE)
+    assert w.ids == ref["input_ids"] and len(w.ids) > 2
+    pt = transformers.BertForQuestionAnswering.from_pretrained(model).eval()
+    want = _reference_pipeline(pt, hf, question, CONTEXT, 3, 15, MAX_LEN, STRIDE)
+    got = jaxbert.load(model).answer(question, CONTEXT, top_k=3, max_seq_len=MAX_LEN, doc_stride=STRIDE)
+    assert [(g["answer"], g["start"], g["end"]) for g in got] == [(x["answer"], x["start"], x["end"]) for x in want]
+    np.testing.assert_allclose([g["score"] for g in got], [x["score"] for x in want], rtol=1e-4)
+
+
 GOLDEN_QA = os.path.join(os.path.dirname(__file__), "fixtures", "golden", "qa_pipeline")
 
 
