@@ -236,12 +236,14 @@ def answer(
     doc_stride: int | None = None,
     batch_size: int = 32,
     handle_impossible_answer: bool = False,
+    align_to_words: bool = True,
 ) -> list[dict]:
     """The top_k answers [{answer, score, start, end}] (character offsets into `context`), best first, over all
     windows of a long context: transformers' question-answering pipeline's results and defaults (windows of
     min(384, the model's limit) tokens, stride min(half of it, 128), answers aligned to whole words, equal
     answers merged: tests/fixtures/golden/qa_pipeline, written by transformers 4.57). `handle_impossible_answer`
-    adds the pipeline's null answer, "" at 0-0, scored by the smallest null probability of any window."""
+    adds the pipeline's null answer, "" at 0-0, scored by the smallest null probability of any window;
+    `align_to_words=False` keeps answers to their tokens' characters (and top_k spans a window, as the pipeline)."""
     from jaxbert.inputs import positive_int
 
     if bert.head != "BertForQuestionAnswering":
@@ -253,18 +255,21 @@ def answer(
     length = length if max_seq_len is not None else min(length, 384)
     stride = default_stride(length) if doc_stride is None else _doc_stride(doc_stride, length)
     w = windows(bert.tokenizer, [question], [context], length, stride, ("max_seq_len", "doc_stride"))
-    if not isinstance(handle_impossible_answer, bool):
-        raise TypeError(f"handle_impossible_answer must be True or False, got {handle_impossible_answer!r}")
+    for name, flag in (("handle_impossible_answer", handle_impossible_answer), ("align_to_words", align_to_words)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
     found: dict[str, dict] = {}  # by lower-cased answer text, in the order first found
     null = 1.0
     for f, (start, end) in enumerate(window_logits(bert, w, batch_size)):
         # As the pipeline (transformers 4.57): 2 top_k + 10 spans a window, since widening to whole words makes
         # several spans one answer; an answer found again (the same text, in any case, from another span or
         # window) adds its probability to the first one's, which keeps its place in the context.
-        spans, window_null = pipeline_spans(start, end, w.offsets[f], 2 * top_k + 10, max_answer_len)
+        fetch = 2 * top_k + 10 if align_to_words else top_k
+        spans, window_null = pipeline_spans(start, end, w.offsets[f], fetch, max_answer_len)
         null = min(null, window_null)
+        enc = w.encodings[f]
         for s, e, score in spans:
-            a, b = word_span(w.encodings[f], s, e)
+            a, b = word_span(enc, s, e) if align_to_words else (enc.offsets[s][0], enc.offsets[e][1])
             seen = found.setdefault(context[a:b].lower(), {"answer": context[a:b], "score": 0.0, "start": a, "end": b})
             seen["score"] += score
     answers = list(found.values())

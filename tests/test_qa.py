@@ -271,12 +271,14 @@ def _decode_spans(start, end, topk, max_answer_len, undesired_tokens):
 
 
 def _reference_pipeline(
-    model, hf, question, context, top_k, max_answer_len, max_seq_len, doc_stride, handle_impossible_answer=False
-):
+    model, hf, question, context, top_k, max_answer_len, max_seq_len, doc_stride, handle_impossible_answer=False,
+    align_to_words=True,
+):  # fmt: skip
     """transformers 4.57's QuestionAnsweringPipeline (fast tokenizer, question first): preprocess, forward one span
     at a time, postprocess with select_starts_ends / decode_spans over 2 top_k + 10 spans a window, answers aligned
     to words, and an answer found again (same text, any case) adding its score to the first one's; with
-    handle_impossible_answer, the null answer of the smallest [CLS] start x end probability of any window."""
+    handle_impossible_answer, the null answer of the smallest [CLS] start x end probability of any window; without
+    align_to_words, top_k spans a window and their tokens' characters."""
     enc = hf(text=question, text_pair=context, padding="do_not_pad", truncation="only_second",
              max_length=max_seq_len, stride=doc_stride, return_token_type_ids=True, return_overflowing_tokens=True,
              return_offsets_mapping=True, return_special_tokens_mask=True)  # fmt: skip
@@ -300,8 +302,11 @@ def _reference_pipeline(
             min_null_score = min(min_null_score, (start[0, 0] * end[0, 0]).item())
         start[0, 0] = end[0, 0] = 0.0
         e = enc[span]
-        for s, t, score in zip(*_decode_spans(start, end, top_k * 2 + 10, max_answer_len, undesired_tokens)):
+        fetch = top_k * 2 + 10 if align_to_words else top_k
+        for s, t, score in zip(*_decode_spans(start, end, fetch, max_answer_len, undesired_tokens)):
             try:
+                if not align_to_words:
+                    raise ValueError
                 a = e.word_to_chars(e.token_to_word(s), sequence_index=1)[0]
                 b = e.word_to_chars(e.token_to_word(t), sequence_index=1)[1]
             except Exception:  # noqa: BLE001
@@ -408,6 +413,23 @@ def test_answer_equals_the_transformers_4_57_pipeline():
         assert [(g["answer"], g["start"], g["end"]) for g in got] == [(w["answer"], w["start"], w["end"]) for w in want]
         np.testing.assert_allclose([g["score"] for g in got], [w["score"] for w in want], rtol=1e-4)
     assert sum(len(c["answers"]) for c in cases) == 16  # every case asked for top_k answers and got them
+
+
+@pytest.mark.parametrize("top_k", [1, 3])
+def test_answer_not_aligned_to_words_as_the_pipeline(top_k):
+    """align_to_words=False (the pipeline's option; refused as an unexpected keyword before): answers keep to their
+    tokens' characters, word pieces included, from top_k spans a window. The golden model's vocabulary holds the
+    long words only as pieces."""
+    case = json.load(open(os.path.join(GOLDEN_QA, "cases.json")))[-1]
+    model = transformers.BertForQuestionAnswering.from_pretrained(GOLDEN_QA).eval()
+    hf = transformers.BertTokenizerFast.from_pretrained(GOLDEN_QA)
+    question, context = case["question"], case["context"]
+    want = _reference_pipeline(model, hf, question, context, top_k, 15, 384, 128, align_to_words=False)
+    got = jaxbert.load(GOLDEN_QA).answer(question, context, top_k, align_to_words=False)
+    assert [(g["answer"], g["start"], g["end"]) for g in got] == [(w["answer"], w["start"], w["end"]) for w in want]
+    np.testing.assert_allclose([g["score"] for g in got], [w["score"] for w in want], rtol=1e-4)
+    words = {a["answer"] for a in jaxbert.load(GOLDEN_QA).answer(question, context, top_k)}
+    assert any(g["answer"] not in words for g in got)  # pieces, not the words the default widens them to
 
 
 def test_answer_cli_prints_json(qa_model, capsys):
