@@ -251,13 +251,13 @@ def answer(
     _check_texts([question], [context], numbered=False)
     top_k, batch_size = positive_int("top_k", top_k), positive_int("batch_size", batch_size)
     max_answer_len = positive_int("max_answer_len", max_answer_len)
+    for name, flag in (("handle_impossible_answer", handle_impossible_answer), ("align_to_words", align_to_words)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
     length = bert.max_length(None if max_seq_len is None else positive_int("max_seq_len", max_seq_len))
     length = length if max_seq_len is not None else min(length, 384)
     stride = default_stride(length) if doc_stride is None else _doc_stride(doc_stride, length)
     w = windows(bert.tokenizer, [question], [context], length, stride, ("max_seq_len", "doc_stride"))
-    for name, flag in (("handle_impossible_answer", handle_impossible_answer), ("align_to_words", align_to_words)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be True or False, got {flag!r}")
     found: dict[str, dict] = {}  # by lower-cased answer text, in the order first found
     null = 1.0
     for f, (start, end) in enumerate(window_logits(bert, w, batch_size)):
