@@ -121,6 +121,20 @@ def _special_tokens(directory: str, config: dict, config_path: str) -> dict[str,
     return names
 
 
+def _additional_special(directory: str, config: dict) -> list[str]:
+    """The tokens tokenizer_config.json and special_tokens_map.json list as additional_special_tokens (or
+    extra_special_tokens): transformers matches each in a text as one token and counts it among all_special_ids
+    (never masked by its language-modelling collators)."""
+    path = existing_file(directory, "special_tokens_map.json")
+    found = []
+    for settings in (config, read_json(path) if path else {}):
+        for key in ("additional_special_tokens", "extra_special_tokens"):
+            value = settings.get(key)
+            value = list(value.values()) if isinstance(value, dict) and "content" not in value else value
+            found += [t for t in _tokens(value or []) if isinstance(t, str) and t not in found]
+    return found
+
+
 def _refuse_added_tokens(directory: str, config: dict, config_path: str, tok: Tokenizer, name: str) -> None:
     """transformers adds to the tokenizer the tokens of added_tokens.json, tokenizer_config.json's
     added_tokens_decoder and the special tokens it names, when `name` (vocab.txt, or tokenizer.json with its own
@@ -143,6 +157,13 @@ def _refuse_added_tokens(directory: str, config: dict, config_path: str, tok: To
             raise ValueError(
                 f"{where}: adds the token {token!r}, which {name} lacks (jaxbert adds no tokens to the vocabulary read)"
             )
+
+
+def _with_additional(tok: Tokenizer, tokens: list[str]) -> tuple[str, ...]:
+    """Make `tokens` (each in the vocabulary: _refuse_added_tokens checked) special tokens of `tok`, matched whole in
+    a text as transformers matches them ("[unused1]" was split into "[", "unused", "##1", "]")."""
+    tok.add_special_tokens(tokens)
+    return tuple(tokens)
 
 
 # tokenizer_class values (with or without "Fast") transformers 5 builds as its BertTokenizer (aliases of it, and
@@ -238,6 +259,7 @@ class WordPiece:
         special_tokens: dict[str, str] | None = None,
         padding_side: str = "right",
         clean_up_spaces: bool = False,
+        additional_special: tuple[str, ...] = (),
     ):
         tokenizer.no_padding()
         tokenizer.no_truncation()
@@ -249,6 +271,7 @@ class WordPiece:
         self.padding_side = padding_side  # __call__'s, as transformers'; jaxbert's own batches pad on the right
         self.clean_up_spaces = clean_up_spaces  # decode's
         self.special_tokens = dict(SPECIAL if special_tokens is None else special_tokens)
+        self.additional_special = tuple(additional_special)  # additional_special_tokens: special, never masked
         self.vocab = tokenizer.get_vocab()
         self._lower: WordPiece | None = None  # see lowercased
 
@@ -270,7 +293,9 @@ class WordPiece:
             if _builds_bert_tokenizer(directory, config, config_path, vocab_only=False):
                 tok = _as_bert_tokenizer(path, tok, options, special)
             _refuse_added_tokens(directory, config, config_path, tok, "tokenizer.json")
-            return cls(_with_unknown(path, tok), max_len, side, special, padding, _clean_up(config, config_path, tok))
+            extra = _with_additional(tok, _additional_special(directory, config))
+            clean = _clean_up(config, config_path, tok)
+            return cls(_with_unknown(path, tok), max_len, side, special, padding, clean, extra)
         vocab = existing_file(directory, "vocab.txt")
         if not vocab:
             raise FileNotFoundError(f"{directory}: no tokenizer (looked for tokenizer.json, vocab.txt)")
@@ -280,8 +305,9 @@ class WordPiece:
         tok = _load(vocab, lambda: BertWordPieceTokenizer(vocab, clean_text=True, **options)._tokenizer)
         tok = _with_unknown(vocab, tok)
         _refuse_added_tokens(directory, config, config_path, tok, "vocab.txt")
+        extra = _with_additional(tok, _additional_special(directory, config))
         padding = _side(config, config_path, "padding_side")
-        return cls(tok, max_len, side, special, padding, _clean_up(config, config_path, tok))
+        return cls(tok, max_len, side, special, padding, _clean_up(config, config_path, tok), extra)
 
     def lowercased(self) -> WordPiece:
         """This tokenizer lower-casing texts first, as sentence-transformers' do_lower_case does: a Lowercase
@@ -299,7 +325,8 @@ class WordPiece:
                 else:
                     tok = Tokenizer.from_str(self._tok.to_str())
                     tok.normalizer = Sequence([Lowercase(), *parts])
-                    settings = self.truncation_side, self.special_tokens, self.padding_side, self.clean_up_spaces
+                    settings = (self.truncation_side, self.special_tokens, self.padding_side, self.clean_up_spaces)
+                    settings += (self.additional_special,)
                     self._lower = WordPiece(tok, self.model_max_length, *settings)
             return self._lower
 

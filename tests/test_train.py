@@ -252,6 +252,30 @@ def test_special_tokens_renamed_by_the_tokenizer_files_are_never_masked(tiny, tm
         assert not np.isin(labels[labels != -100], list(ids)).any()
 
 
+@pytest.mark.parametrize("files", ["vocab.txt", "tokenizer.json"])
+def test_additional_special_tokens_are_one_token_and_never_masked(tiny, tmp_path, files):
+    """special_tokens_map.json's additional_special_tokens ([unused1], id 2): transformers matches "[unused1]" in a
+    text as one token and its DataCollatorForLanguageModeling never masks it (all_special_ids). jaxbert split it into
+    "[", "unused", "##1", "]" and masked and predicted it like a word."""
+    from jaxbert.tokenizer import WordPiece
+    from jaxbert.train.config import TrainConfig
+    from jaxbert.train.plan import prepare
+
+    model = shutil.copytree(tiny, tmp_path / "extra")
+    os.remove(model / ("tokenizer.json" if files == "vocab.txt" else "vocab.txt"))
+    names = json.loads((model / "special_tokens_map.json").read_text())
+    (model / "special_tokens_map.json").write_text(json.dumps({**names, "additional_special_tokens": ["[unused1]"]}))
+    assert WordPiece.from_dir(str(model)).encode(["hi [unused1] there"]).ids == [[101, 7632, 2, 2045, 102]]
+    data = tmp_path / "data.txt"
+    data.write_text("\n".join(["[unused1] the river [unused1] flows"] * 100) + "\n")
+    cfg = TrainConfig(str(model), str(data), str(tmp_path / "o"), max_seq_length=16, global_batch_size=8)
+    run = prepare(cfg)
+    assert 2 in run.special
+    ids = run.train(0, None, 0)
+    labels = np.asarray(run.masked(ids, [0, 0])["labels"])
+    assert (ids == 2).sum() > 0 and (labels != -100).sum() > 0 and not (labels == 2).any()
+
+
 def test_final_directory_exports_to_transformers(tiny, tmp_path, capsys):
     out = tmp_path / "run"
     assert (

@@ -199,6 +199,7 @@ def prepare(cfg: TrainConfig) -> Run:
     # By the names the tokenizer's files give them (tokenizer_config.json may rename [CLS] to <s>): never masked.
     names = ("pad_token", "cls_token", "sep_token", "mask_token", "unk_token")
     special = [tok.token_to_id(tok.special_tokens[k]) for k in names]
+    special += [tok.token_to_id(t) for t in tok.additional_special]  # as the collator's all_special_ids
     run = Run(
         cfg,
         config,
