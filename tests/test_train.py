@@ -276,6 +276,22 @@ def test_additional_special_tokens_are_one_token_and_never_masked(tiny, tmp_path
     assert (ids == 2).sum() > 0 and (labels != -100).sum() > 0 and not (labels == 2).any()
 
 
+def test_random_replacements_are_tokens_of_the_tokenizer(tmp_path):
+    """A model whose vocab_size is padded past its tokenizer's (30522 -> 30720, a multiple of 512 as people pad for
+    speed): the 10% random replacements were drawn from all 30720 ids, 6% of them ids no text holds (no token).
+    DataCollatorForLanguageModeling draws from len(tokenizer)."""
+    from jaxbert.train.config import TrainConfig
+    from jaxbert.train.plan import prepare
+
+    model = model_dir(tmp_path / "padded", max_position_embeddings=64, num_hidden_layers=1, vocab_size=30720)
+    cfg = TrainConfig(model, CORPUS, str(tmp_path / "o"), max_seq_length=32, global_batch_size=8, mlm_probability=0.9)
+    run = prepare(cfg)
+    ids = np.asarray(run.val)[:1].repeat(2000, axis=0)
+    inputs = run.masked(ids, [0, 1])["input_ids"]
+    replaced = inputs[(inputs != ids) & (inputs != run.mask_id)]
+    assert replaced.size > 1000 and replaced.max() < 30522
+
+
 def test_final_directory_exports_to_transformers(tiny, tmp_path, capsys):
     out = tmp_path / "run"
     assert (

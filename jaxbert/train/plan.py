@@ -41,6 +41,7 @@ class Run:
     log: list[str] = dataclasses.field(default_factory=list)
     metric: str | None = None  # --metric-for-best-model (None: no OUT/best)
     packed_cls: int | None = None  # packed line-by-line rows: the [CLS] id each line starts with (data.segments)
+    tokens: int | None = None  # the tokenizer's vocabulary size: random replacements are drawn below it
     head = "BertForMaskedLM"
 
     def say(self, message: str) -> None:
@@ -55,7 +56,7 @@ class Run:
             rng=np.random.default_rng(seed),
             special_ids=self.special,
             mask_id=self.mask_id,
-            vocab_size=self.config.vocab_size,
+            vocab_size=min(self.config.vocab_size, self.tokens or self.config.vocab_size),
             probability=self.cfg.mlm_probability,
             max_predictions=self.max_predictions,
             continuation=self.continuation,
@@ -212,6 +213,7 @@ def prepare(cfg: TrainConfig) -> Run:
         total,
         warmup,
         packed_cls=tok.token_to_id(tok.special_tokens["cls_token"]) if packed else None,
+        tokens=len(tok.vocab),  # as the collator's len(tokenizer): a padded vocab_size's last rows have no token
     )
     if cfg.metric_for_best_model or cfg.early_stopping_patience:
         from jaxbert.train.task_table import metric_name
