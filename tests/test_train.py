@@ -219,13 +219,8 @@ def test_a_diverged_model_has_infinite_validation_perplexity(tiny, tmp_path):
     assert "perplexity inf" in run.describe(result)
 
 
-def test_special_tokens_renamed_by_the_tokenizer_files_are_never_masked(tiny, tmp_path):
-    """A vocab.txt tokenizer whose tokenizer_config.json renames [CLS]/[SEP]/[PAD]/[MASK] to <s>, </s>, <pad>,
-    <mask>: training looked the special tokens up as "[CLS]" and the rest, so <s> and </s> (each line's) were
-    masked and predicted like words, and packed rows split at the wrong token."""
-    from jaxbert.train.config import TrainConfig
-    from jaxbert.train.plan import prepare
-
+def _renamed(tiny, tmp_path):
+    """A copy of `tiny` with a vocab.txt tokenizer naming its special tokens <s>, </s>, <pad>, <mask> ([unused1-4])."""
     model = shutil.copytree(tiny, tmp_path / "renamed")
     os.remove(model / "tokenizer.json")
     renamed = {"[unused1]": "<s>", "[unused2]": "</s>", "[unused3]": "<pad>", "[unused4]": "<mask>"}
@@ -234,6 +229,33 @@ def test_special_tokens_renamed_by_the_tokenizer_files_are_never_masked(tiny, tm
     names = dict(cls_token="<s>", sep_token="</s>", pad_token="<pad>", mask_token="<mask>")
     (model / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer", **names}))
     (model / "special_tokens_map.json").write_text(json.dumps(names))
+    return model, words, names
+
+
+def test_padding_is_never_masked_when_the_tokenizer_names_another_pad_token(tiny, tmp_path):
+    """Line-by-line rows are padded with config.json's pad_token_id (0), the attention mask read from it; the
+    never-masked ids were only the tokenizer's special tokens (its pad_token <pad>, id 3), so padding was masked
+    and trained on as [PAD] (labels 0 after each line). DataCollatorForLanguageModeling never masks padding."""
+    from jaxbert.train.config import TrainConfig
+    from jaxbert.train.plan import prepare
+
+    model, _, _ = _renamed(tiny, tmp_path)
+    out = str(tmp_path / "o")
+    run = prepare(TrainConfig(str(model), CORPUS, out, max_seq_length=32, global_batch_size=8, line_by_line=True))
+    batch = run.batch(0)
+    padding = np.take_along_axis(batch["attention_mask"], batch["positions"], axis=-1) == 0
+    assert (batch["attention_mask"] == 0).any() and (batch["labels"] != -100).any()
+    assert not (padding & (batch["labels"] != -100)).any()
+
+
+def test_special_tokens_renamed_by_the_tokenizer_files_are_never_masked(tiny, tmp_path):
+    """A vocab.txt tokenizer whose tokenizer_config.json renames [CLS]/[SEP]/[PAD]/[MASK] to <s>, </s>, <pad>,
+    <mask>: training looked the special tokens up as "[CLS]" and the rest, so <s> and </s> (each line's) were
+    masked and predicted like words, and packed rows split at the wrong token."""
+    from jaxbert.train.config import TrainConfig
+    from jaxbert.train.plan import prepare
+
+    model, words, names = _renamed(tiny, tmp_path)
     ids = {words.index(t) for t in names.values()}
     for line_by_line in (False, True):
         cfg = TrainConfig(

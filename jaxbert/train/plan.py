@@ -201,6 +201,7 @@ def prepare(cfg: TrainConfig) -> Run:
     names = ("pad_token", "cls_token", "sep_token", "mask_token", "unk_token")
     special = [tok.token_to_id(tok.special_tokens[k]) for k in names]
     special += [tok.token_to_id(t) for t in tok.additional_special]  # as the collator's all_special_ids
+    special.append(config.pad_token_id)  # what rows are padded with (and unattended), whatever the tokenizer's is
     run = Run(
         cfg,
         config,
