@@ -248,6 +248,19 @@ def test_padding_is_never_masked_when_the_tokenizer_names_another_pad_token(tiny
     assert not (padding & (batch["labels"] != -100)).any()
 
 
+def test_cached_lines_are_padded_with_the_pad_id_asked_for(tiny, tmp_path):
+    """The token cache was keyed without the padding id (config.json's pad_token_id, outside the tokenizer files'
+    hash): after pad_token_id changed, line-by-line rows came from the cache padded with the old id, which the run
+    then attended to and masked as text."""
+    from jaxbert.tokenizer import WordPiece
+    from jaxbert.train import data
+
+    tok, cache = WordPiece.from_dir(tiny), str(tmp_path / "cache")
+    for pad in (0, 5):
+        rows = data.tokenized(tok, ["a text", "another text"], 8, True, pad, cache, "train", "k")
+        assert (np.asarray(rows)[:, -1] == pad).all()
+
+
 def test_special_tokens_renamed_by_the_tokenizer_files_are_never_masked(tiny, tmp_path):
     """A vocab.txt tokenizer whose tokenizer_config.json renames [CLS]/[SEP]/[PAD]/[MASK] to <s>, </s>, <pad>,
     <mask>: training looked the special tokens up as "[CLS]" and the rest, so <s> and </s> (each line's) were

@@ -49,7 +49,9 @@ def tokenized(
     """Token blocks [N, seq_len], from the cache when the same texts were tokenized the same way before. With
     `line_by_line` and `pack`, the lines share rows (first-fit decreasing; each starts with its [CLS], which
     `segments` reads back)."""
-    h = hashlib.sha256(json.dumps([tokenizer_key, seq_len, line_by_line] + ([True] if pack else [])).encode())
+    key = [tokenizer_key, seq_len, line_by_line] + ([True] if pack else [])
+    key += [pad_id] if line_by_line else []  # config.json's, which tokenizer_key does not cover: rows padded with it
+    h = hashlib.sha256(json.dumps(key).encode())
     for text in texts:
         h.update(text.encode("utf-8") + b"\n")
     path = os.path.join(cache_dir, f"{name}-{h.hexdigest()[:20]}.npy")
