@@ -35,8 +35,8 @@ def is_jsonl(path: str) -> bool:
 
 
 def read_text_file(path: str, allow_empty: bool = False, keep_empty: bool = False) -> TextFile:
-    """txt: one text per line; jsonl: a "text" field per line. Empty (or whitespace-only) lines are skipped and
-    counted, or with `keep_empty` a .txt file's are texts too: where outputs go line for line with the input
+    """txt: one text per line; jsonl: a "text" field per line. Empty (or whitespace-only) lines and "text" fields are
+    skipped and counted, or with `keep_empty` a .txt file's are texts too: where outputs go line for line with the input
     (embed, predict), skipping them would shift every later output onto the wrong line. A .jsonl file's blank
     lines hold no record and are skipped either way."""
     if not os.path.isfile(path):
@@ -56,6 +56,9 @@ def read_text_file(path: str, allow_empty: bool = False, keep_empty: bool = Fals
             if at is not None:
                 code = f"U+{ord(line[at]):04X}"
                 raise ValueError(f'{path}:{n}: "text" character {at + 1}: {code} is a lone surrogate, not Unicode')
+            if not line.strip() and not keep_empty:  # an empty "text" is an empty line, as run_mlm's filter has it
+                empty += 1
+                continue
         texts.append(line)
     if not texts and not allow_empty:
         raise ValueError(f"{path}: no text (0 non-empty lines)")

@@ -176,6 +176,19 @@ def test_record_formats_are_not_read_as_text_lines(tiny, tmp_path, capsys, name)
     assert not (tmp_path / "o" / "cache").exists()
 
 
+def test_empty_jsonl_texts_are_skipped_as_empty_lines(tmp_path):
+    """A .jsonl record whose "text" is empty or whitespace was a training text: line by line, a [CLS] [SEP] row with
+    nothing to predict (no-pack: a whole padded row each), counted neither as skipped nor left out of the split,
+    where run_mlm.py drops such lines and jaxbert drops the same lines of a .txt file."""
+    from jaxbert.texts import read_text_file
+
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps({"text": t}) for t in ["one", "", "  \t", "two"]) + "\n")
+    read = read_text_file(str(path))
+    assert read.texts == ["one", "two"] and read.empty_lines == 2
+    assert read_text_file(str(path), keep_empty=True).texts == ["one", "", "  \t", "two"]
+
+
 def test_jsonl_extension_in_capitals_is_json_lines(tmp_path):
     from jaxbert.texts import read_text_file
 
