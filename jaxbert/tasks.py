@@ -86,8 +86,9 @@ def fill_mask(bert, text, top_k: int = 5, batch_size: int = 32) -> list:
 
 def _candidates(tok, ids, positions, token_ids, probs) -> list[list[dict]]:
     """Per [MASK] of one text, its candidates: token, id, probability and the text with it in that place
-    (special tokens dropped when the text has one [MASK], as transformers' fill-mask pipeline does)."""
+    (special tokens dropped when the text has one [MASK], [PAD] always, as transformers' fill-mask pipeline does)."""
     ids = np.asarray(ids)
+    kept = ids != tok.token_to_id(tok.special_tokens["pad_token"])  # the pipeline drops padding from the sequence
     results = []
     for pos, best, p in zip(positions, token_ids, probs):
         candidates = []
@@ -99,7 +100,7 @@ def _candidates(tok, ids, positions, token_ids, probs) -> list[list[dict]]:
                     "token": tok.id_to_token(token_id),
                     "token_id": token_id,
                     "score": score,
-                    "sequence": tok.decode(filled, skip_special_tokens=positions.size == 1),
+                    "sequence": tok.decode(filled[kept], skip_special_tokens=positions.size == 1),
                 }
             )
         results.append(candidates)

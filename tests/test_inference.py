@@ -210,6 +210,18 @@ def test_fill_mask_on_many_texts_packs_them_and_matches_transformers(tmp_path_fa
         bert.fill_mask(["a [MASK]", 7])
 
 
+def test_fill_mask_sequences_drop_padding_as_the_pipeline(tmp_path_factory):
+    """A text holding "[PAD]" with several [MASK]: the pipeline's sequences drop the padding token (keeping the other
+    special tokens); fill_mask's kept it ('[CLS] a [PAD] b moose c [MASK] [SEP]')."""
+    _, directory = _with_tokenizer(tmp_path_factory, "BertForMaskedLM")
+    got = jaxbert.load(directory).fill_mask("a [PAD] b [MASK] c [MASK]", top_k=1)
+    token = [m[0]["token"] for m in got]
+    assert [m[0]["sequence"] for m in got] == [
+        f"[CLS] a b {token[0]} c [MASK] [SEP]",
+        f"[CLS] a b [MASK] c {token[1]} [SEP]",
+    ]
+
+
 def test_classify_and_tag_match_transformers(tmp_path_factory):
     hf, directory = _with_tokenizer(tmp_path_factory, "BertForSequenceClassification", num_labels=3)
     texts = ["I loved it.", "Terrible, never again!", "It was fine I guess, nothing more to say about it."]
