@@ -10,6 +10,7 @@ import os
 import shutil
 import struct
 import warnings
+import zipfile
 
 import ml_dtypes
 import msgpack
@@ -111,6 +112,7 @@ def _read_torch_bin(path: str) -> dict[str, np.ndarray]:
         import torch
     except ImportError:
         raise ImportError(f"{path}: reading .bin checkpoints needs torch: pip install 'jaxbert[torch]'") from None
+    _check_records(path)
     try:
         with warnings.catch_warnings():  # torch warns about old pickle protocols; the error below is what counts
             warnings.simplefilter("ignore", UserWarning)
@@ -120,6 +122,24 @@ def _read_torch_bin(path: str) -> dict[str, np.ndarray]:
         raise ValueError(f"{path}: refused or unreadable PyTorch checkpoint ({first_line})") from None
     _check_tensor_dict(path, state, lambda v: isinstance(v, torch.Tensor))
     return {key: _torch_to_numpy(path, key, value) for key, value in state.items()}
+
+
+def _check_records(path: str) -> None:
+    """torch.save stores each tensor's bytes once, uncompressed, so a zip .bin unpacks to at most its own size.
+    Records that unpack to more (deflated, or several entries over the same bytes) would make torch.load allocate
+    many times the file (a 1 MB file, 4 GiB): refused before loading. A legacy (non-zip) .bin reads its tensors
+    from the file as they are."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            unpacked = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return  # not a zip (the legacy format), or a broken one: torch.load names it
+    size = os.path.getsize(path)
+    if unpacked > size:
+        raise ValueError(
+            f"{path}: its records unpack to {unpacked:,} bytes, more than the file's {size:,} (compressed or "
+            "overlapping records, which torch.save never writes): refused before loading"
+        )
 
 
 def _torch_to_numpy(path: str, key: str, tensor) -> np.ndarray:

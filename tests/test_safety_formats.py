@@ -255,3 +255,19 @@ def test_a_bert2bert_projection_is_refused_from_the_header(tmp_path, capsys, mon
     _declare(src / "model.safetensors", key, "F32", (2**20, 2**10), 2**32)  # 4 GiB, none of it on disk
     _refuse_reads(monkeypatch, lambda name: name == key)  # the rest reads as usual
     cli_fails(capsys, tmp_path, "convert", src, match=f"{key}: shape (1048576, 1024), expected (24, 32)")
+
+
+def test_a_bin_unpacking_to_more_than_its_size_is_refused_before_loading(src, tmp_path, capsys, monkeypatch):
+    """A deflated record (torch.save stores them plain) declares 64 MiB in a file of kilobytes: torch.load would
+    allocate all of it (a few MB of file, many GB of memory); refused before torch reads any tensor."""
+    import zipfile
+
+    _as_bin(src, {"zzz.unknown": torch.zeros(2**24)})
+    plain = src / "pytorch_model.bin"
+    with zipfile.ZipFile(plain) as old, zipfile.ZipFile(tmp_path / "bomb.bin", "w") as new:
+        for info in old.infolist():
+            new.writestr(info.filename, old.read(info.filename), compress_type=zipfile.ZIP_DEFLATED)
+    os.replace(tmp_path / "bomb.bin", plain)
+    assert plain.stat().st_size < 2**20
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load ran"))
+    cli_fails(capsys, tmp_path, "convert", src, match="pytorch_model.bin: its records unpack to 67,")
