@@ -158,6 +158,7 @@ def atomic_directory(dst: str, force: bool = False, sources: tuple[str, ...] = (
     if os.path.lexists(dst) and not force:
         raise FileExistsError(f"{dst}: already exists (use --force to replace it)")
     parent = os.path.dirname(dst)
+    made = _new_parents(parent)
     os.makedirs(parent, exist_ok=True)
     sweep_partials(dst)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.", suffix=".partial", dir=parent)
@@ -178,9 +179,21 @@ def atomic_directory(dst: str, force: bool = False, sources: tuple[str, ...] = (
             os.rename(tmp, dst)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        for path in made:  # deepest first; one that another writer has filled meanwhile stays
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
         _raise_named(e, dst)
     finally:
         _release(held)
+
+
+def _new_parents(parent: str) -> list[str]:
+    """The directories that os.makedirs(parent) will create, deepest first: a failed write removes them again."""
+    made = []
+    while not os.path.lexists(parent):
+        made.append(parent)
+        parent = os.path.dirname(parent)
+    return made
 
 
 def _umask() -> int:

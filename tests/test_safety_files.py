@@ -303,3 +303,15 @@ def test_a_killed_writer_s_temporary_is_swept_by_the_next_writer_a_live_one_s_is
     with jfiles.atomic_directory(str(out), force=True) if kind == "directory" else jfiles.atomic_file(str(out)):
         pass
     assert sorted(_leftovers(tmp_path)) == [old.name]
+
+
+def test_a_failed_write_removes_the_parent_directories_it_made(tmp_path):
+    """convert SRC out/run1/model failing mid-write (a full disk) left out/run1/ behind, empty: DST's parents
+    made for the write go with it; parents that existed stay."""
+    (tmp_path / "kept").mkdir()
+    for dst in (tmp_path / "out" / "run1" / "model", tmp_path / "kept" / "model"):
+        with pytest.raises(OSError, match="No space left"):
+            with jfiles.atomic_directory(str(dst)) as tmp:
+                open(os.path.join(tmp, "config.json"), "w").close()
+                raise OSError(28, "No space left on device")
+    assert sorted(os.listdir(tmp_path)) == ["kept"] and os.listdir(tmp_path / "kept") == []
