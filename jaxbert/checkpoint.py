@@ -130,10 +130,13 @@ def _check_records(path: str) -> None:
     many times the file (a 1 MB file, 4 GiB): refused before loading. A legacy (non-zip) .bin reads its tensors
     from the file as they are."""
     try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"PK\x03\x04":  # what torch.load tells a zip by: the legacy format is not one
+                return
         with zipfile.ZipFile(path) as archive:
             unpacked = sum(info.file_size for info in archive.infolist())
     except (zipfile.BadZipFile, OSError, ValueError, EOFError):
-        return  # not a zip (the legacy format), or a broken one: torch.load names it
+        return  # a broken zip: torch.load names it
     size = os.path.getsize(path)
     if unpacked > size:
         raise ValueError(
