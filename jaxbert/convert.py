@@ -100,10 +100,10 @@ def check_tensor(key: str, value: np.ndarray) -> None:
 
 def check_fits(name: str, x: np.ndarray, dtype) -> None:
     """Refuse a cast of `x` to the floating `dtype` that would overflow to infinity (float16 tops out at
-    65504): an inf weight gives NaN outputs silently."""
+    65504, float32, a float64 checkpoint's narrowing, at 3.4e38): an inf weight gives NaN outputs silently."""
     limit = float(ml_dtypes.finfo(dtype).max)
-    if x.size and limit < float(np.finfo(np.float32).max):
-        largest = float(np.max(np.abs(np.asarray(x, np.float32))))
+    if x.size and limit < float(ml_dtypes.finfo(x.dtype).max):
+        largest = float(np.max(np.abs(np.asarray(x, np.float64 if x.dtype == np.float64 else np.float32))))
         if largest > limit:
             raise ValueError(
                 f"{name}: largest magnitude {largest:.6g} overflows {np.dtype(dtype).name} (max {limit:.6g})"

@@ -102,8 +102,10 @@ class Bert:
         replicated = sharding.replicated(self.mesh)
         _check_dtype(dtype)
         cast = float_dtype(dtype)
-        if cast is not None:
-            check_cast(params, cast)
+        # Without jax_enable_x64, JAX runs float64 parameters as float32: a float64 checkpoint must fit it too.
+        target = jnp.float32 if cast is None and not jax.config.jax_enable_x64 else cast
+        if target is not None:
+            check_cast(params, target)
 
         def place(x):
             if cast is not None and jnp.issubdtype(x.dtype, jnp.floating):

@@ -3,12 +3,15 @@ bfloat16 as a bfloat16 safetensors does, and a checkpoint mixing float dtypes co
 exactly) that transformers can read back from config.json."""
 
 import json
+import re
 
 import jax
 import numpy as np
 import pytest
 from conftest import model_dir
+from safetensors.numpy import load_file, save_file
 
+import jaxbert
 from jaxbert.checkpoint import load_params, read_msgpack
 from jaxbert.cli import main
 from jaxbert.config import BertConfig
@@ -81,3 +84,23 @@ def test_mixed_float_dtypes_convert_to_the_widest(src, tmp_path, rest, one, wide
     assert {str(v.dtype) for v in params.values()} == {name}
     for key in (KEY, "pooler.dense.weight"):  # widened exactly, the odd one out and the rest
         np.testing.assert_array_equal(params[key], state[key].to(widest).numpy())
+
+
+@pytest.mark.parametrize("how", ["load", "export", "convert --dtype float32"])
+def test_a_float64_value_beyond_float32_is_refused_where_it_would_become_inf(src, tmp_path, capsys, how):
+    """float64 -> float32 went unchecked (check_fits only guarded casts to 16 bits): a weight of 1e300 became inf,
+    so jaxbert.load computed inf/NaN and export wrote inf into model.safetensors (transformers then gives NaN),
+    without a word; transformers 5 runs the checkpoint in float64 and stays finite."""
+    state = load_file(src / "model.safetensors")
+    state = {k: v.astype(np.float64) for k, v in state.items()}
+    state["encoder.layer.0.output.dense.bias"][3] = 1e300
+    save_file(state, src / "model.safetensors", metadata={"format": "pt"})
+    why = "encoder/layer/0/output/dense/bias: largest magnitude 1e+300 overflows float32"
+    if how == "load":
+        with pytest.raises(ValueError, match=re.escape(why)):
+            jaxbert.load(str(src))
+        return
+    args = ["export", src, tmp_path / "dst"] if how == "export" else ["convert", src, tmp_path / "dst"]
+    assert main([str(a) for a in args] + ([] if how == "export" else ["--dtype", "float32"])) == 1
+    assert why in capsys.readouterr().err
+    assert not (tmp_path / "dst").exists()
