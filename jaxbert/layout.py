@@ -68,11 +68,13 @@ def stack_layers(encoder_params, config: BertConfig, fuse_qkv: bool = True, cons
 
 
 def _split_qkv(flat: dict) -> dict:
-    """A flat layer (or stack of them) with its fused `qkv` dense split back into query/key/value (in place)."""
-    for leaf in ("kernel", "bias"):
+    """A flat layer (or stack of them) with its fused `qkv` dense split back into query/key/value (in place): every
+    leaf along its output axis, an int8 model's `weight` [..., out, in] and `weight_scale` (quantize.py) too. Left
+    fused, they kept the int8 product while the biases went to query/key/value, where nothing reads them."""
+    for leaf, axis in (("kernel", -1), ("bias", -1), ("weight", -2), ("weight_scale", -1)):
         fused = flat.pop(f"attention/self/qkv/{leaf}", None)
         if fused is not None:
-            for name, part in zip(QKV, _xp([fused]).split(fused, 3, axis=-1), strict=True):
+            for name, part in zip(QKV, _xp([fused]).split(fused, 3, axis=axis), strict=True):
                 flat[f"attention/self/{name}/{leaf}"] = part
     return flat
 

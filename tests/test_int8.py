@@ -159,3 +159,24 @@ def test_bad_dtype_is_named(capsys):
     with pytest.raises(SystemExit):
         main(["embed", MINILM, "--input", CORPUS, "--output", "x.npy", "--dtype", "int4"])
     assert "invalid choice: 'int4'" in capsys.readouterr().err
+
+
+def test_int8_layers_split_per_layer_keep_the_query_key_value_biases():
+    # bert2bert generation runs its decoder on per_layer's tree (inference_seq2seq): the fused int8 qkv must split
+    # into query/key/value whole, weights and scales with their biases, or the int8 product runs without biases.
+    from jaxbert.layout import per_layer
+    from jaxbert.model import bert
+
+    config = jaxbert.BertConfig(
+        vocab_size=50, hidden_size=12, num_hidden_layers=2, num_attention_heads=2, intermediate_size=20
+    )
+    params = jaxbert.init_params(config, jax.random.key(0), "BertModel")
+    keys = iter(jax.random.split(jax.random.key(1), 1000))
+    params = jax.tree_util.tree_map(lambda a: a + 0.5 * jax.random.normal(next(keys), a.shape), params)
+    int8 = jaxbert.Bert(config, params, dtype="int8")
+    ids = np.random.default_rng(0).integers(1, 50, (2, 7))
+    want = np.asarray(int8(ids).last_hidden_state)
+    split = per_layer(int8.compute_params, config)
+    got = np.asarray(jax.jit(lambda p: bert(p, config, ids, attention_dtype=int8._attention))(split).last_hidden_state)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert set(split["encoder"]["layer"]["0"]["attention"]["self"]) == {"query", "key", "value"}
