@@ -24,7 +24,8 @@ def _layer_spec(config: BertConfig, i: int):
         "intermediate": {"dense": _dense(D, F)},
         "output": {"dense": _dense(F, D), "LayerNorm": _norm(D)},
     }
-    if config.add_cross_attention:  # always absolute positions, as in transformers
+    if config.add_cross_attention:  # always absolute positions and every head (never pruned), as in transformers
+        HK = config.num_attention_heads * K
         spec["crossattention"] = {
             "self": {name: _dense(D, HK) for name in ("query", "key", "value")},
             "output": {"dense": _dense(HK, D), "LayerNorm": _norm(D)},

@@ -21,6 +21,9 @@ decoder:
         `step_logits`: `step_input_ids` fed one token per call through the KV cache (4.57's relative attention
         places a cached call's query at key_length - 1, right only for one-token queries; a multi-token call
         with the default use_cache=True is therefore wrong); `full_step_logits`: the same ids without cache.
+    decoder_pruned: a relative_key BertLMHeadModel with cross-attention, heads pruned by prune_heads (3 of layer 0's
+        4, 1 of layer 1's): transformers prunes self-attention only, cross-attention keeps every head. Full
+        forward without cache: logits, attentions, cross_attentions (no hidden states, to keep it small).
     flax_BertForCausalLM: FlaxBertForCausalLM converted by transformers from a PyTorch BertLMHeadModel
         (config.json names it "BertForCausalLM"); io.npz holds the PyTorch logits.
     pt_EncoderDecoder, flax_EncoderDecoder: one EncoderDecoderModel (BertModel encoder, a shallower and
@@ -248,6 +251,19 @@ def causal_lm_cases(root):
         save(root, f"decoder_{kind}", model, {**feed, "step_input_ids": step_ids}, outputs)
 
 
+def pruned_decoder_case(root):
+    torch.manual_seed(23)
+    config = transformers.BertConfig(
+        is_decoder=True, add_cross_attention=True, position_embedding_type="relative_key", **DECODER
+    )
+    model = transformers.BertLMHeadModel(config).eval()
+    model.prune_heads({0: [0, 2, 3], 1: [1]})  # a different number of heads left in each layer
+    assert model.bert.encoder.layer[0].crossattention.self.num_attention_heads == 4
+    feed = decoder_inputs(23)
+    outputs = run(model, feed, use_cache=False)
+    save(root, "decoder_pruned", model, feed, {k: v for k, v in outputs.items() if not k.startswith("hidden_states")})
+
+
 def flax_causal_lm_case(root):
     torch.manual_seed(22)
     config = transformers.BertConfig(is_decoder=True, add_cross_attention=True, **DECODER)
@@ -360,6 +376,7 @@ def qa_cases(root):
 
 def decoder_cases(root, with_flax):
     causal_lm_cases(root)
+    pruned_decoder_case(root)
     encoder_decoder_cases(root, with_flax)
     if with_flax:
         flax_causal_lm_case(root)

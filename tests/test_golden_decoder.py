@@ -124,3 +124,25 @@ def test_bert2bert_checkpoints_of_transformers_457(name, tmp_path):
             open(os.path.join(GOLDEN, "flax_EncoderDecoder", "flax_model.msgpack"), "rb").read()
         )
         assert _tree_shapes(ours) == _tree_shapes(theirs)
+
+
+def _pruned_decoder():
+    inputs, outputs = _io("decoder_pruned")
+    lm = jaxbert.load(os.path.join(GOLDEN, "decoder_pruned"))
+    assert lm.config.pruned_heads == {0: (0, 2, 3), 1: (1,)}
+    run = lambda **kw: jaxbert.forward(  # noqa: E731
+        lm.params, lm.config, lm.head, **{k: jnp.asarray(v) for k, v in inputs.items()}, output_attentions=True, **kw
+    )
+    return inputs, outputs, run
+
+
+def test_a_pruned_decoder_keeps_every_cross_attention_head():
+    """transformers prunes self-attention heads only: a pruned decoder's cross-attention keeps all of them."""
+    inputs, outputs, run = _pruned_decoder()
+    got, real = run(), inputs["attention_mask"].astype(bool)
+    assert_close(got.logits, outputs["logits"], "logits", mask=real)
+    for key, expected in outputs.items():
+        field, _, index = key.partition(".")
+        if index:  # attentions [B, H, L, M]: the real queries' rows
+            g = np.asarray(got[field][int(index)]).transpose(0, 2, 1, 3)
+            assert_close(g, expected.transpose(0, 2, 1, 3), key, mask=real)
