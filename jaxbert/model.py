@@ -90,8 +90,9 @@ def layer(
     with_probs: bool = True,
 ):
     """One layer: self-attention, add & norm, [cross-attention over `cross` = ((keys, values) [H, S, K], mask
-    [S]), add & norm,] GELU feed-forward, add & norm. Returns (x, self-attention probs, cross-attention probs,
-    the self-attention's keys and values); see attention.self_attention for `past` and those keys."""
+    [S], head mask [H] or None), add & norm,] GELU feed-forward, add & norm. Returns (x, self-attention probs,
+    cross-attention probs, the self-attention's keys and values); see attention.self_attention for `past` and
+    those keys."""
     r_attn, r_out, r_cross, r_cross_out, r_ffn = _split(rng, 5)
     context, probs, new = self_attention(
         p["attention"]["self"], config, x, keys, head_mask, past, rng=r_attn, with_probs=with_probs
@@ -100,7 +101,7 @@ def layer(
         return _tail(p, config, context, x, keys.rows, r_out, r_ffn), probs, None, new
     x = _residual_norm(p["attention"]["output"], config, context, x, r_out)
     context, cross_probs = cross_attention(
-        p["crossattention"]["self"], config, x, *cross, head_mask, rng=r_cross, with_probs=with_probs
+        p["crossattention"]["self"], config, x, *cross, rng=r_cross, with_probs=with_probs
     )
     x = _residual_norm(p["crossattention"]["output"], config, context, x, r_cross_out)
     return _feed_forward(p, config, x, r_ffn), probs, cross_probs, new
@@ -148,11 +149,12 @@ def _tail(
     return jax.lax.map(lambda a: tail(*a), cut).reshape(L, D)
 
 
-def layer_head_mask(config: BertConfig, head_mask: Float[Array, "N H"] | None, i: int):
-    """Layer i's head-mask entries for its remaining heads (head_mask indexes the original heads)."""
-    if head_mask is None:
-        return None
-    return head_mask[i][jnp.asarray(config.kept_heads(i), dtype=jnp.int32)]
+def layer_head_mask(config: BertConfig, head_mask: Float[Array, " H"] | None, i: int):
+    """Layer i's self-attention head-mask entries for its remaining heads, of its row `head_mask` (which indexes
+    the original heads). Cross-attention is never pruned (as in transformers) and takes the whole row."""
+    if head_mask is None or not config.pruned_heads:  # unpruned: also when i is traced (the scan)
+        return head_mask
+    return head_mask[jnp.asarray(config.kept_heads(i), dtype=jnp.int32)]
 
 
 @flax.struct.dataclass
@@ -166,18 +168,18 @@ class _Context:
 
 
 def _step(config: BertConfig, ctx: _Context, h, params, i, head_mask, rng, with_probs: bool):
-    """Layer i (a Python int in the per-layer loop, traced in the scan) with its cache slots and cross keys.
+    """Layer i (a Python int in the per-layer loop, traced in the scan) with its cache slots, cross keys and its
+    row [H] of the head mask (original heads; see layer_head_mask).
     Returns (h, (h, probs, cross probs, new cross keys, the layer's cache with the new keys)), keys as (k, v)."""
     past = None if ctx.cache is None else (ctx.cache.key[i], ctx.cache.value[i])
     cross, new_cross = None, None
     if ctx.cache is not None and ctx.cache.has_cross:
-        cross = ((ctx.cache.cross_key[i], ctx.cache.cross_value[i]), ctx.cache.cross_mask)
+        cross = ((ctx.cache.cross_key[i], ctx.cache.cross_value[i]), ctx.cache.cross_mask, head_mask)
     elif ctx.encoder_states is not None:
         new_cross = cross_keys(params["crossattention"]["self"], config, ctx.encoder_states)
-        cross = (new_cross, ctx.encoder_mask)
-    h, probs, cross_probs, new = layer(
-        params, config, h, ctx.keys, head_mask, past, cross, rng=rng, with_probs=with_probs
-    )
+        cross = (new_cross, ctx.encoder_mask, head_mask)
+    own = layer_head_mask(config, head_mask, i)
+    h, probs, cross_probs, new = layer(params, config, h, ctx.keys, own, past, cross, rng=rng, with_probs=with_probs)
     return h, (h, probs, cross_probs, new_cross, None if ctx.cache is None else new)
 
 
@@ -223,7 +225,7 @@ def _loop(p, config: BertConfig, ctx: _Context, x, head_mask, rng, remat: bool, 
     outputs = []
     for i in range(config.num_hidden_layers):
         r = None if rng is None else jax.random.fold_in(rng, i)
-        x, out = step(x, p["layer"][str(i)], i, layer_head_mask(config, head_mask, i), r)
+        x, out = step(x, p["layer"][str(i)], i, None if head_mask is None else head_mask[i], r)
         outputs.append(out)
     # Per-layer probabilities keep their own shapes (pruned layers have fewer heads): tuples, not stacks.
     hidden, probs, cross_probs, new_cross, new = zip(*outputs)

@@ -146,3 +146,25 @@ def test_a_pruned_decoder_keeps_every_cross_attention_head():
         if index:  # attentions [B, H, L, M]: the real queries' rows
             g = np.asarray(got[field][int(index)]).transpose(0, 2, 1, 3)
             assert_close(g, expected.transpose(0, 2, 1, 3), key, mask=real)
+
+
+def test_a_head_mask_reaches_every_cross_attention_head_of_a_pruned_decoder():
+    """head_mask indexes the original heads: in self-attention a pruned head's entry changes nothing; cross-attention
+    keeps all heads (transformers prunes self-attention only), so each of its heads takes its own entry."""
+    inputs, _ = _io("decoder_pruned")
+    lm = jaxbert.load(os.path.join(GOLDEN, "decoder_pruned"))
+    # One self-attention head left in each layer (0: head 1, 1: head 3), cross-attention keeps all four.
+    params, config = jaxbert.prune_heads(lm.params, lm.config, {1: [0, 2]})
+
+    def run(**kw):
+        feed = {k: jnp.asarray(v) for k, v in inputs.items()}
+        return jaxbert.forward(params, config, lm.head, **feed, output_attentions=True, **kw)
+
+    base = run()
+    mask = np.ones((2, 4), np.float32)
+    mask[0, 0] = 0.0  # pruned from layer 0's self-attention, not from its cross-attention
+    got = run(head_mask=jnp.asarray(mask))
+    assert_close(got.attentions[0], base.attentions[0], "self-attention: a pruned head's entry")
+    cross, whole = np.asarray(got.cross_attentions[0]), np.asarray(base.cross_attentions[0])
+    assert np.abs(whole[:, 0]).max() > 0 and np.abs(cross[:, 0]).max() == 0, "cross-attention head 0 not masked"
+    assert_close(cross[:, 1:], whole[:, 1:], "cross-attention heads 1-3 kept")
