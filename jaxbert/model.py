@@ -406,6 +406,13 @@ def bert(
     _check_decoder_inputs(config, encoder_hidden_states, past_key_values, use_cache)
     params = jax.tree_util.tree_map(jnp.asarray, params)  # host numpy trees (fresh from a checkpoint) too
     B, L = input_ids.shape if inputs_embeds is None else inputs_embeds.shape[:2]
+    if config.position_embedding_type != "absolute" and L > config.max_position_embeddings:
+        # Distances beyond the table would be gathered from its clamped or wrapped-around rows (transformers:
+        # IndexError), whatever position_ids say: relative attention never reads them.
+        raise ValueError(
+            f"sequence length {L} exceeds max_position_embeddings {config.max_position_embeddings} "
+            f"({config.position_embedding_type} embeds distances up to {config.max_position_embeddings - 1})"
+        )
     cache = past_key_values
     if cache is None and use_cache:
         cache = init_cache(config, B, L, compute_dtype(params["embeddings"]))

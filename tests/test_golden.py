@@ -83,3 +83,17 @@ def test_head_mask_of_original_heads_applies_to_pruned_model():
     assert_close(bert(**inputs, head_mask=mask).logits, base, "mask on a pruned head")
     mask[0, 0] = 0.0  # kept head
     assert np.abs(np.asarray(bert(**inputs, head_mask=mask).logits) - np.asarray(base)).max() > 1e-4
+
+
+def test_relative_positions_refuse_distances_beyond_their_table():
+    """transformers 4.57 raises IndexError for a sequence longer than max_position_embeddings under relative
+    positions, position_ids or not (they are not used); the distance table has no rows for longer distances."""
+    bert = jaxbert.load(os.path.join(GOLDEN, "relative_key"))
+    P = bert.config.max_position_embeddings
+    ids = np.ones((1, P + 1), np.int64)
+    match = f"sequence length {P + 1} exceeds max_position_embeddings {P}"
+    with pytest.raises(ValueError, match=match):
+        bert(ids, position_ids=np.zeros_like(ids))
+    with pytest.raises(ValueError, match=match):
+        jaxbert.forward(bert.params, bert.config, bert.head, jnp.asarray(ids))
+    assert bert(ids[:, :P]).prediction_logits.shape == (1, P, bert.config.vocab_size)  # the table's edges: fine
