@@ -168,3 +168,20 @@ def test_a_head_mask_reaches_every_cross_attention_head_of_a_pruned_decoder():
     cross, whole = np.asarray(got.cross_attentions[0]), np.asarray(base.cross_attentions[0])
     assert np.abs(whole[:, 0]).max() > 0 and np.abs(cross[:, 0]).max() == 0, "cross-attention head 0 not masked"
     assert_close(cross[:, 1:], whole[:, 1:], "cross-attention heads 1-3 kept")
+
+
+def test_a_pruned_decoder_decodes_over_the_cache_as_without_it():
+    """transformers caches a pruned model's layers with the heads each keeps; one token at a time through the cache
+    gives the uncached forward's logits (layers with 1 and 3 heads left)."""
+    inputs, outputs = _io("decoder_pruned")
+    lm = jaxbert.load(os.path.join(GOLDEN, "decoder_pruned"))
+    enc = {k: jnp.asarray(inputs[k]) for k in ("encoder_hidden_states", "encoder_attention_mask")}
+    ids, real = inputs["input_ids"], inputs["attention_mask"].astype(bool)
+    step = jax.jit(lambda i, m, t, c: jaxbert.forward(lm.params, lm.config, lm.head, i, m, t, past_key_values=c, **enc))
+    cache, steps = init_cache(lm.config, 3, ids.shape[1]), []
+    for t in range(ids.shape[1]):
+        new = (ids[:, t : t + 1], inputs["attention_mask"][:, : t + 1], inputs["token_type_ids"][:, t : t + 1])
+        out = step(*map(jnp.asarray, new), cache)
+        steps.append(out.logits)
+        cache = out.past_key_values
+    assert_close(jnp.concatenate(steps, axis=1), outputs["logits"], "cached steps", mask=real)
