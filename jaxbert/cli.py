@@ -219,12 +219,13 @@ def _check_sampling_flags(args, directory) -> None:
     the command line, that is a mistake to name, not an output to print as if they had applied."""
     from jaxbert.generate_inputs import file_settings
 
+    settings = file_settings(directory)
     given = [f"--{k.replace('_', '-')}" for k in ("temperature", "top_k", "top_p") if getattr(args, k) is not None]
-    if given and not args.do_sample and file_settings(directory).get("do_sample") is not True:
+    if given and not args.do_sample and settings.get("do_sample") is not True:
         raise ValueError(
             f"{', '.join(given)}: applies to sampling only, and this run searches (greedy or beams); pass --do-sample"
         )
-    beams = args.num_beams or file_settings(directory).get("num_beams") or 1
+    beams = args.num_beams or settings.get("num_beams") or 1
     if args.length_penalty is not None and beams == 1:  # greedy search and sampling ignore it, as transformers does
         raise ValueError("--length-penalty: applies to beam search only; pass --num-beams K (K > 1)")
 
