@@ -150,7 +150,9 @@ def test_packed_mlm_rows_equal_each_line_alone():
     row = np.full((1, L), pad, np.int32)
     flat = [t for line in lines for t in line]
     row[0, : len(flat)] = flat
-    segment_ids, position_ids = D.segments(row, cls, pad)
+    segment_ids = np.zeros_like(row)
+    segment_ids[0, : len(flat)] = np.repeat(np.arange(1, len(lines) + 1), [len(x) for x in lines])
+    position_ids = D.positions(segment_ids)
     starts = np.cumsum([0] + [len(x) for x in lines])[:-1]
     picks = [(i, int(p)) for i, line in enumerate(lines) for p in rng.choice(np.arange(1, len(line) - 1), 2)]
     packed = {

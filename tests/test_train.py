@@ -271,7 +271,7 @@ def test_cached_lines_are_padded_with_the_pad_id_asked_for(tiny, tmp_path):
     tok, cache = WordPiece.from_dir(tiny), str(tmp_path / "cache")
     for pad in (0, 5):
         rows = data.tokenized(tok, ["a text", "another text"], 8, True, pad, cache, "train", "k")
-        assert (np.asarray(rows)[:, -1] == pad).all()
+        assert (np.asarray(rows)[:, 0, -1] == pad).all()
 
 
 def test_special_tokens_renamed_by_the_tokenizer_files_are_never_masked(tiny, tmp_path):
@@ -295,7 +295,7 @@ def test_special_tokens_renamed_by_the_tokenizer_files_are_never_masked(tiny, tm
         )
         run = prepare(cfg)
         assert ids <= set(run.special) and run.mask_id == words.index("<mask>")
-        assert run.packed_cls == (words.index("<s>") if line_by_line else None)
+        assert run.packed == line_by_line
         labels = np.asarray(run.batch(0)["labels"])
         assert not np.isin(labels[labels != -100], list(ids)).any()
 
@@ -319,8 +319,8 @@ def test_additional_special_tokens_are_one_token_and_never_masked(tiny, tmp_path
     cfg = TrainConfig(str(model), str(data), str(tmp_path / "o"), max_seq_length=16, global_batch_size=8)
     run = prepare(cfg)
     assert 2 in run.special
-    ids = run.train(0, None, 0)
-    labels = np.asarray(run.masked(ids, [0, 0])["labels"])
+    blocks = run.train(0, None, run.fill)
+    ids, labels = blocks[..., 0, :], np.asarray(run.masked(blocks, [0, 0])["labels"])
     assert (ids == 2).sum() > 0 and (labels != -100).sum() > 0 and not (labels == 2).any()
 
 
@@ -334,8 +334,8 @@ def test_random_replacements_are_tokens_of_the_tokenizer(tmp_path):
     model = model_dir(tmp_path / "padded", max_position_embeddings=64, num_hidden_layers=1, vocab_size=30720)
     cfg = TrainConfig(model, CORPUS, str(tmp_path / "o"), max_seq_length=32, global_batch_size=8, mlm_probability=0.9)
     run = prepare(cfg)
-    ids = np.asarray(run.val)[:1].repeat(2000, axis=0)
-    inputs = run.masked(ids, [0, 1])["input_ids"]
+    blocks = np.asarray(run.val)[:1].repeat(2000, axis=0)
+    ids, inputs = blocks[:, 0], run.masked(blocks, [0, 1])["input_ids"]
     replaced = inputs[(inputs != ids) & (inputs != run.mask_id)]
     assert replaced.size > 1000 and replaced.max() < 30522
 
@@ -368,3 +368,36 @@ def test_final_directory_exports_to_transformers(tiny, tmp_path, capsys):
     assert main(again) == 1
     assert f"{out} holds another run's final, metrics.jsonl: choose a new --output-dir" in capsys.readouterr().err
     assert (out / "final" / "flax_model.msgpack").read_bytes() == final
+
+
+@pytest.mark.parametrize("line_by_line", [True, False])
+def test_a_literal_cls_or_pad_in_a_line_is_text_of_that_line(tiny, tmp_path, line_by_line):
+    """Lines about BERT itself hold "[CLS]" and "[PAD]", which the tokenizer reads as those special tokens (as
+    transformers' does). Packed rows found their lines by the [CLS] id and attention by the pad id: a line with a
+    literal [CLS] became two sequences (positions restarting, the halves unable to see each other) and a literal
+    [PAD] was never attended to. run_mlm.py reads each line as one sequence, every token attended."""
+    from jaxbert.train.config import TrainConfig
+    from jaxbert.train.plan import prepare
+
+    data = tmp_path / "data.txt"
+    lines = ["every input starts with [CLS] and ends with [SEP]", "short rows are filled with [PAD] tokens"]
+    data.write_text("\n".join(lines * 20 + ["the river flows north"] * 40) + "\n")
+    cfg = TrainConfig(
+        tiny, str(data), str(tmp_path / "o"), max_seq_length=32, global_batch_size=8, line_by_line=line_by_line
+    )
+    run = prepare(cfg)
+    steps = run.train.steps_per_epoch
+    batch = [run.batch(step) for step in range(steps)]  # one epoch: every training row once
+    batch = {k: np.concatenate([b[k].reshape(-1, b[k].shape[-1]) for b in batch]) for k in batch[0]}
+    ids = batch["input_ids"]  # special tokens are never masked: every [CLS], [SEP] and [PAD] is the text's
+    literal_pad = np.zeros_like(ids, bool)  # a [PAD] followed by text (padding fills rows to their ends)
+    literal_pad[:, :-1] = (ids[:, :-1] == 0) & (ids[:, 1:] != 0)
+    assert literal_pad.sum() >= 15 and (batch["attention_mask"][literal_pad] == 1).all()
+    if line_by_line:  # every line one sequence: one segment, positions 0 to its length, [CLS] ... [SEP]
+        segments, positions, count = batch["segment_ids"], batch["position_ids"], 0
+        for row, seg, pos in zip(ids, segments, positions):
+            for s in range(1, seg.max() + 1):
+                assert np.array_equal(pos[seg == s], np.arange((seg == s).sum()))
+                assert row[seg == s][0] == 101 and row[seg == s][-1] == 102
+                count += 1
+        assert count == len(lines * 20 + ["the river flows north"] * 40) * 95 // 100

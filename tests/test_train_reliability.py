@@ -562,7 +562,7 @@ def test_a_validation_set_with_no_token_masked_is_refused():
     from jaxbert.train.plan import Run
 
     cfg = TrainConfig(**GOOD, mlm_probability=0.001, max_seq_length=16)
-    val = np.array([[101] + list(range(1000, 1014)) + [102]] * 3)
+    val = np.array([[[101] + list(range(1000, 1014)) + [102], [1] * 16]] * 3)  # [N, 2, L]: ids and segments
     run = Run(cfg, BertConfig(), SimpleNamespace(batch_size=2), val, [0, 101, 102], 103, None, 4, 1, 0)
 
     def scored(params, batch):  # what eval_step sums: (loss, correct, masked tokens)

@@ -19,20 +19,27 @@ from jaxbert.tokenizer import WordPiece
 def _tokenize(
     tok: WordPiece, texts: list[str], seq_len: int, line_by_line: bool, pad_id: int, pack: bool = False
 ) -> np.ndarray:
+    """[N, 2, L]: each row's token ids and, beside them, the segment each token belongs to (1, 2, ... for the lines
+    of a packed row, 0 on padding). Kept apart from the ids because no id marks a line: a line may hold a literal
+    "[CLS]" or "[PAD]", which the tokenizer reads as that special token (as transformers' does), and which
+    run_mlm.py attends to as text within its line."""
     if line_by_line:  # one example per line, truncated; padded to seq_len, or packed (several lines per row)
         enc = tok.encode(texts, max_length=seq_len, truncation=True)
         lengths = np.asarray([len(ids) for ids in enc.ids])
         rows = first_fit_decreasing(lengths, seq_len) if pack else [[i] for i in range(len(texts))]
-        out = np.full((len(rows), seq_len), pad_id, np.int32)
+        out = np.zeros((len(rows), 2, seq_len), np.int32)
+        out[:, 0] = pad_id
         for r, members in enumerate(rows):
             flat = [t for i in members for t in enc.ids[i]]
-            out[r, : len(flat)] = flat
+            out[r, 0, : len(flat)] = flat
+            out[r, 1, : len(flat)] = np.repeat(np.arange(1, len(members) + 1), lengths[members])
         return out
-    # As transformers' run_mlm: [CLS] text [SEP] for every line, all concatenated, cut into seq_len blocks.
+    # As transformers' run_mlm: [CLS] text [SEP] for every line, all concatenated, cut into seq_len blocks, every
+    # token attended (group_texts' attention_mask is all ones).
     enc = tok.encode(texts, truncation=False, max_length=10**9)
     flat = np.fromiter((i for ids in enc.ids for i in ids), np.int32)
     blocks = len(flat) // seq_len
-    return flat[: blocks * seq_len].reshape(blocks, seq_len)
+    return np.stack([flat[: blocks * seq_len].reshape(blocks, seq_len), np.ones((blocks, seq_len), np.int32)], 1)
 
 
 def tokenized(
@@ -46,10 +53,10 @@ def tokenized(
     tokenizer_key: str,
     pack: bool = False,
 ) -> np.ndarray:
-    """Token blocks [N, seq_len], from the cache when the same texts were tokenized the same way before. With
-    `line_by_line` and `pack`, the lines share rows (first-fit decreasing; each starts with its [CLS], which
-    `segments` reads back)."""
-    key = [tokenizer_key, seq_len, line_by_line] + ([True] if pack else [])
+    """Token blocks [N, 2, seq_len] (ids and segments, see _tokenize), from the cache when the same texts were
+    tokenized the same way before. With `line_by_line` and `pack`, the lines share rows (first-fit decreasing)."""
+    # "segments": the entries' layout since segments are stored (entries of ids alone are never read back).
+    key = [tokenizer_key, seq_len, line_by_line, "segments"] + ([True] if pack else [])
     key += [pad_id] if line_by_line else []  # config.json's, which tokenizer_key does not cover: rows padded with it
     h = hashlib.sha256(json.dumps(key).encode())
     for text in texts:
@@ -64,14 +71,12 @@ def tokenized(
     return np.load(path, mmap_mode="r")
 
 
-def segments(ids: np.ndarray, cls_id: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """(segment_ids, position_ids) of packed rows [..., L]: each [CLS] starts a segment (1, 2, ...; 0 on
-    padding), positions restart at it."""
-    starts = ids == cls_id
-    seg = np.cumsum(starts, axis=-1) * (ids != pad_id)
-    col = np.broadcast_to(np.arange(ids.shape[-1]), ids.shape)
-    first = np.maximum.accumulate(np.where(starts, col, 0), axis=-1)
-    return seg.astype(np.int32), (col - first).astype(np.int32)
+def positions(segment_ids: np.ndarray) -> np.ndarray:
+    """position_ids of packed rows [..., L] from their segment ids: positions restart where a segment starts."""
+    col = np.broadcast_to(np.arange(segment_ids.shape[-1]), segment_ids.shape)
+    prev = np.concatenate([np.full_like(segment_ids[..., :1], -1), segment_ids[..., :-1]], -1)
+    first = np.maximum.accumulate(np.where(segment_ids != prev, col, 0), axis=-1)
+    return (col - first).astype(np.int32)
 
 
 # The files the tokenizer reads: those of the first key, then the special and added tokens' (read since; kept apart so
@@ -99,7 +104,7 @@ class Batches:
     block is in one step of each epoch: when the step size does not divide the set, the epoch's last step takes the
     rest and padding rows (no tokens, nothing to learn from), as transformers' Trainer keeps its last batch."""
 
-    blocks: np.ndarray  # [N, L]
+    blocks: np.ndarray  # [N, ...]: one row each
     batch_size: int  # global, per micro-batch
     accum: int
     seed: int
@@ -133,13 +138,13 @@ class Batches:
         index[: len(examples)] = examples
         return index.reshape(self.accum, self.batch_size)
 
-    def __call__(self, step: int, rows: slice | None = None, pad_id: int = 0) -> np.ndarray:
-        """The token ids of optimizer step `step`: [accum, batch_size, L]; with `rows`, only those rows of each
+    def __call__(self, step: int, rows: slice | None = None, fill=0) -> np.ndarray:
+        """The blocks of optimizer step `step`: [accum, batch_size, ...]; with `rows`, only those rows of each
         micro-batch (a process's share: only they are read from the memory-mapped blocks). Padding rows are
-        `pad_id` throughout."""
+        `fill` (broadcast to a block)."""
         index = self.index(step)
         index = index[:, rows] if rows is not None else index
         flat = index.reshape(-1)
-        ids = np.asarray(self.blocks[np.maximum(flat, 0)])
-        ids[flat < 0] = pad_id
-        return ids.reshape(*index.shape, -1)
+        blocks = np.asarray(self.blocks[np.maximum(flat, 0)])
+        blocks[flat < 0] = fill
+        return blocks.reshape(*index.shape, *blocks.shape[1:])

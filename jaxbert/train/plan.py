@@ -40,7 +40,7 @@ class Run:
     warmup_steps: int
     log: list[str] = dataclasses.field(default_factory=list)
     metric: str | None = None  # --metric-for-best-model (None: no OUT/best)
-    packed_cls: int | None = None  # packed line-by-line rows: the [CLS] id each line starts with (data.segments)
+    packed: bool = False  # line-by-line rows hold several lines (segment_ids and position_ids from data.positions)
     tokens: int | None = None  # the tokenizer's vocabulary size: random replacements are drawn below it
     head = "BertForMaskedLM"
 
@@ -48,8 +48,10 @@ class Run:
         self.log.append(message)
         distributed.say(message)
 
-    def masked(self, ids: np.ndarray, seed) -> dict:
-        """Mask a [..., L] block of ids; the Generator is seeded by `seed` (a list), never global."""
+    def masked(self, blocks: np.ndarray, seed) -> dict:
+        """Mask [..., 2, L] blocks (ids and segments, data._tokenize); the Generator is seeded by `seed` (a list),
+        never global."""
+        ids, segment_ids = blocks[..., 0, :], blocks[..., 1, :]
         flat = ids.reshape(-1, ids.shape[-1])
         inputs, positions, labels = mask_tokens(
             flat,
@@ -64,19 +66,18 @@ class Run:
         lead = ids.shape[:-1]
         batch = {
             "input_ids": inputs.reshape(ids.shape),
-            "attention_mask": (flat != self.config.pad_token_id).astype(np.int32).reshape(ids.shape),
+            "attention_mask": (segment_ids != 0).astype(np.int32),
             "positions": positions.reshape(*lead, -1),
             "labels": labels.reshape(*lead, -1),
         }
-        if self.packed_cls is not None:
-            segment_ids, position_ids = D.segments(ids, self.packed_cls, self.config.pad_token_id)
-            batch.update(segment_ids=segment_ids, position_ids=position_ids)
+        if self.packed:
+            batch.update(segment_ids=segment_ids.astype(np.int32), position_ids=D.positions(segment_ids))
         return batch
 
     def batch(self, step: int, rows: slice | None = None) -> dict:
         """Step `step`'s batch [accum, batch, ...], or only `rows` of its batch axis (a process's share). Each row
         is masked by its own Generator seeded by (seed, step, row), so a row is the same whoever masks it."""
-        ids = self.train(step, rows, self.config.pad_token_id)
+        ids = self.train(step, rows, self.fill)
         A, R = ids.shape[:2]
         first = rows.start if rows else 0
         one = [
@@ -85,6 +86,11 @@ class Run:
             for i in range(R)
         ]
         return {k: np.concatenate([o[k] for o in one]).reshape(A, R, *one[0][k].shape[1:]) for k in one[0]}
+
+    @property
+    def fill(self) -> np.ndarray:
+        """A padding row's block: the pad id, in no segment."""
+        return np.asarray([[self.config.pad_token_id], [0]], np.int32)
 
     def initial_params(self):
         params, fresh, partial = mlm_params(self.cfg.model, self.config, self.cfg.seed)
@@ -106,7 +112,7 @@ class Run:
         for start in range(0, len(self.val), B):
             ids = self.val[start : start + B]
             if len(ids) < B:  # pad the last batch with padding rows: nothing in them is masked
-                pad = np.full((B - len(ids), ids.shape[1]), self.config.pad_token_id, ids.dtype)
+                pad = np.broadcast_to(self.fill, (B - len(ids), *ids.shape[1:])).astype(ids.dtype)
                 ids = np.concatenate([ids, pad])
             s, c, n = eval_fn(params, self.masked(ids, [EVAL_SEED, start]))
             nll, correct, count = nll + float(s), correct + float(c), count + float(n)
@@ -213,7 +219,7 @@ def prepare(cfg: TrainConfig) -> Run:
         cfg.max_predictions_per_seq or default_max_predictions(cfg.max_seq_length, cfg.mlm_probability),
         total,
         warmup,
-        packed_cls=tok.token_to_id(tok.special_tokens["cls_token"]) if packed else None,
+        packed=packed,
         tokens=len(tok.vocab),  # as the collator's len(tokenizer): a padded vocab_size's last rows have no token
     )
     if cfg.metric_for_best_model or cfg.early_stopping_patience:
@@ -225,8 +231,8 @@ def prepare(cfg: TrainConfig) -> Run:
         f"tokens, {len(val_blocks)} validation sequences; {train_text.empty_lines} empty lines skipped"
     )
     if cfg.line_by_line:
-        real = int((np.asarray(train_blocks) != config.pad_token_id).sum())
-        share = 1 - real / max(train_blocks.size, 1)
+        real = int((np.asarray(train_blocks[:, 1]) != 0).sum())
+        share = 1 - real / max(len(train_blocks) * cfg.max_seq_length, 1)
         alone = 1 - real / max(len(train_texts) * cfg.max_seq_length, 1)
         run.say(
             f"data: {share:.0%} of the training positions are padding"
