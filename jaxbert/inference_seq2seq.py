@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxbert import decoders, generate_inputs
+from jaxbert.convert import check_cast
 from jaxbert.inference import Bert, float_dtype
 from jaxbert.inputs import check_arrays
 from jaxbert.layout import per_layer
@@ -37,6 +38,9 @@ class EncoderDecoder:
             config.decoder, params["decoder"], "BertLMHeadModel", directory, dtype=dtype, consume=consume
         )
         cast = functools.partial(jnp.asarray, dtype=float_dtype(dtype))  # as the sides
+        if proj is not None:  # narrowed as the sides are (Bert checks theirs): float64 runs as float32 without x64
+            target = float_dtype(dtype) or (jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
+            check_cast({"enc_to_dec_proj": proj}, target)
         self.proj = None if proj is None else jax.tree_util.tree_map(cast, proj)
         self._lock = threading.Lock()
         self._own_compiles = 0

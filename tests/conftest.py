@@ -70,6 +70,21 @@ def model_dir(directory, head: str = "BertModel", **overrides) -> str:
     return str(directory)
 
 
+def bert2bert_dir(directory) -> str:
+    """A random transformers bert2bert in `directory` (decoder narrower than the encoder: with enc_to_dec_proj),
+    one layer a side, with MiniLM's tokenizer."""
+    transformers = pytest.importorskip("transformers")
+    model_dir(directory)  # the tokenizer files; the weights are replaced below
+    sizes = dict(vocab_size=30522, num_hidden_layers=1, intermediate_size=37, max_position_embeddings=40)
+    enc = transformers.BertConfig(hidden_size=32, num_attention_heads=4, **sizes)
+    dec = transformers.BertConfig(
+        hidden_size=24, num_attention_heads=3, is_decoder=True, add_cross_attention=True, **sizes
+    )
+    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(enc, dec, decoder_start_token_id=101)
+    transformers.EncoderDecoderModel(config=config).save_pretrained(directory)
+    return str(directory)
+
+
 def state_dict(model) -> dict:
     return {k: v.detach().numpy() for k, v in model.state_dict().items()}
 

@@ -8,7 +8,7 @@ import re
 import jax
 import numpy as np
 import pytest
-from conftest import model_dir
+from conftest import bert2bert_dir, model_dir
 from safetensors.numpy import load_file, save_file
 
 import jaxbert
@@ -104,3 +104,15 @@ def test_a_float64_value_beyond_float32_is_refused_where_it_would_become_inf(src
     assert main([str(a) for a in args] + ([] if how == "export" else ["--dtype", "float32"])) == 1
     assert why in capsys.readouterr().err
     assert not (tmp_path / "dst").exists()
+
+
+def test_a_float64_bert2bert_projection_beyond_float32_is_refused(tmp_path):
+    """enc_to_dec_proj is held apart from the two sides, whose float64 -> float32 narrowing is checked: a
+    projection weight of 1e300 became inf and every cross-attention NaN, without a word."""
+    src = tmp_path / "s2s"
+    bert2bert_dir(src)
+    state = {k: v.astype(np.float64) for k, v in load_file(src / "model.safetensors").items()}
+    state["enc_to_dec_proj.weight"][2, 5] = -1e300
+    save_file(state, src / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=re.escape("enc_to_dec_proj/kernel: largest magnitude 1e+300 overflows")):
+        jaxbert.load(str(src))

@@ -10,7 +10,7 @@ import struct
 
 import numpy as np
 import pytest
-from conftest import cli_fails, model_dir
+from conftest import bert2bert_dir, cli_fails, model_dir
 from safetensors.numpy import load_file, save_file
 
 from jaxbert.cli import main
@@ -239,16 +239,8 @@ def test_an_interrupted_command_exits_130_in_one_line_and_leaves_nothing(src, tm
 
 def test_a_bert2bert_projection_is_refused_from_the_header(tmp_path, capsys, monkeypatch):
     """enc_to_dec_proj's shape is checked before its data is read (it was read whole first, whatever it declared)."""
-    transformers = pytest.importorskip("transformers")
     src = tmp_path / "s2s"
-    model_dir(src)  # the tokenizer files; the weights are replaced below
-    sizes = dict(vocab_size=30522, num_hidden_layers=1, intermediate_size=37, max_position_embeddings=40)
-    enc = transformers.BertConfig(hidden_size=32, num_attention_heads=4, **sizes)
-    dec = transformers.BertConfig(
-        hidden_size=24, num_attention_heads=3, is_decoder=True, add_cross_attention=True, **sizes
-    )
-    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(enc, dec, decoder_start_token_id=101)
-    transformers.EncoderDecoderModel(config=config).save_pretrained(src)
+    bert2bert_dir(src)
     capsys.readouterr()  # transformers' progress bars
     key = "enc_to_dec_proj.weight"
     _without(src / "model.safetensors", key)
