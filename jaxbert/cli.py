@@ -172,7 +172,7 @@ def _fill_mask(args) -> int:
 
     single = len(args.text) == 1  # one text: its errors and output as before several were taken
     bert = jaxbert.load(args.dir, dtype=args.dtype)
-    results = bert.fill_mask(args.text[0] if single else args.text, top_k=args.top_k)
+    results = bert.fill_mask(args.text[0] if single else args.text, top_k=args.top_k, targets=args.targets)
     for t, per_text in enumerate([results] if single else results):
         if not single:
             print(f"{'' if t == 0 else chr(10)}text {t + 1}: {args.text[t]}")
@@ -320,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     fill.add_argument("dir")
     fill.add_argument("text", nargs="+", help="texts with [MASK] (several: packed into rows, one block each)")
     fill.add_argument("--top-k", type=int, default=5)
+    fill.add_argument("--targets", nargs="+", default=None, help="score only these tokens (as the pipeline's targets)")
     _add_dtype(fill)
     fill.set_defaults(func=_fill_mask)
     answer = sub.add_parser("answer", help="extractive QA: the answer span to a question in a context (JSON)")

@@ -204,10 +204,11 @@ class Bert:
         )
         return pool_segments(out.last_hidden_state, segments, starts, pooling, normalize, params.get("pooler"))
 
-    def _mask_top_k_impl(self, weights, ids, mask, types, positions, segments, asked, *, k):
+    def _mask_top_k_impl(self, weights, ids, mask, types, positions, segments, asked, targets, *, k):
         """The k most likely tokens [R, P, k] and their probabilities (float32) at the positions `asked`
         [R, P] of packed rows: the vocabulary projection, the largest matmul of short texts, runs for the
-        positions asked for only, and only the top k leave the device (not [R, P, V] logits)."""
+        positions asked for only, and only the top k leave the device (not [R, P, V] logits). With `targets`
+        [T] (token ids), the k most likely of them, each with its probability over the whole vocabulary."""
         params = self._unbits(weights)
         out = bert(
             params["bert"],
@@ -224,7 +225,8 @@ class Bert:
             params["cls"], self.config, params["bert"]["embeddings"]["word_embeddings"]["embedding"], hidden
         ).astype(jnp.float32)
         # top_k on the logits (ties: the lower token id first, as a stable sort), softmax only for those k.
-        best, token_ids = jax.lax.top_k(logits, k)
+        best, token_ids = jax.lax.top_k(logits if targets is None else logits[..., targets], k)
+        token_ids = token_ids if targets is None else targets[token_ids]
         return token_ids, jnp.exp(best - jax.nn.logsumexp(logits, axis=-1, keepdims=True))
 
     def layers_apart(self, weights):
@@ -428,10 +430,11 @@ class Bert:
             return positive_int("max_length", requested, self.config.max_position_embeddings)
         return min(self.config.max_position_embeddings, self.tokenizer.model_max_length)
 
-    def fill_mask(self, text: str | list[str], top_k: int = 5, batch_size: int = 32) -> list:
+    def fill_mask(self, text: str | list[str], top_k: int = 5, batch_size: int = 32, targets=None) -> list:
         """For each [MASK] of `text`, in order: its top_k {token, token_id, score, sequence}. A list of texts
-        gives one such list per text, the texts packed into rows (packing.py), `batch_size` rows a call."""
-        return tasks.fill_mask(self, text, top_k, batch_size)
+        gives one such list per text, the texts packed into rows (packing.py), `batch_size` rows a call.
+        `targets` (a token or a list of them) limits the candidates to those, as the fill-mask pipeline's."""
+        return tasks.fill_mask(self, text, top_k, batch_size, targets)
 
     def classify(self, texts, pairs=None, batch_size: int = 32, max_length: int | None = None) -> list[dict]:
         """Per text (and pair), its label and scores; texts beyond max_length tokens cut (tasks.classify)."""

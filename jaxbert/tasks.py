@@ -4,6 +4,7 @@ around the jitted forward: tokenization, bucketed batches, softmax, alignment of
 from __future__ import annotations
 
 import unicodedata
+import warnings
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -47,9 +48,38 @@ def _require(bert, heads: tuple[str, ...], what: str):
         raise ValueError(f"{what} needs a {' or '.join(heads)} head; this checkpoint is {bert.head}")
 
 
-def fill_mask(bert, text, top_k: int = 5, batch_size: int = 32) -> list:
+def _target_ids(tok, targets, vocab_size: int) -> np.ndarray:
+    """The fill-mask pipeline's target ids: a token of the vocabulary is itself, any other text its first word
+    piece (warned, as there), an empty one skipped (warned); duplicates once, in ascending order."""
+    targets = [targets] if isinstance(targets, str) else targets
+    if not isinstance(targets, (list, tuple)) or not all(isinstance(t, str) for t in targets):
+        raise TypeError("targets must be a string or a list of strings")
+    ids = set()
+    for target in targets:
+        i = tok.token_to_id(target)
+        if i is None:
+            enc = tok.encode([target], max_length=NO_LIMIT, truncation=False)
+            pieces = [t for t, special in zip(enc.ids[0], enc.special[0]) if not special]
+            if not pieces:
+                ignored = f"fill_mask target {target!r}: not in the vocabulary, no word piece: ignored"
+                warnings.warn(ignored, stacklevel=4)
+                continue
+            i = pieces[0]
+            replaced = f"fill_mask target {target!r} is not in the vocabulary: replaced by {tok.id_to_token(i)!r}"
+            warnings.warn(replaced, stacklevel=4)  # the caller of Bert.fill_mask
+        if i >= vocab_size:
+            raise ValueError(f"fill_mask target {target!r}: token id {i} is outside the model's {vocab_size} tokens")
+        ids.add(i)
+    if not ids:
+        raise ValueError("fill_mask: targets holds no token")
+    return np.asarray(sorted(ids), np.int32)
+
+
+def fill_mask(bert, text, top_k: int = 5, batch_size: int = 32, targets=None) -> list:
     """For each [MASK] in `text`, in order: the top_k {token, token_id, score, sequence}. A list of texts gives
-    one such list per text, in input order; the texts share packed rows (packing.py) as in `embed`."""
+    one such list per text, in input order; the texts share packed rows (packing.py) as in `embed`. With
+    `targets`, the candidates are those tokens only (at most top_k of them), each scored by its probability over
+    the whole vocabulary, as the fill-mask pipeline's `targets`."""
     _require(bert, _MLM_HEADS, "fill_mask")
     single = isinstance(text, str)
     if not single and not isinstance(text, (list, tuple)):
@@ -58,7 +88,10 @@ def fill_mask(bert, text, top_k: int = 5, batch_size: int = 32) -> list:
     batch_size = positive_int("batch_size", batch_size)
     texts = [text] if single else list(text)
     tok = bert.tokenizer
-    enc = tok.encode(texts, max_length=bert.max_length(None), truncation=False)
+    target_ids = None if targets is None else _target_ids(tok, targets, bert.config.vocab_size)
+    top_k = top_k if target_ids is None else min(top_k, len(target_ids))
+    # Not cut to fit: cutting could drop a [MASK] (the pipeline leaves too long a text to fail in the model).
+    enc = tok.encode(texts, max_length=bert.max_length(None), truncation=False, hint=None)
     masks = [np.flatnonzero(np.asarray(ids) == tok.mask_token_id) for ids in enc.ids]
     for i, found in enumerate(masks):
         if found.size == 0:
@@ -74,7 +107,8 @@ def fill_mask(bert, text, top_k: int = 5, batch_size: int = 32) -> list:
         for r, row in enumerate(at):
             asked[r, : row.size] = row
         arrays = [b[k] for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids", "segment_ids")]
-        token_ids, probs = (np.asarray(x) for x in bert._mask_top_k(bert.weights, *arrays, asked, k=top_k))
+        found = bert._mask_top_k(bert.weights, *arrays, asked, target_ids, k=top_k)
+        token_ids, probs = (np.asarray(x) for x in found)
         for r, members in enumerate(rows):
             col = 0
             for i in members:
@@ -213,7 +247,7 @@ def generate_text(model, prompt: str, **options) -> list[str]:
     for the positions is an error naming its length."""
     if not isinstance(prompt, str):
         raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
-    enc = model.tokenizer.encode([prompt], truncation=False)
+    enc = model.tokenizer.encode([prompt], truncation=False, hint=None)
     ids = np.asarray(enc.ids[0], np.int64)
     if model.head == "EncoderDecoderModel":
         rows = model.generate(ids[None], **options)

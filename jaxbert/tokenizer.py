@@ -362,11 +362,19 @@ class WordPiece:
         return text
 
     # -- encoding --------------------------------------------------------------------------------------------
-    def encode(self, texts, pairs=None, *, max_length: int | None = None, truncation: bool = True) -> Encoded:
+    def encode(
+        self,
+        texts,
+        pairs=None,
+        *,
+        max_length: int | None = None,
+        truncation: bool = True,
+        hint: str | None = "pass truncation=True to cut it",
+    ) -> Encoded:
         """Tokenize texts (and optional second segments), with [CLS]/[SEP] and token types 0/1.
 
         Longer than `max_length` (default: the tokenizer's model_max_length): truncated (longest first), or a
-        ValueError naming the text when `truncation=False`.
+        ValueError naming the text when `truncation=False` (ending with `hint`, for callers that cut nothing).
         """
         texts = _check_texts(texts)
         if pairs is not None:
@@ -387,8 +395,8 @@ class WordPiece:
                 raise ValueError(f"max_length {limit}: too short for the {special} special tokens around texts[{i}]")
             if len(enc.ids) > limit:
                 raise ValueError(
-                    f"texts[{i}] has {len(enc.ids)} tokens, more than max_length {limit} "
-                    "(pass truncation=True to cut it)"
+                    f"texts[{i}] has {len(enc.ids)} tokens, more than max_length {limit}"
+                    + (f" ({hint})" if hint else "")
                 )
         return Encoded(
             [e.ids for e in encs],

@@ -72,6 +72,9 @@ def test_fill_mask_command(tmp_path, capsys):
     assert len(lines) == 3 and lines[0].split()[:2] == [f"{best[0]['score']:.4f}", best[0]["token"]]
     assert main(["fill-mask", str(tmp_path), "no mask"]) == 1
     assert "no [MASK] in text" in capsys.readouterr().err
+    assert main(["fill-mask", str(tmp_path), "Paris is the [MASK] of France.", "--targets", "city", "capital"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert sorted(line.split()[1] for line in lines) == ["capital", "city"]
     texts = ["Paris is the [MASK] of France.", "a [MASK] and a [MASK]"]
     assert main(["fill-mask", str(tmp_path), *texts, "--top-k", "2"]) == 0
     out = capsys.readouterr().out

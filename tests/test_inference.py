@@ -210,6 +210,36 @@ def test_fill_mask_on_many_texts_packs_them_and_matches_transformers(tmp_path_fa
         bert.fill_mask(["a [MASK]", 7])
 
 
+def test_fill_mask_targets_as_the_pipeline(tmp_path_factory):
+    """`targets` as transformers' fill-mask pipeline: only those tokens, each scored over the whole vocabulary,
+    at most top_k of them; a word not in the vocabulary ("Paris": uncased) stands for its first word piece with a
+    warning, an empty one is skipped, duplicates count once; one [MASK] and several alike."""
+    hf, directory = _with_tokenizer(tmp_path_factory, "BertForMaskedLM")
+    pipe = transformers.pipeline("fill-mask", model=hf, tokenizer=transformers.AutoTokenizer.from_pretrained(directory))
+    bert = jaxbert.load(directory)
+    targets = ["capital", "city", "Paris", "", "city", "##s", "the"]
+    for text, top_k in [("Paris is the [MASK] of France.", 3), ("a [MASK] and a [MASK] .", 9)]:
+        with pytest.warns(UserWarning, match="'Paris' is not in the vocabulary: replaced by 'paris'"):
+            got = bert.fill_mask(text, top_k=top_k, targets=targets)
+        want = pipe(text, top_k=top_k, targets=targets)
+        want = [want] if isinstance(want[0], dict) else want
+        assert len(got) == len(want)
+        for ours, theirs in zip(got, want, strict=True):
+            assert len(ours) == min(top_k, 5)
+            assert [c["token_id"] for c in ours] == [c["token"] for c in theirs]
+            np.testing.assert_allclose([c["score"] for c in ours], [c["score"] for c in theirs], atol=1e-6)
+            assert [c["sequence"] for c in ours] == [c["sequence"] for c in theirs]
+    packed = bert.fill_mask(["Paris is the [MASK] of France.", "a [MASK]"], top_k=2, targets="city")
+    assert [[c["token"] for c in m] for t in packed for m in t] == [["city"], ["city"]]
+    with pytest.raises(ValueError, match="fill_mask: targets holds no token"), pytest.warns(UserWarning):
+        bert.fill_mask("a [MASK]", targets=[""])
+    with pytest.raises(TypeError, match="targets must be a string or a list of strings"):
+        bert.fill_mask("a [MASK]", targets=[3007])
+    # Too long: an error that does not offer truncation=True, which fill_mask does not take.
+    with pytest.raises(ValueError, match=r"texts\[0\] has \d+ tokens, more than max_length 64$"):
+        bert.fill_mask("word " * 80 + "[MASK]")
+
+
 def test_fill_mask_sequences_drop_padding_as_the_pipeline(tmp_path_factory):
     """A text holding "[PAD]" with several [MASK]: the pipeline's sequences drop the padding token (keeping the other
     special tokens); fill_mask's kept it ('[CLS] a [PAD] b moose c [MASK] [SEP]')."""
