@@ -78,7 +78,7 @@ def windows(tok, questions: list[str], contexts: list[str], max_length: int, str
         for w in [enc, *enc.overflowing]:
             seq = w.sequence_ids
             out.ids.append(w.ids)
-            out.type_ids.append(w.type_ids)
+            out.type_ids.append(w.type_ids if tok.token_types else [0] * len(w.ids))  # see WordPiece._encoded
             out.offsets.append([tuple(o) if s == 1 else NO_SPAN for o, s in zip(w.offsets, seq)])
             out.example.append(i)
             out.encodings.append(w)

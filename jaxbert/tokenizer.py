@@ -63,6 +63,17 @@ def _setting(config: dict, path: str, key: str, kinds: tuple, default):
     return value
 
 
+def _token_types(config: dict, path: str) -> bool:
+    """Whether the tokenizer gives token types: tokenizer_config.json's model_input_names names them (as
+    transformers reads it; BERT's default names them)."""
+    names = config.get("model_input_names")
+    if names is None:
+        return True
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{path}: model_input_names={names!r} is not a list of names")
+    return "token_type_ids" in names
+
+
 def _read_config(directory: str) -> tuple[dict, str]:
     path = existing_file(directory, "tokenizer_config.json")
     return (read_json(path), path) if path else ({}, "tokenizer_config.json")
@@ -260,6 +271,7 @@ class WordPiece:
         padding_side: str = "right",
         clean_up_spaces: bool = False,
         additional_special: tuple[str, ...] = (),
+        token_types: bool = True,
     ):
         tokenizer.no_padding()
         tokenizer.no_truncation()
@@ -272,6 +284,7 @@ class WordPiece:
         self.clean_up_spaces = clean_up_spaces  # decode's
         self.special_tokens = dict(SPECIAL if special_tokens is None else special_tokens)
         self.additional_special = tuple(additional_special)  # additional_special_tokens: special, never masked
+        self.token_types = token_types  # "token_type_ids" in model_input_names: else all type ids are 0
         self.vocab = tokenizer.get_vocab()
         self._lower: WordPiece | None = None  # see lowercased
 
@@ -279,6 +292,7 @@ class WordPiece:
     def from_dir(cls, directory: str) -> WordPiece:
         config, config_path = _read_config(directory)
         max_len = _max_length(config, config_path)
+        types = _token_types(config, config_path)
         special = _special_tokens(directory, config, config_path)
         options = dict(
             lowercase=_setting(config, config_path, "do_lower_case", (bool,), True),
@@ -295,7 +309,7 @@ class WordPiece:
             _refuse_added_tokens(directory, config, config_path, tok, "tokenizer.json")
             extra = _with_additional(tok, _additional_special(directory, config))
             clean = _clean_up(config, config_path, tok)
-            return cls(_with_unknown(path, tok), max_len, side, special, padding, clean, extra)
+            return cls(_with_unknown(path, tok), max_len, side, special, padding, clean, extra, types)
         vocab = existing_file(directory, "vocab.txt")
         if not vocab:
             raise FileNotFoundError(f"{directory}: no tokenizer (looked for tokenizer.json, vocab.txt)")
@@ -307,7 +321,7 @@ class WordPiece:
         _refuse_added_tokens(directory, config, config_path, tok, "vocab.txt")
         extra = _with_additional(tok, _additional_special(directory, config))
         padding = _side(config, config_path, "padding_side")
-        return cls(tok, max_len, side, special, padding, _clean_up(config, config_path, tok), extra)
+        return cls(tok, max_len, side, special, padding, _clean_up(config, config_path, tok), extra, types)
 
     def lowercased(self) -> WordPiece:
         """This tokenizer lower-casing texts first, as sentence-transformers' do_lower_case does: a Lowercase
@@ -326,7 +340,7 @@ class WordPiece:
                     tok = Tokenizer.from_str(self._tok.to_str())
                     tok.normalizer = Sequence([Lowercase(), *parts])
                     settings = (self.truncation_side, self.special_tokens, self.padding_side, self.clean_up_spaces)
-                    settings += (self.additional_special,)
+                    settings += (self.additional_special, self.token_types)
                     self._lower = WordPiece(tok, self.model_max_length, *settings)
             return self._lower
 
@@ -398,9 +412,14 @@ class WordPiece:
                     f"texts[{i}] has {len(enc.ids)} tokens, more than max_length {limit}"
                     + (f" ({hint})" if hint else "")
                 )
+        return self._encoded(encs)
+
+    def _encoded(self, encs) -> Encoded:
         return Encoded(
             [e.ids for e in encs],
-            [e.type_ids for e in encs],
+            # Without token types among its model_input_names, transformers' tokenizer returns none and BERT
+            # reads zeros: a pair's second text is type 0 too.
+            [e.type_ids if self.token_types else [0] * len(e.ids) for e in encs],
             [e.offsets for e in encs],
             [[-1 if w is None else w for w in e.word_ids] for e in encs],
             [e.special_tokens_mask for e in encs],
@@ -418,13 +437,7 @@ class WordPiece:
             for i, w in enumerate(words):
                 check_unicode(w, f"words[{i}]")
             raise
-        return Encoded(
-            [e.ids for e in encs],
-            [e.type_ids for e in encs],
-            [e.offsets for e in encs],
-            [[-1 if w is None else w for w in e.word_ids] for e in encs],
-            [e.special_tokens_mask for e in encs],
-        )
+        return self._encoded(encs)
 
     def __call__(
         self, texts, pairs=None, *, max_length: int | None = None, truncation: bool = True, return_tensors: str = "np"

@@ -252,6 +252,34 @@ def test_fill_mask_sequences_drop_padding_as_the_pipeline(tmp_path_factory):
     ]
 
 
+def test_a_tokenizer_without_token_types_gives_every_token_type_0(tmp_path_factory):
+    """tokenizer_config.json's model_input_names without "token_type_ids": transformers' tokenizer returns no
+    token types and BERT reads zeros, so a pair's second text is type 0. jaxbert gave it type 1: another input
+    than the model's, for pair classification and QA alike."""
+    hf, directory = _with_tokenizer(tmp_path_factory, "BertForSequenceClassification", num_labels=3)
+    config = json.loads(open(os.path.join(directory, "tokenizer_config.json")).read())
+    names = ["input_ids", "attention_mask"]
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump({**config, "model_input_names": names}, f)
+    tok = transformers.AutoTokenizer.from_pretrained(directory)
+    texts, pairs = ["I loved it.", "Terrible, never again!"], ["A good film.", "The food was cold."]
+    feed = dict(tok(texts, pairs, padding=True, return_tensors="np"))
+    assert sorted(feed) == sorted(names)
+    probs = torch.softmax(torch_run(hf, feed).logits, -1).numpy()
+    bert = jaxbert.load(directory)
+    assert not bert.tokenizer(texts, pairs)["token_type_ids"].any()
+    for got, p in zip(bert.classify(texts, pairs), probs, strict=True):
+        assert got["label"] == f"LABEL_{p.argmax()}" and abs(got["score"] - p.max()) < 1e-5
+    from jaxbert.qa import windows as qa_windows
+
+    windows = qa_windows(bert.tokenizer, ["who?"], ["Ada wrote it."], 64, 16)
+    assert windows.type_ids == [[0] * len(windows.ids[0])]
+    with pytest.raises(ValueError, match="tokenizer_config.json: model_input_names='input_ids' is not a list"):
+        with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+            json.dump({**config, "model_input_names": "input_ids"}, f)
+        jaxbert.tokenizer.WordPiece.from_dir(directory)
+
+
 def test_classify_and_tag_match_transformers(tmp_path_factory):
     hf, directory = _with_tokenizer(tmp_path_factory, "BertForSequenceClassification", num_labels=3)
     texts = ["I loved it.", "Terrible, never again!", "It was fine I guess, nothing more to say about it."]
