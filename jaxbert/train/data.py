@@ -16,30 +16,49 @@ from jaxbert.packing import first_fit_decreasing
 from jaxbert.tokenizer import WordPiece
 
 
+@dataclasses.dataclass
+class Tokens:
+    """Tokenized rows: `ids` [N, L] int32 and, beside them, `segments` [N, L] (uint8 or uint16): the line each token
+    belongs to (1, 2, ... within a packed row, 0 on padding). Kept apart from the ids because no id marks a line: a
+    line may hold a literal "[CLS]" or "[PAD]", which the tokenizer reads as that special token (as transformers'
+    does) and which run_mlm.py attends to as text within its line. Indexing rows gives [..., 2, L] int32 (ids,
+    segments); the two stay separate on disk so the segments cost one or two bytes a token, not four."""
+
+    ids: np.ndarray
+    segments: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, rows) -> np.ndarray:
+        return np.stack([np.asarray(self.ids[rows]), np.asarray(self.segments[rows], np.int32)], axis=-2)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        rows = self[:]
+        return rows if dtype is None else rows.astype(dtype)
+
+
 def _tokenize(
     tok: WordPiece, texts: list[str], seq_len: int, line_by_line: bool, pad_id: int, pack: bool = False
-) -> np.ndarray:
-    """[N, 2, L]: each row's token ids and, beside them, the segment each token belongs to (1, 2, ... for the lines
-    of a packed row, 0 on padding). Kept apart from the ids because no id marks a line: a line may hold a literal
-    "[CLS]" or "[PAD]", which the tokenizer reads as that special token (as transformers' does), and which
-    run_mlm.py attends to as text within its line."""
+) -> Tokens:
     if line_by_line:  # one example per line, truncated; padded to seq_len, or packed (several lines per row)
         enc = tok.encode(texts, max_length=seq_len, truncation=True)
         lengths = np.asarray([len(ids) for ids in enc.ids])
         rows = first_fit_decreasing(lengths, seq_len) if pack else [[i] for i in range(len(texts))]
-        out = np.zeros((len(rows), 2, seq_len), np.int32)
-        out[:, 0] = pad_id
+        ids = np.full((len(rows), seq_len), pad_id, np.int32)
+        most = max((len(members) for members in rows), default=0)
+        segments = np.zeros((len(rows), seq_len), np.uint8 if most <= 255 else np.uint16)  # [CLS] [SEP]: <= L/2
         for r, members in enumerate(rows):
             flat = [t for i in members for t in enc.ids[i]]
-            out[r, 0, : len(flat)] = flat
-            out[r, 1, : len(flat)] = np.repeat(np.arange(1, len(members) + 1), lengths[members])
-        return out
+            ids[r, : len(flat)] = flat
+            segments[r, : len(flat)] = np.repeat(np.arange(1, len(members) + 1), lengths[members])
+        return Tokens(ids, segments)
     # As transformers' run_mlm: [CLS] text [SEP] for every line, all concatenated, cut into seq_len blocks, every
     # token attended (group_texts' attention_mask is all ones).
     enc = tok.encode(texts, truncation=False, max_length=10**9)
     flat = np.fromiter((i for ids in enc.ids for i in ids), np.int32)
     blocks = len(flat) // seq_len
-    return np.stack([flat[: blocks * seq_len].reshape(blocks, seq_len), np.ones((blocks, seq_len), np.int32)], 1)
+    return Tokens(flat[: blocks * seq_len].reshape(blocks, seq_len), np.ones((blocks, seq_len), np.uint8))
 
 
 def tokenized(
@@ -52,23 +71,26 @@ def tokenized(
     name: str,
     tokenizer_key: str,
     pack: bool = False,
-) -> np.ndarray:
-    """Token blocks [N, 2, seq_len] (ids and segments, see _tokenize), from the cache when the same texts were
-    tokenized the same way before. With `line_by_line` and `pack`, the lines share rows (first-fit decreasing)."""
-    # "segments": the entries' layout since segments are stored (entries of ids alone are never read back).
+) -> Tokens:
+    """Token rows of seq_len (see Tokens), from the cache when the same texts were tokenized the same way before.
+    With `line_by_line` and `pack`, the lines share rows (first-fit decreasing)."""
+    # "segments": an entry's ids come with its segments (entries of ids alone, from before, are never read back).
     key = [tokenizer_key, seq_len, line_by_line, "segments"] + ([True] if pack else [])
     key += [pad_id] if line_by_line else []  # config.json's, which tokenizer_key does not cover: rows padded with it
     h = hashlib.sha256(json.dumps(key).encode())
     for text in texts:
         h.update(text.encode("utf-8") + b"\n")
-    path = os.path.join(cache_dir, f"{name}-{h.hexdigest()[:20]}.npy")
-    if os.path.isfile(path):
-        return np.load(path, mmap_mode="r")
-    blocks = _tokenize(tok, texts, seq_len, line_by_line, pad_id, pack and line_by_line)
-    os.makedirs(cache_dir, exist_ok=True)
-    with atomic_file(path, suffix=".npy") as tmp:  # a crash mid-write leaves neither a truncated entry nor debris
-        np.save(tmp, blocks)
-    return np.load(path, mmap_mode="r")
+    path = os.path.join(cache_dir, f"{name}-{h.hexdigest()[:20]}")
+    paths = (path + ".npy", path + ".segments.npy")
+    if not all(os.path.isfile(p) for p in paths):
+        tokens = _tokenize(tok, texts, seq_len, line_by_line, pad_id, pack and line_by_line)
+        os.makedirs(cache_dir, exist_ok=True)
+        # The ids last: an entry is read back only when both are there. A crash mid-write leaves neither a
+        # truncated file nor debris (atomic_file).
+        for p, array in zip(paths[::-1], (tokens.segments, tokens.ids)):
+            with atomic_file(p, suffix=".npy") as tmp:
+                np.save(tmp, array)
+    return Tokens(*(np.load(p, mmap_mode="r") for p in paths))
 
 
 def positions(segment_ids: np.ndarray) -> np.ndarray:
@@ -104,7 +126,7 @@ class Batches:
     block is in one step of each epoch: when the step size does not divide the set, the epoch's last step takes the
     rest and padding rows (no tokens, nothing to learn from), as transformers' Trainer keeps its last batch."""
 
-    blocks: np.ndarray  # [N, ...]: one row each
+    blocks: np.ndarray | Tokens  # [N, ...]: one row each
     batch_size: int  # global, per micro-batch
     accum: int
     seed: int

@@ -231,7 +231,7 @@ def prepare(cfg: TrainConfig) -> Run:
         f"tokens, {len(val_blocks)} validation sequences; {train_text.empty_lines} empty lines skipped"
     )
     if cfg.line_by_line:
-        real = int((np.asarray(train_blocks[:, 1]) != 0).sum())
+        real = int(np.count_nonzero(train_blocks.segments))
         share = 1 - real / max(len(train_blocks) * cfg.max_seq_length, 1)
         alone = 1 - real / max(len(train_texts) * cfg.max_seq_length, 1)
         run.say(
