@@ -28,8 +28,9 @@ def _inputs(path: str, text_column: str, pair_column: str | None):
 
 
 def _trained_columns(config, text: str | None, pair: str | None) -> tuple[str | None, str | None]:
-    """--text-column and --text-pair-column, else those a sequence classifier was trained with
-    (task_table.COLUMNS_KEY): fed its first texts alone, a pair model scores them without a word."""
+    """--text-column and --text-pair-column, else those a sequence classifier or multiple-choice model was trained
+    with (task_table.COLUMNS_KEY): fed its first texts alone, a pair model scores them without a word, and data in
+    the columns it was trained on are its data."""
     from jaxbert.train.task_table import trained_columns
 
     trained = trained_columns(config)
@@ -183,6 +184,7 @@ def predict(
         texts = _inputs(input_path, text_column or "text", None)[0]
         results = [{"words": words} for words in bert.tag(texts, batch_size=batch_size, max_length=length)]
     elif bert.head == "BertForMultipleChoice":
+        text_column, pair_column = _trained_columns(bert.config, text_column, pair_column)
         results = _choose(bert, input_path, text_column or "context", pair_column or "choices", batch_size, length)
     elif bert.head == "BertForQuestionAnswering":  # the best answer of each (question, context) row
         results = _answers(
@@ -245,7 +247,7 @@ def evaluate(
     if head in ("BertForSequenceClassification", "BertForTokenClassification"):
         config.label_names("the file's labels are matched to the model's by name")
     rows = read_rows(path, "--file")
-    if head == "BertForSequenceClassification":
+    if head in ("BertForSequenceClassification", "BertForMultipleChoice"):
         text_column, pair_column = _trained_columns(config, text_column, pair_column)
     cols = columns(
         task, SimpleNamespace(text_column=text_column, text_pair_column=pair_column, label_column=label_column)

@@ -107,3 +107,27 @@ def test_predict_lines_stay_one_per_input_and_a_tagger_refuses_pairs(tmp_path, c
     capsys.readouterr()
     cli_fails(capsys, tmp_path, *args, match="--text-pair-column other: a token classification model tags single")
     assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_multiple_choice_reads_the_columns_it_was_trained_on(tmp_path):
+    """A multiple-choice model trained with --text-column sent1 --text-pair-column endings keeps them in its
+    config.json, as a sequence classifier does, but predict and evaluate read only context / choices: on data in
+    the trained columns both failed ("no column 'context'") where they answer for a sequence classifier."""
+    directory = model_dir(tmp_path / "mc", "BertForMultipleChoice", max_position_embeddings=128)
+    config = json.loads((tmp_path / "mc" / "config.json").read_text())
+    config["jaxbert_text_columns"] = {"text": "sent1", "pair": "endings", "max_seq_length": 64}
+    (tmp_path / "mc" / "config.json").write_text(json.dumps(config))
+    three = [(c, o) for c, o in EXAMPLES if len(o) == 3]
+    answers = {}
+    for names in (("context", "choices"), ("sent1", "endings")):
+        data = tmp_path / f"{names[0]}.jsonl"
+        rows = [{names[0]: c, names[1]: o, "label": i % 3} for i, (c, o) in enumerate(three)]
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        flags = ["--text-column", "context", "--text-pair-column", "choices"] if names[0] == "context" else []
+        out, scored = tmp_path / f"{names[0]}.p.jsonl", tmp_path / f"{names[0]}.m.json"
+        assert main(["predict", directory, "--input", str(data), "--output", str(out), *flags]) == 0
+        args = ["evaluate", directory, "--task", "multiple-choice", "--file", str(data), "--output", str(scored)]
+        assert main([*args, *flags]) == 0
+        metrics = {k: v for k, v in json.loads(scored.read_text()).items() if k not in ("file",)}
+        answers[names] = [json.loads(line) for line in out.read_text().splitlines()], metrics
+    assert answers[("context", "choices")] == answers[("sent1", "endings")]

@@ -192,7 +192,8 @@ def trained_length(config) -> int | None:
 
 
 def trained_columns(config) -> tuple[str | None, str | None]:
-    """The (text, second-text) columns a sequence classifier was trained with (see COLUMNS_KEY), None unknown."""
+    """The (text, second-text) columns a sequence classifier or multiple-choice model was trained with (see
+    COLUMNS_KEY), None unknown."""
     saved = (config.extra or {}).get(COLUMNS_KEY)
     saved = saved if isinstance(saved, dict) else {}
     return tuple(saved.get(k) if isinstance(saved.get(k), str) else None for k in ("text", "pair"))
