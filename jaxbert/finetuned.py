@@ -252,7 +252,11 @@ def evaluate(
     cols = columns(
         task, SimpleNamespace(text_column=text_column, text_pair_column=pair_column, label_column=label_column)
     )
-    labels = task.labels(rows, cols, config.problem_type, model_labels(config, head))
+    # One output without a problem_type is a regressor, as transformers' loss reads it (and classify's raw score):
+    # its integer scores (STS-B's 0..5) are scores, not class ids outside [0, 1).
+    one_output = head == "BertForSequenceClassification" and config.num_labels == 1
+    problem = config.problem_type or ("regression" if one_output else None)
+    labels = task.labels(rows, cols, problem, model_labels(config, head))
     check_scorable(rows, labels)
     tok = WordPiece.from_dir(directory)
     if max_length is not None:  # beyond the positions, JAX would clamp their ids: a wrong score, no error

@@ -232,3 +232,35 @@ def test_a_csv_cell_is_a_number_only_as_json_writes_one(tmp_path):
     assert labels.names == ("1_0", "2_1", "\u0663") and labels.problem_type == "single_label_classification"
     rows = read_rows(_write(tmp_path / "r.tsv", "text\tlabel\na\t-1.5e1\nb\t 2 \nc\t+0.25\n"))
     assert [row.label("label") for row in rows] == [-15.0, 2, 0.25]
+
+
+def test_a_one_output_model_without_problem_type_is_evaluated_as_a_regressor(tmp_path):
+    """A sequence classifier of one output and no problem_type (as STS-B cross-encoders ship) is a regressor to
+    transformers (MSELoss) and to classify (its raw score), but evaluate read integer scores (0..5, or 5.000 in a
+    TSV) as class ids: "label 1 out of range [0, 1)" / "pass --problem-type regression", a flag evaluate has not.
+    It now scores them: loss = transformers' MSELoss, pearson and spearman = scipy's."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import scipy.stats
+
+    src = model_dir(tmp_path / "sts", "BertForSequenceClassification", num_labels=1, max_position_embeddings=64)
+    assert json.loads((tmp_path / "sts" / "config.json").read_text()).get("problem_type") is None
+    texts = ["a man plays a guitar", "the cat sleeps", "paris in spring", "it rains", "two dogs run", "no"]
+    pairs = ["a man is playing music", "a dog runs", "berlin in winter", "it is raining", "dogs", "yes"]
+    scores = [4, 1, 2, 5, 3, 0]
+    model = transformers.BertForSequenceClassification.from_pretrained(src).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(src)
+    with torch.no_grad():
+        out = model(**tok(texts, pairs, padding=True, return_tensors="pt"), labels=torch.tensor(scores).float())
+    logits = out.logits[:, 0].double().numpy()
+    rows = [{"text": t, "pair": p, "label": s} for t, p, s in zip(texts, pairs, scores)]
+    tsv = "text\tpair\tlabel\n" + "".join(f"{t}\t{p}\t{s}.000\n" for t, p, s in zip(texts, pairs, scores))
+    for data in (_write(tmp_path / "sts.jsonl", rows), _write(tmp_path / "sts.tsv", tsv)):
+        metrics = tmp_path / "m.json"
+        args = ["--task", "sequence-classification", "--file", data, "--text-pair-column", "pair"]
+        assert main(["evaluate", src, *args, "--output", str(metrics)]) == 0
+        got = json.loads(metrics.read_text())
+        assert abs(got["loss"] - float(out.loss)) < 1e-5 and abs(got["mse"] - float(out.loss)) < 1e-5
+        assert abs(got["pearson"] - scipy.stats.pearsonr(logits, scores).statistic) < 1e-5
+        assert abs(got["spearman"] - scipy.stats.spearmanr(logits, scores).statistic) < 1e-9
+        metrics.unlink()
