@@ -230,6 +230,7 @@ def evaluate(
     from jaxbert.train import task_qa
     from jaxbert.train.step import task_eval_step
     from jaxbert.train.task_data import read_rows
+    from jaxbert.train.task_encode import IGNORE
     from jaxbert.train.task_labels import check_scorable, model_labels
     from jaxbert.train.task_plan import evaluate_examples
     from jaxbert.train.task_table import TASKS, columns, trained_length
@@ -282,6 +283,8 @@ def evaluate(
         # A question too long for the window names what set it: evaluate has no --doc-stride to name.
         opts["names"] = ("--max-seq-length" if max_length else "the window length", stride)
     data = task.encode(tok, rows, cols, labels, limit, **opts)[1]()
+    if task_name == "token-classification" and not (data.tags != IGNORE).any():  # [CLS] and [SEP] alone
+        raise ValueError(f"{path}: no word fits in {limit} tokens beside [CLS] and [SEP]: nothing to score")
     _check_vocabulary(data, config.vocab_size, path)
     params, _ = load_params(directory, config, head)
     if task_name != "embedding":

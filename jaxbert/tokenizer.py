@@ -430,13 +430,17 @@ class WordPiece:
         labels align to them; longer sequences are truncated to `max_length` tokens."""
         for i, w in enumerate(words):
             _check_texts(w, f"words[{i}]")
-        tok = self._truncated(positive_int("max_length", max_length))
+        limit = positive_int("max_length", max_length)
         try:
-            encs = tok.encode_batch(words, is_pretokenized=True)
+            encs = self._truncated(limit).encode_batch(words, is_pretokenized=True)
         except TypeError:  # a lone surrogate in a word (see encode)
             for i, w in enumerate(words):
                 check_unicode(w, f"words[{i}]")
             raise
+        for i, enc in enumerate(encs):
+            if len(enc.ids) > limit:  # truncation never cuts [CLS] and [SEP] (see encode)
+                special = self._tok.num_special_tokens_to_add(False)
+                raise ValueError(f"max_length {limit}: too short for the {special} special tokens around words[{i}]")
         return self._encoded(encs)
 
     def __call__(

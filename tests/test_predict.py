@@ -131,3 +131,18 @@ def test_multiple_choice_reads_the_columns_it_was_trained_on(tmp_path):
         metrics = {k: v for k, v in json.loads(scored.read_text()).items() if k not in ("file",)}
         answers[names] = [json.loads(line) for line in out.read_text().splitlines()], metrics
     assert answers[("context", "choices")] == answers[("sent1", "endings")]
+
+
+def test_evaluate_names_a_length_too_short_for_any_word(tmp_path, capsys):
+    """evaluate takes --max-seq-length from 1 on (training from 8): a token-classification file read at 1 token
+    failed with "4 exceeds the largest bucket 1" (the tokenizer cannot cut [CLS] and [SEP], and encode_words did not
+    say so as encode does), and at 2 tokens with "gold_tags holds no tokens", naming neither the length nor the
+    file."""
+    directory = model_dir(tmp_path / "tag", "BertForTokenClassification", num_labels=3)
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"tokens": ["the", "river"], "ner_tags": [0, 1]}) + "\n")
+    args = ["evaluate", directory, "--task", "token-classification", "--file", data, "--output", tmp_path / "m.json"]
+    capsys.readouterr()
+    cli_fails(capsys, tmp_path, *args, "--max-seq-length", 1, match="max_length 1: too short for the 2 special tokens")
+    cli_fails(capsys, tmp_path, *args, "--max-seq-length", 2, match="rows.jsonl: no word fits in 2 tokens")
+    assert main([*map(str, args), "--max-seq-length", "3"]) == 0
