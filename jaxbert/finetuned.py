@@ -28,9 +28,9 @@ def _inputs(path: str, text_column: str, pair_column: str | None):
 
 
 def _trained_columns(config, text: str | None, pair: str | None) -> tuple[str | None, str | None]:
-    """--text-column and --text-pair-column, else those a sequence classifier or multiple-choice model was trained
-    with (task_table.COLUMNS_KEY): fed its first texts alone, a pair model scores them without a word, and data in
-    the columns it was trained on are its data."""
+    """--text-column and --text-pair-column, else those a sequence classifier or multiple-choice model (or, for
+    evaluate, a tagger: its words) was trained with (task_table.COLUMNS_KEY): fed its first texts alone, a pair
+    model scores them without a word, and data in the columns it was trained on are its data."""
     from jaxbert.train.task_table import trained_columns
 
     trained = trained_columns(config)
@@ -248,7 +248,7 @@ def evaluate(
     if head in ("BertForSequenceClassification", "BertForTokenClassification"):
         config.label_names("the file's labels are matched to the model's by name")
     rows = read_rows(path, "--file")
-    if head in ("BertForSequenceClassification", "BertForMultipleChoice"):
+    if head in ("BertForSequenceClassification", "BertForMultipleChoice", "BertForTokenClassification"):
         text_column, pair_column = _trained_columns(config, text_column, pair_column)
     cols = columns(
         task, SimpleNamespace(text_column=text_column, text_pair_column=pair_column, label_column=label_column)

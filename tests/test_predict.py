@@ -146,3 +146,22 @@ def test_evaluate_names_a_length_too_short_for_any_word(tmp_path, capsys):
     cli_fails(capsys, tmp_path, *args, "--max-seq-length", 1, match="max_length 1: too short for the 2 special tokens")
     cli_fails(capsys, tmp_path, *args, "--max-seq-length", 2, match="rows.jsonl: no word fits in 2 tokens")
     assert main([*map(str, args), "--max-seq-length", "3"]) == 0
+
+
+def test_evaluate_reads_a_taggers_words_from_the_column_it_was_trained_on(tmp_path, capsys):
+    """A tagger trained with --text-column words keeps it in config.json, but evaluate read the words from the
+    task's default column alone: its own validation file failed ("no column 'tokens'")."""
+    directory = model_dir(tmp_path / "tag", "BertForTokenClassification", num_labels=3)
+    config = json.loads((tmp_path / "tag" / "config.json").read_text())
+    config["jaxbert_text_columns"] = {"text": "words", "pair": None, "max_seq_length": 16}
+    (tmp_path / "tag" / "config.json").write_text(json.dumps(config))
+    rows = [{"words": "the river city runs".split(), "ner_tags": [0, 1, 2, 0]}, {"words": ["walls"], "ner_tags": [1]}]
+    results = []
+    for column, flags in (("tokens", ["--text-column", "tokens"]), ("words", [])):
+        data = tmp_path / f"{column}.jsonl"
+        data.write_text("".join(json.dumps({column: r["words"], "ner_tags": r["ner_tags"]}) + "\n" for r in rows))
+        out = tmp_path / f"{column}.json"
+        args = ["evaluate", directory, "--task", "token-classification", "--file", str(data), "--output", str(out)]
+        assert main([*args, *flags]) == 0, capsys.readouterr().err
+        results.append({k: v for k, v in json.loads(out.read_text()).items() if k != "file"})
+    assert results[0] == results[1]
