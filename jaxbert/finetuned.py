@@ -12,7 +12,7 @@ import numpy as np
 from jaxbert import batching, cpu
 from jaxbert.checkpoint import model_files
 from jaxbert.files import atomic_file, check_not_read, check_output_file
-from jaxbert.inputs import first_outside, positive_int
+from jaxbert.inputs import check_encoded, first_outside, positive_int
 
 
 def _inputs(path: str, text_column: str, pair_column: str | None):
@@ -53,6 +53,8 @@ def _choose(bert, path: str, context: str, options: str, batch_size: int, max_le
         group = [i for i, (_, opts) in enumerate(pairs) if len(opts) == count]
         flat = [(pairs[i][0], o) for i in group for o in pairs[i][1]]
         enc = bert.tokenizer.encode([c for c, _ in flat], [o for _, o in flat], max_length=max_length)
+        # Named by line and option: the batches' own check names a row of length-sorted batches.
+        check_encoded(bert.config, enc, lambda i, g=group, c=count: f"{rows[g[i // c]].where(options)}: option {i % c}")
         longest = np.asarray(enc.lengths()).reshape(len(group), count).max(1)
         for idx, n, length in batching.plan(longest, batch_size, bert.length_buckets):
             order = [e * count + k for e in idx for k in range(count)]

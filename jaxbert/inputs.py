@@ -105,9 +105,10 @@ def first_outside(flat, starts, upper: int) -> tuple[int, int, int] | None:
     return i, int(bad[0] - starts[i]), int(flat[bad[0]])
 
 
-def check_encoded(config: BertConfig, enc) -> None:
-    """Tokenized texts (tokenizer.Encoded) within the model's vocabulary and token types, named by text and token:
-    the batches' own check (check_arrays) can name only a row and column of packed or length-sorted rows."""
+def check_encoded(config: BertConfig, enc, name=lambda i: f"texts[{i}]") -> None:
+    """Tokenized texts (tokenizer.Encoded) within the model's vocabulary and token types, named by text (`name` of
+    its index) and token: the batches' own check (check_arrays) can name only a row and column of packed or
+    length-sorted rows."""
     tables = (("token id", enc.ids, config.vocab_size, "vocab_size"),)
     tables += (("token type id", enc.type_ids, config.type_vocab_size, "type_vocab_size"),)
     for label, rows, upper, what in tables:
@@ -116,7 +117,7 @@ def check_encoded(config: BertConfig, enc) -> None:
         found = first_outside(flat, np.cumsum(lengths) - lengths, upper)
         if found:
             i, at, value = found
-            raise ValueError(f"texts[{i}]: {label} {value} at position {at} is outside [0, {upper}) ({what})")
+            raise ValueError(f"{name(i)}: {label} {value} at position {at} is outside [0, {upper}) ({what})")
 
 
 def check_encoder_states(config: BertConfig, batch: int, states, mask):

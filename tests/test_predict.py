@@ -165,3 +165,18 @@ def test_evaluate_reads_a_taggers_words_from_the_column_it_was_trained_on(tmp_pa
         assert main([*args, *flags]) == 0, capsys.readouterr().err
         results.append({k: v for k, v in json.loads(out.read_text()).items() if k != "file"})
     assert results[0] == results[1]
+
+
+def test_multiple_choice_predict_names_the_line_and_option_of_a_token_outside_the_vocabulary(tmp_path, capsys):
+    """A tokenizer larger than the model: multiple-choice predict named the token by its place in a length-sorted
+    batch, "token id 1996 at position (0, 0, 1)", which reads as line 1's first option, where "hello" (7592) is; the
+    token named was line 2's (its longer example sorted first). It now names the line and option, as classify names
+    the text."""
+    directory = model_dir(tmp_path / "mc", "BertForMultipleChoice", vocab_size=1000)
+    data = tmp_path / "in.jsonl"
+    rows = [("hello", ["a", "b"]), ("the weather in paris", ["researchers", "b"])]
+    data.write_text("".join(json.dumps({"context": c, "choices": o}) + "\n" for c, o in rows))
+    capsys.readouterr()
+    args = ["predict", directory, "--input", data, "--output", tmp_path / "p.jsonl"]
+    cli_fails(capsys, tmp_path, *args, match="in.jsonl:1: column 'choices': option 0: token id 7592 at position 1")
+    assert not (tmp_path / "p.jsonl").exists()
