@@ -12,7 +12,7 @@ import numpy as np
 from jaxbert import batching, cpu
 from jaxbert.checkpoint import model_files
 from jaxbert.files import atomic_file, check_not_read, check_output_file
-from jaxbert.inputs import check_encoded, first_outside, positive_int
+from jaxbert.inputs import check_encoded, positive_int
 
 
 def _inputs(path: str, text_column: str, pair_column: str | None):
@@ -117,21 +117,6 @@ def _answers(bert, path: str, question: str, context: str, batch_size: int, leng
     return [bert.answer(q, c, batch_size=batch_size, max_seq_len=length)[0] for q, c in pairs]
 
 
-def _check_vocabulary(data, vocab_size: int, path: str) -> None:
-    """Every token id of the encoded examples inside the embedding table: a tokenizer larger than the model
-    (JAX clamps an out-of-range gather: each such token read as the last row) is named, as inference does."""
-    found = first_outside(data.ids, data.starts, vocab_size)
-    if found:
-        sequence, _, value = found
-        example = sequence // data.choices
-        if "example" in data.extra:  # question answering: a window of that example's context
-            example = int(data.extra["example"][example])
-        raise ValueError(
-            f"{path}: example {example}: token id {value} is outside [0, vocab_size={vocab_size}) "
-            "(the tokenizer does not match the model)"
-        )
-
-
 def json_line(value) -> str:
     """`value` as one line of JSON, text kept readable (not \\u-escaped) except the line and paragraph separators
     U+2028 / U+2029: JSON allows them raw, but Python's `str.splitlines` and many readers of lines split there."""
@@ -232,7 +217,7 @@ def evaluate(
     from jaxbert.train import task_qa
     from jaxbert.train.step import task_eval_step
     from jaxbert.train.task_data import read_rows
-    from jaxbert.train.task_encode import IGNORE
+    from jaxbert.train.task_encode import IGNORE, check_tables
     from jaxbert.train.task_labels import check_scorable, model_labels
     from jaxbert.train.task_plan import evaluate_examples
     from jaxbert.train.task_table import TASKS, columns, trained_length
@@ -287,7 +272,7 @@ def evaluate(
     data = task.encode(tok, rows, cols, labels, limit, **opts)[1]()
     if task_name == "token-classification" and not (data.tags != IGNORE).any():  # [CLS] and [SEP] alone
         raise ValueError(f"{path}: no word fits in {limit} tokens beside [CLS] and [SEP]: nothing to score")
-    _check_vocabulary(data, config.vocab_size, path)
+    check_tables(data, config, rows)  # JAX would clamp an id outside them: a wrong score, no error
     params, _ = load_params(directory, config, head)
     if task_name != "embedding":
         step = task_qa.eval_step if task_name == "question-answering" else task_eval_step

@@ -264,3 +264,31 @@ def test_a_one_output_model_without_problem_type_is_evaluated_as_a_regressor(tmp
         assert abs(got["pearson"] - scipy.stats.pearsonr(logits, scores).statistic) < 1e-5
         assert abs(got["spearman"] - scipy.stats.spearmanr(logits, scores).statistic) < 1e-9
         metrics.unlink()
+
+
+def test_token_ids_and_types_outside_the_models_tables_are_refused(tmp_path, capsys):
+    """A tokenizer larger than the model (vocab_size 2000, MiniLM's 30522 tokens) and text pairs for a model of
+    one token type: PyTorch raises IndexError, but task training trained on (and evaluate scored) every such token as
+    the table's last row (JAX clamps an out-of-range gather), without a word. Both now name the row, and training
+    writes nothing."""
+    transformers = pytest.importorskip("transformers")
+    small = dict(max_position_embeddings=64, num_hidden_layers=2, num_labels=2)
+    rows = [{"text": "a", "pair": "b", "label": 0}, {"text": "paris", "pair": "c", "label": 1}] * 4
+    for overrides, flags, match in (
+        (dict(vocab_size=2000), [], "train.jsonl:2: token id 3000 is outside [0, vocab_size=2000)"),
+        (dict(type_vocab_size=1), ["--text-pair-column", "pair"], "train.jsonl:1: token type id 1 is outside [0, "),
+    ):
+        name = next(iter(overrides))
+        model = model_dir(tmp_path / "models" / name, "BertForSequenceClassification", **small, **overrides)
+        pt = transformers.BertForSequenceClassification.from_pretrained(model)
+        tok = transformers.AutoTokenizer.from_pretrained(model)
+        with pytest.raises(IndexError):
+            pt(**tok(["paris"], ["c"] if flags else None, return_tensors="pt"))
+        (tmp_path / name).mkdir()
+        capsys.readouterr()
+        rc, out = _train(tmp_path / name, model, "sequence-classification", rows, rows, flags)
+        _refused(capsys, rc, out, match)
+        metrics = tmp_path / name / "m.json"
+        args = ["--task", "sequence-classification", "--file", str(tmp_path / name / "val.jsonl"), *flags]
+        assert main(["evaluate", model, *args, "--output", str(metrics)]) == 1
+        assert match.replace("train.jsonl", "val.jsonl") in capsys.readouterr().err and not metrics.exists()

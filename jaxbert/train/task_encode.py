@@ -8,11 +8,13 @@ import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Callable
 
 import numpy as np
 
 from jaxbert import batching
 from jaxbert.files import atomic_file
+from jaxbert.inputs import first_outside
 from jaxbert.train import data as D
 from jaxbert.train.task_labels import Labels, label_id, sequence_target, tag_lists
 
@@ -85,8 +87,9 @@ def _pack(enc, choices: int, targets: np.ndarray, tags=None, truncated: int = 0)
     )
 
 
-def cached(cache_dir: str, name: str, key: list, build) -> Encodedset:
-    """build() once per distinct (tokenizer, inputs, labels): later runs and resumes read OUT/cache."""
+def cached(cache_dir: str, name: str, key: list, build) -> tuple[Encodedset, Callable[[], None]]:
+    """(the examples, write): build() once per distinct (tokenizer, inputs, labels), later runs and resumes read
+    OUT/cache; write() stores what was built (nothing when it was read), once every set has been checked."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     path = os.path.join(cache_dir, f"{name}-{digest}.npz")
     if os.path.isfile(path):
@@ -96,18 +99,46 @@ def cached(cache_dir: str, name: str, key: list, build) -> Encodedset:
                 choices=int(f["choices"]),
                 truncated=int(f["truncated"]),
                 extra={k.removeprefix("extra_"): f[k] for k in f.files if k.startswith("extra_")},
-            )
+            ), lambda: None
     data = build()
-    os.makedirs(cache_dir, exist_ok=True)
-    with atomic_file(path, suffix=".npz") as tmp:  # never a truncated cache entry
-        np.savez(
-            tmp,
-            **{k: getattr(data, k) for k in ("ids", "types", "starts", "tags", "targets")},
-            choices=data.choices,
-            truncated=data.truncated,
-            **{f"extra_{k}": v for k, v in data.extra.items()},
-        )
-    return data
+
+    def write() -> None:
+        os.makedirs(cache_dir, exist_ok=True)
+        with atomic_file(path, suffix=".npz") as tmp:  # never a truncated cache entry
+            np.savez(
+                tmp,
+                **{k: getattr(data, k) for k in ("ids", "types", "starts", "tags", "targets")},
+                choices=data.choices,
+                truncated=data.truncated,
+                **{f"extra_{k}": v for k, v in data.extra.items()},
+            )
+
+    return data, write
+
+
+def check_tables(data: Encodedset, config, rows) -> None:
+    """Every token id and token type id of the encoded `rows` inside the model's embedding tables: JAX clamps an
+    out-of-range gather (each such token read as the table's last row, and trained as it) where PyTorch raises an
+    IndexError. A tokenizer larger than the model, or text pairs for a model of one token type, are named by row."""
+    tables = (
+        ("token id", data.ids, config.vocab_size, "vocab_size", "the tokenizer does not match the model"),
+        (
+            "token type id",
+            data.types,
+            config.type_vocab_size,
+            "type_vocab_size",
+            "the second text of a pair has token type 1",
+        ),
+    )
+    for label, values, upper, what, why in tables:
+        found = first_outside(values, data.starts, upper)
+        if found:
+            sequence, _, value = found
+            example = sequence // data.choices
+            if "example" in data.extra:  # question answering: a window of that example's context
+                example = int(data.extra["example"][example])
+            row = rows[example]
+            raise ValueError(f"{row.path}:{row.line}: {label} {value} is outside [0, {what}={upper}) ({why})")
 
 
 # The encoders check every row and return (cache key parts, build): the caller tokenizes (build) only once the

@@ -218,10 +218,16 @@ def prepare(cfg: TrainConfig) -> TaskRun:
             f"{cfg.train_file}: one label ({labels.names[0]!r}); single-label classification needs at least 2 "
             "(--problem-type regression for scores)"
         )
-    train, val = (
+    sets = [
         E.cached(os.path.join(cfg.output_dir, "cache"), name, [*key, *parts], build)
         for name, (parts, build) in zip(("train", "validation"), pending)
-    )
+    ]
+    (train, _), (val, _) = sets
+    # Token ids and types inside the model's tables (JAX would clamp them: a wrong model, no error), before OUT/cache.
+    E.check_tables(train, config, train_rows)
+    E.check_tables(val, config, val_rows)
+    for _, write in sets:
+        write()
     buckets = batching.length_buckets(cfg.max_seq_length)
     packed = cfg.pack and task.name in PACKED_TASKS
     if packed:
