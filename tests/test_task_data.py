@@ -73,6 +73,20 @@ def test_csv_lists_as_numbered_columns_or_json_cells(tmp_path):
     assert row.texts("tokens") == ["Anna", "lives"] and row.label("ner_tags") == ["B-PER", "O"]
 
 
+def test_numbered_columns_with_a_gap_are_refused(tmp_path):
+    """Numbered columns skipped a missing number: a SWAG-style header ending0,ending1,endign2,ending3 (a typo) read
+    the options as [ending0, ending1, ending3], so label 2 named ending3 as the right option, and predict's label 2
+    meant ending3, without a word. A gap is an error naming the missing column."""
+    (tmp_path / "gap.csv").write_text("context,ending0,ending1,endign2,ending3,label\nhe sat,down,up,away,in,2\n")
+    (row,) = read_rows(str(tmp_path / "gap.csv"))
+    with pytest.raises(ValueError, match=r"gap.csv:2: column 'ending' is numbered columns .*, without ending2"):
+        row.texts("ending")
+    (tmp_path / "tags.csv").write_text("tokens,ner_tags0,ner_tags2\nx,O,O\n")
+    (row,) = read_rows(str(tmp_path / "tags.csv"))
+    with pytest.raises(ValueError, match=r"column 'ner_tags' is numbered columns ner_tags0, ner_tags2, without ner_"):
+        row.label("ner_tags")
+
+
 def test_numbered_label_columns_are_a_list_not_their_first_cell(tmp_path):
     """Numbered columns are a list (the module doc: tags, options), but a label was read from label0's cell alone:
     one-hot columns (text,label0,label1,label2) trained a single-label classifier on label0 without a word, and tags

@@ -44,8 +44,16 @@ class Row:
         raise ValueError(f"{self.path}:{self.line}: no column {column!r} (columns: {names})")
 
     def _numbered(self, column: str) -> list[str]:
-        """The columns NAME0, NAME1, ... of a list given as numbered CSV/TSV columns, in order."""
-        return [f"{column}{i}" for i in range(len(self.values)) if f"{column}{i}" in self.values]
+        """The columns NAME0, NAME1, ... of a list given as numbered CSV/TSV columns, in order; a gap is an error:
+        without NAME2, NAME3 would be item 2 (an option index, a tag's word) without a word."""
+        names = [f"{column}{i}" for i in range(len(self.values)) if f"{column}{i}" in self.values]
+        missing = next(i for i in range(len(names) + 1) if f"{column}{i}" not in self.values)
+        if missing < len(names):
+            raise ValueError(
+                f"{self.path}:{self.line}: column {column!r} is numbered columns {', '.join(names)}, without "
+                f"{column}{missing}: each number from 0 needs its column"
+            )
+        return names
 
     def unicode(self, column: str, value, item: int | None = None):
         """`value`, or an error where it holds a lone surrogate (only a JSON "\\ud800" escape makes one): a str
