@@ -292,3 +292,26 @@ def test_token_ids_and_types_outside_the_models_tables_are_refused(tmp_path, cap
         args = ["--task", "sequence-classification", "--file", str(tmp_path / name / "val.jsonl"), *flags]
         assert main(["evaluate", model, *args, "--output", str(metrics)]) == 1
         assert match.replace("train.jsonl", "val.jsonl") in capsys.readouterr().err and not metrics.exists()
+
+
+def test_a_number_for_a_class_points_at_regression_only_where_a_flag_makes_one(tmp_path, capsys):
+    """A number as a class label said "pass --problem-type regression for scores" wherever it was found: evaluate has
+    no such flag (argparse: unrecognized arguments) and token classification refuses it ("--problem-type applies to
+    --task sequence-classification only"). Tags now get no hint, and a sentence label the hint that holds for
+    evaluate too: scores need a regression model, trained with the flag."""
+    small = dict(max_position_embeddings=64, num_hidden_layers=2)
+    tagger = model_dir(tmp_path / "tag", "BertForTokenClassification", num_labels=3, **small)
+    tags = _write(tmp_path / "tags.jsonl", [{"tokens": ["a", "b"], "ner_tags": [0.5, 1]}] * 2)
+    args = ["--task", "token-classification", "--file", tags, "--output", str(tmp_path / "m.json")]
+    capsys.readouterr()
+    assert main(["evaluate", tagger, *args]) == 1
+    err = capsys.readouterr().err
+    assert "label 0.5 is a number; classification labels are integers or strings\n" in err, err
+    classifier = model_dir(
+        tmp_path / "cls", "BertForSequenceClassification", num_labels=3, problem_type="single_label_classification"
+    )
+    texts = _write(tmp_path / "texts.jsonl", [{"text": "a", "label": 1.5}, {"text": "b", "label": 1}])
+    capsys.readouterr()
+    assert main(["evaluate", classifier, "--task", "sequence-classification", "--file", texts, *args[4:]]) == 1
+    err = capsys.readouterr().err
+    assert "label 1.5 is a number" in err and "--problem-type" in err and "pass --problem-type" not in err, err

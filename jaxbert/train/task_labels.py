@@ -67,10 +67,13 @@ def _kind(value) -> str:
     return "null" if value is None else kinds.get(type(value), type(value).__name__)
 
 
-def _class_label(row, column: str, value, first) -> None:
-    """An integer or a non-empty string, of the same kind as `first` (path, line, label) when given."""
+def _class_label(row, column: str, value, first, sentence: bool) -> None:
+    """An integer or a non-empty string, of the same kind as `first` (path, line, label) when given. A number for a
+    sentence label (`sentence`) points at regression, which only `train --problem-type regression` makes (evaluate
+    has no such flag; tags are never scores)."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        hint = " (pass --problem-type regression for scores)" if isinstance(value, float) else ""
+        scores = sentence and isinstance(value, float)
+        hint = " (scores are a regression model's labels: train one with --problem-type regression)" if scores else ""
         raise ValueError(
             f"{row.where(column)}: label {value!r} is {_kind(value)}; classification labels are "
             f"integers or strings{hint}"
@@ -84,12 +87,12 @@ def _class_label(row, column: str, value, first) -> None:
         )
 
 
-def _names(items, column: str, fixed, path: str) -> tuple[tuple[str, ...], tuple | None]:
+def _names(items, column: str, fixed, path: str, sentence: bool) -> tuple[tuple[str, ...], tuple | None]:
     """Names for (row, value) pairs of integers or strings, and the first (path, line, label); mixing the two
     kinds is an error naming the row."""
     first = None
     for row, value in items:
-        _class_label(row, column, value, first)
+        _class_label(row, column, value, first, sentence)
         first = first or (row.path, row.line, value)
         if isinstance(value, int) and value < 0:
             raise ValueError(f"{row.where(column)}: label {value} out of range [0, {len(fixed) if fixed else 'n'})")
@@ -136,7 +139,7 @@ def _named_cell(row, column: str, value, names) -> object:
 
 def label_id(row, column: str, value, labels: Labels) -> int:
     value = _named_cell(row, column, value, labels.names)
-    _class_label(row, column, value, labels.first)
+    _class_label(row, column, value, labels.first, labels.problem_type is not None)
     if isinstance(value, str):
         if value not in labels.ids:
             raise ValueError(f"{row.where(column)}: unknown label {value!r} (labels: {_listed(labels.names)})")
@@ -195,7 +198,7 @@ def sequence_labels(rows, column: str, problem_type: str | None, fixed) -> Label
     if problem == "multi_label_classification":
         _two_label_vectors(values, column)
         values = [(row, item) for row, value in values for item in _list(row, column, value)]
-    names, first = _names(values, column, fixed, _path(rows))
+    names, first = _names(values, column, fixed, _path(rows), True)
     return Labels(names, problem, first)
 
 
@@ -259,5 +262,5 @@ def tag_lists(rows, words_column: str, tags_column: str):
 
 def tag_labels(tagged, column: str, fixed) -> Labels:
     items = [(row, t) for row, _, tags in tagged for t in tags]
-    names, first = _names(items, column, fixed, _path(row for row, _, _ in tagged))
+    names, first = _names(items, column, fixed, _path(row for row, _, _ in tagged), False)
     return Labels(names, first=first)
