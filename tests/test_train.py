@@ -401,3 +401,19 @@ def test_a_literal_cls_or_pad_in_a_line_is_text_of_that_line(tiny, tmp_path, lin
                 assert row[seg == s][0] == 101 and row[seg == s][-1] == 102
                 count += 1
         assert count == len(lines * 20 + ["the river flows north"] * 40) * 95 // 100
+
+
+def test_a_tokenizer_larger_than_the_model_is_named_before_training(tmp_path, capsys):
+    """A model of 2000 word pieces with MiniLM's 30522-piece tokenizer: the training text's ids beyond the table
+    were gathered as NaN (JAX's out-of-range gather), and the run failed with "non-finite loss (nan) at step 1";
+    PyTorch raises an IndexError at the lookup. Refused before anything is compiled, naming a token, leaving OUT
+    as it was."""
+    small = model_dir(tmp_path / "small", vocab_size=2000, max_position_embeddings=64, num_hidden_layers=1)
+    capsys.readouterr()  # transformers' progress bars
+    out = tmp_path / "out"
+    rc = main(_args(small, out, "--max-steps", "2"))
+    err = capsys.readouterr().err
+    assert rc == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("jaxbert train-mlm: error: the training text holds token '")
+    assert "outside the model's vocab_size 2000: the tokenizer does not match the model" in err
+    assert not out.exists()

@@ -168,6 +168,17 @@ def _texts(path: str, flag: str):
     return read_text_file(path)
 
 
+def _check_vocabulary(ids: np.ndarray, vocab_size: int, tok, name: str) -> None:
+    """Every token id inside the model's embedding table: a tokenizer larger than the model gave ids JAX's gather
+    reads as NaN ("non-finite loss at step 1"), where PyTorch raises an IndexError."""
+    largest = int(ids.max(initial=0))
+    if largest >= vocab_size:
+        raise ValueError(
+            f"the {name} text holds token {tok.id_to_token(largest)!r} (id {largest}), outside the model's "
+            f"vocab_size {vocab_size}: the tokenizer does not match the model"
+        )
+
+
 def prepare(cfg: TrainConfig) -> Run:
     """Everything that can be wrong with the inputs is found here, before any compilation."""
     from jaxbert.tokenizer import WordPiece
@@ -195,6 +206,8 @@ def prepare(cfg: TrainConfig) -> Run:
     val_blocks = D.tokenized(tok, val_texts, *args, "validation", key, packed)
     if len(val_blocks) == 0:
         raise ValueError("the validation set is shorter than one --max-seq-length block")
+    for name, blocks in (("training", train_blocks), ("validation", val_blocks)):
+        _check_vocabulary(blocks.ids, config.vocab_size, tok, name)
     batches = D.Batches(train_blocks, batch, cfg.grad_accum_steps, cfg.seed)
     total = total_steps(cfg, batches.steps_per_epoch)
     warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * total)
