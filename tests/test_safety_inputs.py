@@ -190,5 +190,5 @@ def test_evaluate_refuses_token_ids_beyond_the_vocabulary(tmp_path, capsys, task
     (tmp_path / "rows.jsonl").write_text(json.dumps(rows) + "\n")
     capsys.readouterr()
     args = ["evaluate", directory, "--task", task, "--file", tmp_path / "rows.jsonl", "--output", tmp_path / "m.json"]
-    cli_fails(capsys, tmp_path, *args, match=f"{tmp_path / 'rows.jsonl'}: example 0: token id 101 is outside")
+    cli_fails(capsys, tmp_path, *args, match=f"{tmp_path / 'rows.jsonl'}:1: token id 101 is outside")
     assert not (tmp_path / "m.json").exists()

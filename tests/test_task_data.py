@@ -227,10 +227,10 @@ def test_every_example_is_in_one_step_of_each_epoch(tmp_path, tok):
     blocks = np.arange(1, 12)[:, None] * np.ones((1, 5), np.int32)  # block i: five tokens i
     mlm = Batches(blocks, 2, 2, 5)
     assert mlm.steps_per_epoch == 3
-    epoch = np.concatenate([mlm(s, pad_id=0).reshape(-1, 5) for s in range(3)])
+    epoch = np.concatenate([mlm(s, fill=0).reshape(-1, 5) for s in range(3)])
     assert sorted(epoch[:, 0].tolist()) == [0] + list(range(1, 12)) and (epoch[epoch[:, 0] == 0] == 0).all()
-    halves = [mlm(2, slice(0, 1), pad_id=0), mlm(2, slice(1, 2), pad_id=0)]  # a process's share of the last step
-    np.testing.assert_array_equal(np.concatenate(halves, axis=1), mlm(2, pad_id=0))
+    halves = [mlm(2, slice(0, 1), fill=0), mlm(2, slice(1, 2), fill=0)]  # a process's share of the last step
+    np.testing.assert_array_equal(np.concatenate(halves, axis=1), mlm(2, fill=0))
 
 
 # -- bad inputs: one line naming file, line and column; exit 1; nothing written ------------------------------------
