@@ -261,6 +261,19 @@ def test_unreadable_weights_leave_out_as_found(tiny, tmp_path, capsys, task):
             assert not out.exists()
 
 
+def test_a_failed_first_evaluation_leaves_out_as_found(tiny, tmp_path, capsys):
+    # The evaluation before training failed (here: nothing masked in the validation set) after metrics.jsonl was
+    # created empty: OUT kept it, its cache and checkpoints/, and the run started again as the error advises was
+    # refused ("holds another run's metrics.jsonl").
+    val = tmp_path / "val.txt"
+    val.write_text("The Nile is the longest river in Africa; it flows north into the Mediterranean near Cairo.\n" * 2)
+    out = tmp_path / "out"
+    args = _args(tiny, out, "--max-steps", 1, "--validation-file", val, "--mlm-probability", 0.001)
+    assert main(args) == 1
+    assert "has no token masked at --mlm-probability 0.001" in _one_line(capsys.readouterr().err)
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("where", ["same", "inside", "contains"])
 def test_output_dir_apart_from_the_model(tiny, tmp_path, capsys, where):
     model = tmp_path / "parent" / "model"

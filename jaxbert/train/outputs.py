@@ -34,11 +34,14 @@ def read_metrics(path: str) -> list[dict]:
 
 class Metrics:
     """OUT/metrics.jsonl, one JSON object per line; on resume, records after the restored step are dropped so
-    the file reads as one uninterrupted run."""
+    the file reads as one uninterrupted run. A new run's file appears with its first record: an empty one would
+    be "another run's metrics.jsonl" to the next run, whose evaluation before training failed or was stopped."""
 
     def __init__(self, path: str, records: list[dict]):
         self.path = path
         self.records = list(records)
+        if not records and not os.path.lexists(path):
+            return
         with atomic_file(path) as tmp:
             with open(tmp, "w", encoding="utf-8") as f:
                 f.writelines(json.dumps(r) + "\n" for r in self.records)
