@@ -221,6 +221,20 @@ def test_lock_of_another_host_or_a_live_process(tmp_path):
             pass
 
 
+def test_a_lock_left_by_an_earlier_process_with_this_pid_is_stale(tmp_path):
+    # A restarted container runs its command as the same pid on the same host name: the lock a kill -9 left there
+    # read as held by a running run (this very process), refused even with --break-lock, at every restart.
+    path = tmp_path / lock.LOCK_NAME
+    path.write_text(json.dumps({"pid": os.getpid(), "host": HOST, "started": "before the restart"}))
+    stale = f"pid {os.getpid()} on {HOST} is this process, which did not take it .*stale lock .*--break-lock"
+    with pytest.raises(lock.LockedError, match=stale):
+        with lock.hold(str(tmp_path)):
+            pass
+    with lock.hold(str(tmp_path), break_lock=True):
+        assert json.loads(path.read_text())["started"] != "before the restart"
+    assert not path.exists()
+
+
 def test_lock_is_released_when_the_run_fails(tiny, tmp_path, capsys):
     bad = tmp_path / "train.txt"
     bad.write_bytes(b"\n\n")

@@ -3,9 +3,9 @@ owner's pid, host and start time as JSON.
 
 Without it, two runs on one OUT both "succeed" while overwriting each other's checkpoints and interleaving
 metrics.jsonl. The lock is removed on every exit the process sees (success, error, Ctrl-C); after a kill -9
-it stays behind, and a later run on the same host sees that its pid is gone and calls it stale. A lock from
-another host cannot be checked. `--break-lock` takes over a stale or unverifiable lock, never one whose owner
-is running on this host.
+it stays behind, and a later run on the same host sees that its pid is gone (or is its own: a restarted
+container's command runs as the same pid) and calls it stale. A lock from another host cannot be checked.
+`--break-lock` takes over a stale or unverifiable lock, never one whose owner is running on this host.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 
 LOCK_NAME = ".jaxbert.lock"
 READ_TRIES = 10  # the owner creates the file, then writes it: give a just-created lock a moment to fill
+_HELD: set[str] = set()  # the locks this process holds: a lock naming its pid that is not one of them is stale
 
 
 class LockedError(ValueError):
@@ -34,9 +35,11 @@ def hold(directory: str, break_lock: bool = False):
     path = os.path.join(directory, LOCK_NAME)
     mine = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     _acquire(path, mine, break_lock)
+    _HELD.add(os.path.realpath(path))
     try:
         yield path
     finally:
+        _HELD.discard(os.path.realpath(path))
         _release(path, mine)
         if created:
             with contextlib.suppress(OSError):
@@ -95,6 +98,10 @@ def read_owner(path: str) -> tuple[dict | None, str]:
         return owner, "unreadable"
     if owner["host"] != socket.gethostname():
         return owner, "elsewhere"
+    if owner["pid"] == os.getpid() and os.path.realpath(path) not in _HELD:
+        # Our pid, not our lock: left by an earlier process that had the pid. A restarted container runs its
+        # command as the same pid on the same host name, so after a kill -9 its lock read as live, forever.
+        return owner, "stale"
     return owner, "running" if _alive(owner["pid"]) else "stale"
 
 
@@ -124,8 +131,11 @@ def _refusal(path: str, owner, state: str) -> str:
             f"--output-dir (lock file {path})"
         )
     if state == "stale":
+        gone = "is not running"
+        if owner["pid"] == os.getpid():
+            gone = "is this process, which did not take it (an earlier one had its pid, as in a restarted container)"
         return (
-            f"{directory}: locked, but pid {owner['pid']} on {owner['host']} is not running: stale lock from "
+            f"{directory}: locked, but pid {owner['pid']} on {owner['host']} {gone}: stale lock from "
             "an interrupted run; pass --break-lock to take it over"
         )
     if state == "elsewhere":
