@@ -20,6 +20,7 @@ from flax import serialization
 
 from jaxbert.cli import main
 from jaxbert.train import checkpoints, lock, outputs
+from jaxbert.train import data as D
 from jaxbert.train.config import TrainConfig
 from jaxbert.train.interrupt import deferred_sigint
 
@@ -399,6 +400,30 @@ def test_resume_refuses_other_data_or_optimizer_settings(tiny, trained, tmp_path
         assert main(_args(model, out, *STEPS, *extra, "--resume", "auto")) == 1
         err = _one_line(capsys.readouterr().err)
         assert f"was made with {field}" in err, err
+
+
+def test_a_training_file_edited_during_the_run_is_refused_on_resume(tiny, tmp_path, capsys, monkeypatch):
+    # The checkpoints' train_file_sha256 was the file's at each save: edited after the run had read it, they named
+    # the edit (the same size and lines, other words), and --resume trained on it without a word, after steps
+    # trained on the original.
+    data = tmp_path / "train.txt"
+    shutil.copyfile(CORPUS, data)
+    call = D.Batches.__call__
+
+    def edited(self, step, *args):
+        if step == 1:
+            data.write_text(data.read_text().replace("Europe", "Africa"))
+        return call(self, step, *args)
+
+    monkeypatch.setattr(D.Batches, "__call__", edited)
+    out = tmp_path / "out"
+    args = _args(tiny, out, "--max-steps", 2, "--save-steps", 2)
+    args[args.index("--train-file") + 1] = str(data)
+    assert main(args) == 0
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert main([*args, "--resume", "auto"]) == 1
+    assert "was made with train_file_sha256=" in _one_line(capsys.readouterr().err)
 
 
 def test_resume_refuses_another_validation_split(tiny, tmp_path, capsys):

@@ -100,6 +100,14 @@ def _feed(run, step: int, batch_sh):
     return arrays, int(local["attention_mask"].sum()) * B // (rows.stop - rows.start)
 
 
+def _meta_by_step(run):
+    """The run's checkpoint meta of a step. All but the step's position is taken once, when the run has read its
+    inputs: the digests of its data and tokenizer files are those it read. Taken at each save, a training file
+    edited during the run was named by every later checkpoint, and a resume trained on the edit without a word."""
+    fixed = _meta(run, 0)
+    return lambda step: {**fixed, "step": step, **run.train.position(step)}
+
+
 def _meta(run, step: int) -> dict:
     return {
         "step": step,
@@ -193,9 +201,10 @@ def _train(cfg: TrainConfig) -> dict:
     else:
         run = (plan.prepare if cfg.task == "mlm" else task_plan.prepare)(cfg)
     # Processes given other options or data would each compute their share of another run, silently.
-    distributed.same_everywhere({k: v for k, v in _meta(run, 0).items() if k not in ("step", "epoch", "offset")})
+    meta = _meta_by_step(run)
+    distributed.same_everywhere({k: v for k, v in meta(0).items() if k not in ("step", "epoch", "offset")})
     own = checkpoints.manager(os.path.join(cfg.output_dir, "checkpoints"))
-    point = checkpoints.resume_point(cfg, own, lambda step: _meta(run, step), run.say)
+    point = checkpoints.resume_point(cfg, own, meta, run.say)
     metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl")
     records = [r for r in outputs.read_metrics(metrics_path) if r["step"] <= point[1]] if point else []
     state, step_fn, eval_fn = _build(run)
@@ -214,7 +223,7 @@ def _train(cfg: TrainConfig) -> dict:
         metrics.add({"step": 0, **before})
         run.say(f"step 0: {run.describe(before)}")
     with deferred_sigint() as stop:
-        state, result, last_good = _loop(run, state, start, step_fn, eval_fn, own, metrics, last_good, stop, best)
+        state, result, last_good = _loop(run, meta, state, start, step_fn, eval_fn, own, metrics, last_good, stop, best)
         # OUT/final is written whole under the same deferral (a second signal stops at once, leaving none).
         return _finish(run, state, metrics, own, last_good, result)
 
@@ -247,7 +256,7 @@ def _where(last_good, own) -> str:
     return f"step {step} in {root} (continue with {how})"
 
 
-def _save(run, state, done, own, last_good):
+def _save(run, meta, state, done, own, last_good):
     """Checkpoint `done`, unless a parameter is not finite: then stop, naming the last good checkpoint."""
     if not bool(_all_finite(state.params)):
         raise TrainingError(
@@ -255,7 +264,7 @@ def _save(run, state, done, own, last_good):
             f"checkpoint: {_where(last_good, own)}"
         )
     try:
-        checkpoints.save(own, done, state, _meta(run, done), run.cfg.save_total_limit)
+        checkpoints.save(own, done, state, meta(done), run.cfg.save_total_limit)
     except OSError as e:  # a full disk: what failed, and where to continue from
         raise TrainingError(
             f"writing checkpoint {done} in {own.directory.as_posix()} failed ({e.strerror or e}); last good "
@@ -264,7 +273,7 @@ def _save(run, state, done, own, last_good):
     return done, own.directory.as_posix()
 
 
-def _loop(run, state, start: int, step_fn, eval_fn, own, metrics, last_good, stop, best):
+def _loop(run, meta, state, start: int, step_fn, eval_fn, own, metrics, last_good, stop, best):
     """Steps start..total; -> (state, last validation result, last good checkpoint). Stops between steps on
     Ctrl-C (`stop`) of any process, raising Interrupted, and after an evaluation when early stopping says so."""
     cfg, total = run.cfg, run.total_steps
@@ -312,7 +321,7 @@ def _loop(run, state, start: int, step_fn, eval_fn, own, metrics, last_good, sto
             result = evaluate(run, state, done, eval_fn, metrics, best)
             shown = {best.key: f"{result[best.key]:.4f}"} if best.metric else {}  # eval_loss beside the loss
         if done % cfg.save_steps == 0 or done == total or best.stop:
-            last_good = _save(run, state, done, own, last_good)
+            last_good = _save(run, meta, state, done, own, last_good)
         bar.update(1)
         if best.stop:
             run.say(
