@@ -118,6 +118,25 @@ def test_one_step_equals_pytorch(tmp_path, capsys):
     assert "blank.jsonl:1: column 'context': empty text" in capsys.readouterr().err
 
 
+def test_resume_refuses_other_post_processing_options(tmp_path, capsys):
+    # --n-best-size, --max-answer-length and --null-score-diff-threshold decide eval_exact_match and eval_f1 (by
+    # which OUT/best is chosen), and OUT/final records them as the options evaluate and predict use. Resumed with
+    # another, the run compared evaluations made two ways, and its OUT/final named options its metrics never used.
+    model = model_dir(tmp_path / "model", "BertForQuestionAnswering", **SMALL, num_labels=2)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _records()))
+    out = tmp_path / "out"
+    flags = ["--max-seq-length", MAX_LEN, "--doc-stride", STRIDE, "--global-batch-size", 2, "--max-steps", 1]
+    flags += ["--save-steps", 1, "--version-2-with-negative"]
+    assert _cli_train(model, data, out, *flags) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    for flag, value, stored in [("--max-answer-length", 5, 30), ("--n-best-size", 3, 20)]:
+        assert _cli_train(model, data, out, *flags, "--resume", "auto", flag, value) == 1
+        err = capsys.readouterr().err
+        assert f"was made with {flag[2:].replace('-', '_')}={stored}, this run has {value}" in err, err
+    assert json.loads((out / "final" / "config.json").read_text())["question_answering"]["max_answer_length"] == 30
+
+
 @pytest.mark.optimized  # 60 MiniLM steps: its time is in running them (~8 s more unoptimized)
 def test_minilm_learns_the_reading_task(tmp_path, capsys):
     """A short fine-tune of the offline MiniLM (a new QA head) on generated multi-fact contexts; validation uses

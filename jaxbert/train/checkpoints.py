@@ -187,6 +187,9 @@ RUN_OUTPUTS = ("final", "best", "best.json", "metrics.jsonl")  # what a run writ
 # Meta keys that checkpoints of earlier jaxbert versions lack: checked only where stored.
 LATER_KEYS = (
     "train_file_sha256",
+    "n_best_size",
+    "max_answer_length",
+    "null_score_diff_threshold",
     "metric_for_best_model",
     "validation_split_percentage",
     "max_predictions_per_seq",

@@ -136,7 +136,9 @@ class TrainConfig:
             self.RESUME_KEYS
             + (TASK_FIELDS[:5] if self.task != "mlm" else ())
             + (EMBEDDING_FIELDS if self.task == "embedding" else ())
-            + (("doc_stride", "version_2_with_negative") if self.task == "question-answering" else ())
+            # The windows, and the evaluation's post-processing: OUT/best compares evaluations across the run,
+            # and OUT/final records the options `evaluate` and `predict` then use.
+            + (QA_FIELDS if self.task == "question-answering" else ())
         )
 
     # Fields that decide which data and masking each step sees: a resumed run must agree on them.
