@@ -642,6 +642,16 @@ def test_metrics_with_a_torn_or_malformed_line(tmp_path):
             outputs.read_metrics(str(path))
 
 
+def test_a_metrics_line_that_cannot_be_written_names_the_file(tmp_path):
+    # A full disk while a record was appended ended the run with "[Errno 28] No space left on device" alone.
+    path = tmp_path / "metrics.jsonl"
+    metrics = outputs.Metrics(str(path), [{"step": 0, "eval_loss": 1.0}])
+    path.unlink()
+    path.symlink_to("/dev/full")  # every write: ENOSPC
+    with pytest.raises(OSError, match=f"{path}: writing failed [(]No space left on device[)]"):
+        metrics.add({"step": 1, "loss": 2.0})
+
+
 def test_resume_names_a_malformed_metrics_line(tiny, trained, tmp_path, capsys):
     out = _copy(trained, tmp_path)
     lines = (out / "metrics.jsonl").read_text().splitlines()

@@ -48,8 +48,11 @@ class Metrics:
 
     def add(self, record: dict) -> None:
         self.records.append(record)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as e:  # a full disk says "[Errno 28] No space left on device", naming no file
+            raise OSError(e.errno, f"{self.path}: writing failed ({e.strerror or e})") from None
 
 
 def plot(records: list[dict], path: str, metric: str | None = None) -> bool:
