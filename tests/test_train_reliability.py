@@ -289,6 +289,18 @@ def test_a_failed_first_evaluation_leaves_out_as_found(tiny, tmp_path, capsys):
     assert not out.exists()
 
 
+def test_a_file_where_the_checkpoints_go_is_refused_before_training(tiny, tmp_path, capsys):
+    # OUT/checkpoints a file: the run trained, logged and evaluated up to its first checkpoint (--save-steps steps,
+    # 500 by default), and only then failed: "writing checkpoint 2 in OUT/checkpoints failed (Not a directory)".
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "checkpoints").write_text("not a directory")
+    assert main(_args(tiny, out, "--max-steps", 2)) == 1
+    err = _one_line(capsys.readouterr().err)
+    assert f"{out / 'checkpoints'}: exists and is not a directory" in err, err
+    assert os.listdir(out) == ["checkpoints"]
+
+
 @pytest.mark.parametrize("where", ["same", "inside", "contains"])
 def test_output_dir_apart_from_the_model(tiny, tmp_path, capsys, where):
     model = tmp_path / "parent" / "model"

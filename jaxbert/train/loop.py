@@ -140,6 +140,10 @@ def _check_output_dir(cfg: TrainConfig) -> None:
         raise ValueError(f"--output-dir {e}") from None
     if os.path.lexists(cfg.output_dir) and not os.path.isdir(cfg.output_dir):
         raise NotADirectoryError(f"--output-dir {cfg.output_dir}: exists and is not a directory")
+    # Else the first checkpoint, --save-steps steps into the run, would be the first write to fail there.
+    saved = os.path.join(cfg.output_dir, "checkpoints")
+    if os.path.lexists(saved) and not os.path.isdir(saved):
+        raise NotADirectoryError(f"{saved}: exists and is not a directory (the run's checkpoints go there)")
 
 
 def train(cfg: TrainConfig) -> dict:
