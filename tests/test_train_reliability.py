@@ -3,6 +3,7 @@ a checkpoint of another model, non-finite parameters, bad options, a torn metric
 cache. Training runs are subprocesses sharing a persistent XLA compilation cache, so only the first compiles."""
 
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -234,6 +235,20 @@ def test_a_lock_left_by_an_earlier_process_with_this_pid_is_stale(tmp_path):
     with lock.hold(str(tmp_path), break_lock=True):
         assert json.loads(path.read_text())["started"] != "before the restart"
     assert not path.exists()
+
+
+def test_a_lock_that_cannot_be_written_names_it_and_leaves_no_output_dir(tmp_path, monkeypatch):
+    # A full disk when the run starts: its error was "[Errno 28] No space left on device" alone, and the OUT it had
+    # created for the lock stayed behind, empty.
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    out = tmp_path / "out"
+    with pytest.raises(OSError, match=f"{out / lock.LOCK_NAME}: writing failed [(]No space left on device[)]"):
+        with lock.hold(str(out)):
+            pass
+    assert not out.exists()
 
 
 def test_lock_is_released_when_the_run_fails(tiny, tmp_path, capsys):

@@ -34,13 +34,15 @@ def hold(directory: str, break_lock: bool = False):
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, LOCK_NAME)
     mine = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    _acquire(path, mine, break_lock)
-    _HELD.add(os.path.realpath(path))
     try:
-        yield path
+        _acquire(path, mine, break_lock)  # failing (a full disk, another run's lock), it leaves no OUT it made
+        _HELD.add(os.path.realpath(path))
+        try:
+            yield path
+        finally:
+            _HELD.discard(os.path.realpath(path))
+            _release(path, mine)
     finally:
-        _HELD.discard(os.path.realpath(path))
-        _release(path, mine)
         if created:
             with contextlib.suppress(OSError):
                 os.rmdir(directory)
@@ -56,8 +58,10 @@ def _create(path: str, mine: dict) -> bool:
             f.write(json.dumps(mine) + "\n")
             f.flush()
             os.fsync(f.fileno())
-    except BaseException:  # e.g. a full disk: an empty lock would read as "unreadable" to every later run
+    except BaseException as e:  # e.g. a full disk: an empty lock would read as "unreadable" to every later run
         os.unlink(path)
+        if isinstance(e, OSError):  # "[Errno 28] No space left on device" names no file
+            raise OSError(e.errno, f"{path}: writing failed ({e.strerror or e})") from None
         raise
     return True
 
