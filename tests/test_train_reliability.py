@@ -383,6 +383,15 @@ def _edited_model(tiny, tmp_path, field):
     return model, "intermediate_size=44 there, 40 in --model"  # other shapes: today an orbax traceback
 
 
+def test_resume_from_a_run_output_dir_points_to_its_checkpoints(tiny, trained, tmp_path, capsys):
+    # --resume OUT (the run's output directory, not OUT/checkpoints) said only "no intact checkpoint in it", as if
+    # the run's checkpoints were lost.
+    out = _copy(trained, tmp_path)
+    assert main(_args(tiny, tmp_path / "new", *STEPS, "--resume", out)) == 1
+    err = _one_line(capsys.readouterr().err)
+    assert f"--resume {out}: no intact checkpoint in it (a run's checkpoints are in {out / 'checkpoints'};" in err
+
+
 @pytest.mark.parametrize("field", ["hidden_act", "intermediate_size"])
 def test_resume_refuses_a_checkpoint_of_another_model(tiny, trained, tmp_path, capsys, field):
     out = _copy(trained, tmp_path)

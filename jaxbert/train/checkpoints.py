@@ -266,7 +266,11 @@ def resume_point(cfg, own: ocp.CheckpointManager, expected_meta, say):
     if step is None:
         step = latest_intact(source, say)
         if step is None and source is not own:
-            raise FileNotFoundError(f"--resume {cfg.resume}: no intact checkpoint in it")
+            # A run's output directory is what users pass most often: it holds its checkpoints one level down.
+            inner = os.path.join(root, "checkpoints")
+            hint = f" (a run's checkpoints are in {inner}; --resume auto continues --output-dir's run)"
+            hint = hint if os.path.isdir(inner) else ""
+            raise FileNotFoundError(f"--resume {cfg.resume}: no intact checkpoint in it{hint}")
     else:
         try:
             verify(step_dir(source, step))
