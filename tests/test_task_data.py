@@ -42,6 +42,20 @@ def test_csv_tsv_and_jsonl_read_alike(tmp_path):
     assert [r.line for r in read_rows(str(tmp_path / "a.csv"))] == [2, 4]  # blank line 3 skipped, lines kept
 
 
+def test_a_csv_cell_longer_than_the_csv_module_s_default_limit_is_read(tmp_path):
+    """A CSV cell of a whole document (more than 131,072 characters, the csv module's default field limit) was
+    refused as "not valid CSV (field larger than field limit (131072))": the same rows as TSV or JSON lines read."""
+    import csv
+
+    document = "word " * 30_000
+    (tmp_path / "a.csv").write_text(f'text,label\n"{document}",pos\nshort,neg\n')
+    (tmp_path / "a.tsv").write_text(f"text\tlabel\n{document}\tpos\nshort\tneg\n")
+    for name in ("a.csv", "a.tsv"):
+        rows = read_rows(str(tmp_path / name))
+        assert [(r.text("text"), r.label("label")) for r in rows] == [(document, "pos"), ("short", "neg")], name
+    assert csv.field_size_limit() == 131_072  # the process's own setting is left as it was
+
+
 def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path):
     """Excel's "CSV UTF-8" starts with a byte order mark: it was read into the first column's name ("no column
     'label' (columns: '\\ufefflabel', ...)"), and a .jsonl, SQuAD .json or predict's .jsonl input with one was

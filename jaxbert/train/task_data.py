@@ -20,6 +20,7 @@ from jaxbert.files import json_line
 from jaxbert.inputs import lone_surrogate
 from jaxbert.texts import utf8_lines
 
+_MAX_CELL = 2**31 - 1  # characters of a CSV cell (the whole file is in memory anyway)
 FORMATS = {".jsonl": "json", ".csv": ",", ".tsv": "\t", ".json": "squad"}  # .json: SQuAD JSON (task_qa.py)
 
 
@@ -172,11 +173,16 @@ def _records(path: str, delimiter: str):
     # quoted cell's "\r\n" is its text (a QA context's answer offsets count the "\r").
     text = "".join(line for _, line in utf8_lines(path, keep_ends=True))
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    # A cell may hold a whole document: the csv module's default limit of 131,072 characters refused such a file as
+    # "not valid CSV" (pandas, behind `datasets`, has none). Raised for this read only: it is the process's setting.
+    limit = csv.field_size_limit(_MAX_CELL)
     try:
-        for fields in reader:
-            yield reader.line_num, fields
+        records = [(reader.line_num, fields) for fields in reader]
     except csv.Error as e:
         raise ValueError(f"{path}:{reader.line_num}: not valid CSV ({e})") from None
+    finally:
+        csv.field_size_limit(limit)
+    yield from records
 
 
 def _read_csv(path: str, delimiter: str) -> list[Row]:
