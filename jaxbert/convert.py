@@ -312,11 +312,14 @@ def flax_to_torch(
 def flax_to_torch_any(params: dict) -> dict[str, np.ndarray]:
     """Rename any Flax BERT tree (e.g. a transformers 4.x `flax_model.msgpack`) to PyTorch keys, unchecked;
     `torch_to_flax` then checks it against the config like any other checkpoint."""
-    out = {}
+    out, origin = {}, {}
     for path, value in traverse_util.flatten_dict(params).items():
         if not all(isinstance(p, str) for p in path) or path[-1] not in _LEAF_TO_TORCH:
             raise ValueError(f"unknown parameter {'/'.join(map(str, path))!r} in Flax tree")
         if not isinstance(value, np.ndarray):
             raise ValueError(f"{'/'.join(path)}: a {type(value).__name__}, not an array")
-        out[torch_name(path)] = value.T if path[-1] == "kernel" else value
+        name = torch_name(path)  # kernel, embedding and scale all become `weight`: two leaves must not meet there
+        if name in origin:
+            raise ValueError(f"duplicate parameter {'/'.join(path)!r}: maps to {name!r} like {origin[name]!r}")
+        out[name], origin[name] = (value.T if path[-1] == "kernel" else value), "/".join(path)
     return out

@@ -189,6 +189,26 @@ def test_a_msgpack_whose_top_level_is_not_a_map(src, tmp_path, capsys):
     cli_fails(capsys, tmp_path, "export", tmp_path / "jax", match="flax_model.msgpack: the top level is a list")
 
 
+def test_two_msgpack_leaves_for_one_parameter_are_refused(src, tmp_path, capsys):
+    """A LayerNorm holding a stray `kernel` beside its `scale` (both are `LayerNorm.weight` once renamed) loaded
+    with whichever came last, the stray one's values as the scale, without a word; FlaxBert reads the scale."""
+    from jaxbert import load
+    from jaxbert.checkpoint import read_msgpack, write_msgpack
+
+    assert main(["convert", str(src), str(tmp_path / "jax")]) == 0
+    capsys.readouterr()
+    path = tmp_path / "jax" / "flax_model.msgpack"
+    tree = read_msgpack(str(path))
+    norm = tree["embeddings"]["LayerNorm"]
+    norm["kernel"] = np.full_like(norm["scale"], 7.0)
+    with open(path, "wb") as f:
+        write_msgpack(tree, f)
+    why = "duplicate parameter 'embeddings/LayerNorm/kernel': maps to 'embeddings.LayerNorm.weight' like "
+    cli_fails(capsys, tmp_path, "info", tmp_path / "jax", match=why + "'embeddings/LayerNorm/scale'")
+    with pytest.raises(ValueError, match="duplicate parameter"):
+        load(tmp_path / "jax")
+
+
 @pytest.mark.parametrize(
     "name,content,why",
     [
