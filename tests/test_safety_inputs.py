@@ -192,3 +192,58 @@ def test_evaluate_refuses_token_ids_beyond_the_vocabulary(tmp_path, capsys, task
     args = ["evaluate", directory, "--task", task, "--file", tmp_path / "rows.jsonl", "--output", tmp_path / "m.json"]
     cli_fails(capsys, tmp_path, *args, match=f"{tmp_path / 'rows.jsonl'}:1: token id 101 is outside")
     assert not (tmp_path / "m.json").exists()
+
+
+class _Spy:
+    """A tokenizers.Tokenizer that records the longest text it was given."""
+
+    def __init__(self, tok, seen):
+        self.tok, self.seen = tok, seen
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+    def encode(self, text, *args, **kwargs):
+        self.seen.append(len(text))
+        return self.tok.encode(text, *args, **kwargs)
+
+    def encode_batch(self, texts, *args, **kwargs):
+        self.seen.extend(len(t) for t in texts)
+        return self.tok.encode_batch(texts, *args, **kwargs)
+
+
+def _long_text(rng, n_words, sparse=False):
+    pieces = ["word", "Café", "naïve", "[MASK]", "中文", "x" * 120, "unaffable", ",", "!", "ﬁne", "a\tb", "c\r\nd"]
+    words = [pieces[i] for i in rng.integers(0, len(pieces), n_words)]
+    gaps = [" " * (1 + int(g)) + ("\x00" * 50 if sparse and g == 0 else "") for g in rng.integers(0, 3, n_words)]
+    return "".join(w + g for w, g in zip(words, gaps))
+
+
+def test_a_huge_line_is_not_tokenized_whole_and_truncates_as_before(tiny):
+    """The tokenizers library encodes a whole text before truncating it: one 100 MB line took some 15 GB of token
+    records to keep 128 tokens (the process was killed). Only the start of a long text is tokenized now, and what
+    it keeps is exactly the whole text's truncation (ids, offsets, words, special tokens)."""
+    tok = jaxbert.load(tiny).tokenizer
+    seen = []
+    huge = "the quick brown fox, jumps over the lazy dog! " * 50_000  # 2 MB
+    for limit in (16, 40):
+        tok._truncated(limit)
+    tok._tok = _Spy(tok._tok, seen)
+    tok._truncating = {k: _Spy(v, seen) for k, v in tok._truncating.items()}
+    enc = tok.encode([huge, "short"], max_length=40)
+    assert max(seen) < 100_000, f"a text of {max(seen):,} characters was tokenized"
+    with pytest.raises(ValueError, match=r"a lone surrogate \\ud800 at character 2300000"):
+        tok.encode([huge + "\ud800"], max_length=40)  # beyond what is kept, and still named
+    whole = tok._truncating[40].tok.encode_batch([huge, "short"])
+    assert enc.ids == [e.ids for e in whole] and enc.offsets == [e.offsets for e in whole]
+    rng = np.random.default_rng(0)
+    texts = [_long_text(rng, 9000), _long_text(rng, 9000, sparse=True), "nospace" * 5000, _long_text(rng, 50)]
+    texts.append("\x07 " * 40_000 + _long_text(rng, 9000))  # no token in the first chunks: counted on past them
+    for wp in (tok, tok.lowercased()):
+        for limit in (16, 40):
+            got = wp.encode(texts, max_length=limit)
+            want = wp._truncated(limit).encode_batch(texts)
+            want = [(e.ids, e.type_ids, e.offsets, e.word_ids, e.special_tokens_mask) for e in want]
+            fields = zip(got.ids, got.type_ids, got.offsets, got.word_ids, got.special)
+            got = [(i, t, o, [None if w < 0 else w for w in words], s) for i, t, o, words, s in fields]
+            assert got == want
