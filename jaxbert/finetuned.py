@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from jaxbert import batching, cpu
+from jaxbert import batching, cpu, hub
 from jaxbert.checkpoint import model_files
 from jaxbert.files import atomic_file, check_not_read, check_output_file
 from jaxbert.inputs import check_encoded, positive_int
@@ -148,6 +148,7 @@ def predict(
     if not output.endswith(".jsonl"):
         raise ValueError(f"--output {output}: expected a .jsonl file")
     check_output_file(output)  # before any work
+    directory = hub.resolve(directory)  # a hub id's snapshot: its files are the ones read
     check_not_read(output, [input_path, *model_files(directory)])
     bert = jaxbert.load(directory)
     task = "question-answering" if bert.head == "BertForQuestionAnswering" else bert.head
@@ -225,6 +226,7 @@ def evaluate(
     if not output.endswith(".json"):
         raise ValueError(f"--output {output}: expected a .json file")
     check_output_file(output)
+    directory = hub.resolve(directory)  # a hub id's snapshot, as every command reads one
     check_not_read(output, [path, *model_files(directory)])
     task = TASKS[task_name]
     config = load_config(directory)

@@ -274,3 +274,21 @@ def test_training_takes_a_hub_id(cache, tmp_path, capsys):
     )
     assert rc == 0, capsys.readouterr().err
     assert (tmp_path / "out" / "final" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_predict_and_evaluate_take_hub_ids(tmp_path, monkeypatch, capsys, command):
+    """evaluate read the hub id as a directory ('acme/tiny-cls/config.json: config.json not found', exit 1) where
+    predict, info and every other command read the cached snapshot."""
+    source = model_dir(tmp_path / "source", "BertForSequenceClassification")
+    _cache_entry(str(tmp_path / "hub"), "acme/tiny-cls", source)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rows.jsonl").write_text('{"text": "a b", "label": "LABEL_1"}\n{"text": "c d", "label": "LABEL_0"}\n')
+    args = ["--input", "rows.jsonl", "--output", "p.jsonl"]
+    if command == "evaluate":
+        args = ["--task", "sequence-classification", "--file", "rows.jsonl", "--output", "m.json"]
+    capsys.readouterr()
+    assert main([command, "acme/tiny-cls", *args]) == 0, capsys.readouterr().err
+    assert os.path.isfile(args[-1])
