@@ -99,7 +99,8 @@ class BertConfig:
             object.__setattr__(self, "label2id", dict(self.label2id))
         if self.architectures is not None:
             object.__setattr__(self, "architectures", tuple(self.architectures))
-        pruned = {int(k): tuple(sorted(v)) for k, v in (self.pruned_heads or {}).items()}
+        # A head listed twice is pruned once, as transformers' prune_heads takes a set (a count would be off).
+        pruned = {int(k): tuple(sorted(set(v))) for k, v in (self.pruned_heads or {}).items()}
         object.__setattr__(self, "pruned_heads", {k: v for k, v in sorted(pruned.items()) if v})
         object.__setattr__(self, "extra", dict(self.extra or {}))
         self._validate()

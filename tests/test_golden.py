@@ -36,6 +36,27 @@ def test_transformers_457_checkpoint_loads_and_matches(name):
     _check(got, outputs)
 
 
+def test_a_head_listed_twice_in_pruned_heads_is_pruned_once(tmp_path):
+    """transformers 4.57 prunes the set of heads config.json lists; jaxbert counted a head listed twice twice,
+    expected weights for one head fewer than the checkpoint holds and refused it ("...attention.output.dense.weight:
+    shape (24, 12) in the checkpoint, expected (24, 6) from the config")."""
+    import json
+    import shutil
+
+    shutil.copytree(os.path.join(GOLDEN, "pruned"), tmp_path / "pruned")
+    path = tmp_path / "pruned" / "config.json"
+    config = json.loads(path.read_text())
+    config["pruned_heads"] = {layer: heads + heads[:1] for layer, heads in config["pruned_heads"].items()}
+    path.write_text(json.dumps(config))
+    inputs, outputs = _io("pruned")
+    bert = jaxbert.load(tmp_path / "pruned")
+    _check(bert(**inputs, output_hidden_states=True, output_attentions=True), outputs)
+    assert (
+        bert.config.to_dict()["pruned_heads"]
+        == json.loads(open(os.path.join(GOLDEN, "pruned", "config.json")).read())["pruned_heads"]
+    )
+
+
 def test_relative_positions_change_the_output():
     """Guard against a fixture that would pass with the relative term dropped."""
     inputs, outputs = _io("relative_key_query")
