@@ -166,6 +166,10 @@ def atomic_directory(dst: str, force: bool = False, sources: tuple[str, ...] = (
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would keep DST from everyone else
         yield tmp
+        if os.path.lexists(dst) and not force:  # made meanwhile by another writer: theirs, replaced only by --force
+            raise FileExistsError(
+                f"{dst}: already exists (written meanwhile by another process; use --force to replace it)"
+            )
         if os.path.lexists(dst):  # --force: swap, then drop the old one
             old = tmp + ".old"
             os.rename(dst, old)

@@ -305,6 +305,30 @@ def test_a_killed_writer_s_temporary_is_swept_by_the_next_writer_a_live_one_s_is
     assert sorted(_leftovers(tmp_path)) == [old.name]
 
 
+def test_a_destination_made_meanwhile_is_not_replaced_without_force(src, tmp_path, capsys, monkeypatch):
+    """DST was checked for only before the conversion: another process's DST, written while this one converted,
+    was then swapped out and deleted without --force (exit 0, their files gone)."""
+    import jaxbert.transfer
+
+    dst = tmp_path / "dst"
+    real = jaxbert.transfer.write_msgpack
+
+    def meanwhile(*args, **kwargs):
+        dst.mkdir()
+        (dst / "theirs.txt").write_text("another process's conversion")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jaxbert.transfer, "write_msgpack", meanwhile)
+    assert main(["convert", str(src), str(dst)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "dst: already exists (written meanwhile by another process; use --force" in err and "\n" not in err
+    assert os.listdir(dst) == ["theirs.txt"] and not _leftovers(tmp_path)
+    (dst / "theirs.txt").unlink()
+    dst.rmdir()
+    assert main(["convert", str(src), str(dst), "--force"]) == 0  # with --force, the last writer's stays
+    assert (dst / "flax_model.msgpack").is_file() and not (dst / "theirs.txt").exists()
+
+
 def test_a_failed_write_removes_the_parent_directories_it_made(tmp_path):
     """convert SRC out/run1/model failing mid-write (a full disk) left out/run1/ behind, empty: DST's parents
     made for the write go with it; parents that existed stay."""
