@@ -29,6 +29,18 @@ def utf8_lines(path: str, keep_ends: bool = False):
                 raise ValueError(f"{path}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
 
 
+def check_input_file(path: str) -> None:
+    """An input file is a regular file: a directory, a pipe (`<(...)`, /dev/stdin) or a missing path each named as
+    what it is ("no such file" for a directory or a pipe that exists misled)."""
+    if os.path.isfile(path):
+        return
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path}: is a directory, not a file")
+    if os.path.exists(path):
+        raise ValueError(f"{path}: not a regular file (a pipe or a device): give a file, it may be read more than once")
+    raise FileNotFoundError(f"{path}: no such file")
+
+
 def is_jsonl(path: str) -> bool:
     """JSON lines by the extension, in any case (TEXTS.JSONL too: read as plain lines, its records would be texts)."""
     return path.lower().endswith(".jsonl")
@@ -39,8 +51,7 @@ def read_text_file(path: str, allow_empty: bool = False, keep_empty: bool = Fals
     skipped and counted, or with `keep_empty` a .txt file's are texts too: where outputs go line for line with the input
     (embed, predict), skipping them would shift every later output onto the wrong line. A .jsonl file's blank
     lines hold no record and are skipped either way."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such file")
+    check_input_file(path)
     texts, empty = [], 0
     for n, line in utf8_lines(path):
         if not line.strip():

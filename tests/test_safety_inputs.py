@@ -247,3 +247,20 @@ def test_a_huge_line_is_not_tokenized_whole_and_truncates_as_before(tiny):
             fields = zip(got.ids, got.type_ids, got.offsets, got.word_ids, got.special)
             got = [(i, t, o, [None if w < 0 else w for w in words], s) for i, t, o, words, s in fields]
             assert got == want
+
+
+@pytest.mark.parametrize("kind", ["directory", "pipe"])
+def test_an_input_that_exists_but_is_no_file_is_named_for_what_it_is(tiny, tmp_path, capsys, kind):
+    """embed --input <(...) or a directory said '/dev/fd/63: no such file' of a path that exists."""
+    import os
+
+    path = tmp_path / "input.txt"
+    path.mkdir() if kind == "directory" else os.mkfifo(path)
+    why = "input.txt: is a directory, not a file" if kind == "directory" else "input.txt: not a regular file (a pipe"
+    cli_fails(capsys, tmp_path, "embed", tiny, "--input", path, "--output", tmp_path / "e.npy", match=why)
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.mkdir() if kind == "directory" else os.mkfifo(jsonl)
+    why = why.replace("input.txt", "rows.jsonl")
+    classifier = _model_dir(tmp_path / "cls", "BertForSequenceClassification")
+    capsys.readouterr()  # transformers' progress bars
+    cli_fails(capsys, tmp_path, "predict", classifier, "--input", jsonl, "--output", tmp_path / "p.jsonl", match=why)

@@ -18,7 +18,7 @@ import os
 
 from jaxbert.files import json_line
 from jaxbert.inputs import lone_surrogate
-from jaxbert.texts import utf8_lines
+from jaxbert.texts import check_input_file, utf8_lines
 
 _MAX_CELL = 2**31 - 1  # characters of a CSV cell (the whole file is in memory anyway)
 FORMATS = {".jsonl": "json", ".csv": ",", ".tsv": "\t", ".json": "squad"}  # .json: SQuAD JSON (task_qa.py)
@@ -138,8 +138,7 @@ def read_rows(path: str, flag: str = "--train-file") -> list[Row]:
     ext = os.path.splitext(path)[1].lower()
     if ext not in FORMATS:
         raise ValueError(f"{flag} {path}: expected a .jsonl, .csv or .tsv file (or SQuAD .json)")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such file")
+    check_input_file(path)
     if FORMATS[ext] == "squad":
         from jaxbert.train.task_qa import read_squad
 
