@@ -29,6 +29,19 @@ def utf8_lines(path: str, keep_ends: bool = False):
                 raise ValueError(f"{path}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
 
 
+def text_lines(path: str):
+    r"""(number, text) of each line of a plain text file as Python's text mode reads it, and datasets' text loader
+    (run_mlm's) with it: "\n", "\r\n" and a lone "\r" each end a line (universal newlines), so a file saved with
+    old Mac line ends is many lines, not one. The number is that of the "\n" line holding it."""
+    for n, raw in utf8_lines(path, keep_ends=True):
+        text = raw.replace("\r\n", "\n").replace("\r", "\n")
+        parts = text.split("\n")
+        if text.endswith("\n") or not text:  # not text: a file of a byte order mark alone holds no line
+            parts.pop()
+        for part in parts:
+            yield n, part
+
+
 def check_input_file(path: str) -> None:
     """An input file is a regular file: a directory, a pipe (`<(...)`, /dev/stdin) or a missing path each named as
     what it is ("no such file" for a directory or a pipe that exists misled)."""
@@ -53,7 +66,7 @@ def read_text_file(path: str, allow_empty: bool = False, keep_empty: bool = Fals
     lines hold no record and are skipped either way."""
     check_input_file(path)
     texts, empty = [], 0
-    for n, line in utf8_lines(path):
+    for n, line in utf8_lines(path) if is_jsonl(path) else text_lines(path):
         if not line.strip():
             empty += 1
             if not keep_empty or is_jsonl(path):

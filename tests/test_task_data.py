@@ -78,6 +78,24 @@ def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path):
     assert read_text_file(str(tmp_path / "t.jsonl")).texts == read_text_file(str(tmp_path / "t.txt")).texts == ["y"]
 
 
+def test_a_text_file_s_lines_end_as_python_and_datasets_end_them(tmp_path, capsys):
+    """A lone carriage return ends a line in Python's text mode and in datasets' text loader (run_mlm's), which
+    read old Mac files ("a\rb\r") as many lines; jaxbert split at "\n" only and read one text "a\rb" (train-mlm
+    --line-by-line trained one truncated example for the whole file, embed wrote one row)."""
+    from jaxbert.texts import read_text_file
+
+    path = tmp_path / "mac.txt"
+    path.write_bytes(b"first line\rsecond line\r\rfourth\r\nfifth\n")
+    with open(path, encoding="utf-8") as f:
+        python = [line.rstrip("\n") for line in f]
+    assert python == ["first line", "second line", "", "fourth", "fifth"]
+    assert read_text_file(str(path), keep_empty=True).texts == python
+    assert read_text_file(str(path)).texts == [t for t in python if t]
+    out = tmp_path / "e.npy"
+    assert main(["embed", model_dir(tmp_path / "m"), "--input", str(path), "--output", str(out)]) == 0
+    assert np.load(out).shape[0] == 5, capsys.readouterr().out
+
+
 def test_csv_lists_as_numbered_columns_or_json_cells(tmp_path):
     (tmp_path / "swag.csv").write_text('context,ending0,ending1,ending2,label\nhe sat,down,up,"away, far",2\n')
     (tmp_path / "tags.csv").write_text('tokens,ner_tags\n"[""Anna"", ""lives""]","[""B-PER"", ""O""]"\n')
