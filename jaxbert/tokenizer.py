@@ -427,8 +427,11 @@ class WordPiece:
         limit = self.model_max_length if max_length is None else positive_int("max_length", max_length)
         tok = self._truncated(limit) if truncation else self._tok
         try:
-            if truncation and pairs is None and self.truncation_side == "right" and self._splits_at_spaces:
-                encs = tok.encode_batch([self._clip(text, limit) for text in texts])
+            if truncation and self.truncation_side == "right" and self._splits_at_spaces:
+                if pairs is None:
+                    encs = tok.encode_batch([self._clip(text, limit) for text in texts])
+                else:
+                    encs = tok.encode_batch([self._clip_pair(a, b, limit) for a, b in zip(texts, pairs)])
             else:
                 encs = tok.encode_batch(list(zip(texts, pairs)) if pairs is not None else texts)
         except TypeError:  # the library's only word on a lone surrogate: "TextEncodeInput must be Union[...]"
@@ -457,7 +460,7 @@ class WordPiece:
             [e.special_tokens_mask for e in encs],
         )
 
-    def _clip(self, text: str, limit: int) -> str:
+    def _clip(self, text: str, limit: int, floor: int = 0) -> str:
         """`text` cut at a space once the part before holds more than `limit` tokens, which truncation keeps the
         first of: the tokenizers library encodes a whole text before cutting it, and a 100 MB line took some 15 GB of
         token records (1.7 GB for 11 MB) to keep 128 tokens. Counted a chunk at a time between spaces, each chunk's
@@ -466,7 +469,7 @@ class WordPiece:
         if len(text) <= step:
             return text
         start, count = 0, 0
-        while count <= limit:
+        while count <= max(limit, floor):  # `floor`: tokens the cut text must still have more of (_clip_pair)
             space = _SPACE.search(text, start + step)
             if space is None:
                 return text
@@ -474,6 +477,35 @@ class WordPiece:
             start = space.start()
         # A lone surrogate in the part cut off: the whole text, so that it is refused as before (see encode).
         return text if lone_surrogate(text[start:]) is not None else text[:start]
+
+    def _clip_pair(self, a: str, b: str, limit: int) -> tuple[str, str]:
+        """(a, b) clipped (_clip) so that longest-first truncation cuts them as it cuts the whole pair, which it does
+        by their lengths alone: a long one to more tokens than the other keeps, the shorter in full staying the
+        shorter (on which side an odd token goes). Two long texts were encoded whole, and tokenizers keeps every
+        overflowing window of each, paired with every one of the other's: two 100,000-token texts, GBs."""
+        cut_a, cut_b = len(self._clip(a, limit)) < len(a), len(self._clip(b, limit)) < len(b)
+        if not (cut_a or cut_b):
+            return a, b
+        if cut_a and cut_b:  # both long: the first is the longer (and gets the odd token) only if strictly longer
+            first_longer = self._count(a) > self._count(b)
+        else:
+            first_longer = cut_a  # a long text is longer than the short one, clipped or not
+        if first_longer:
+            b = self._clip(b, limit)
+            return self._clip(a, limit, self._count(b)), b
+        a = self._clip(a, limit)
+        return a, self._clip(b, limit, self._count(a))
+
+    def _count(self, text: str) -> int:
+        """`text`'s tokens, counted a chunk at a time between spaces (the memory of one chunk; _splits_at_spaces)."""
+        start, count = 0, 0
+        while True:
+            space = _SPACE.search(text, start + (1 << 14))
+            end = len(text) if space is None else space.start()
+            count += len(self._tok.encode(text[start:end], add_special_tokens=False).ids)
+            if space is None:
+                return count
+            start = end
 
     def encode_words(self, words: list[list[str]], *, max_length: int) -> Encoded:
         """Tokenize texts given as words (token classification data): `word_ids` index each text's words, so

@@ -195,20 +195,27 @@ def test_evaluate_refuses_token_ids_beyond_the_vocabulary(tmp_path, capsys, task
 
 
 class _Spy:
-    """A tokenizers.Tokenizer that records the longest text it was given."""
+    """A tokenizers.Tokenizer that refuses texts (or pairs) of 100,000 characters or more: fails at once where
+    tokenizing them would take GBs."""
 
-    def __init__(self, tok, seen):
-        self.tok, self.seen = tok, seen
+    def __init__(self, tok):
+        self.tok = tok
 
     def __getattr__(self, name):
         return getattr(self.tok, name)
 
+    @staticmethod
+    def _check(item):
+        size = sum(map(len, item)) if isinstance(item, tuple) else len(item)
+        assert size < 100_000, f"a text of {size:,} characters was tokenized"
+
     def encode(self, text, *args, **kwargs):
-        self.seen.append(len(text))
+        self._check(text)
         return self.tok.encode(text, *args, **kwargs)
 
     def encode_batch(self, texts, *args, **kwargs):
-        self.seen.extend(len(t) for t in texts)
+        for item in texts:
+            self._check(item)
         return self.tok.encode_batch(texts, *args, **kwargs)
 
 
@@ -224,22 +231,36 @@ def test_a_huge_line_is_not_tokenized_whole_and_truncates_as_before(tiny):
     records to keep 128 tokens (the process was killed). Only the start of a long text is tokenized now, and what
     it keeps is exactly the whole text's truncation (ids, offsets, words, special tokens)."""
     tok = jaxbert.load(tiny).tokenizer
-    seen = []
     huge = "the quick brown fox, jumps over the lazy dog! " * 50_000  # 2 MB
-    for limit in (16, 40):
-        tok._truncated(limit)
-    tok._tok = _Spy(tok._tok, seen)
-    tok._truncating = {k: _Spy(v, seen) for k, v in tok._truncating.items()}
+    real = tok._tok, tok._truncated(40)
+    tok._tok, tok._truncating[40] = _Spy(real[0]), _Spy(real[1])
     enc = tok.encode([huge, "short"], max_length=40)
-    assert max(seen) < 100_000, f"a text of {max(seen):,} characters was tokenized"
+    pair = tok.encode(["a question", huge], ["short", "a context " * 9], max_length=40)  # a long text in a pair too
+    # Two long texts: tokenizers keeps each one's overflowing windows paired with each of the other's (30 kB and
+    # 25 kB at max_length 40 peaked at 4 GB whole; 100 kB and 83 kB at 512, 2.6 GB): these would not fit in memory.
+    assert len(tok.encode([huge[:300_000]], [huge[:250_000]], max_length=40).ids[0]) == 40
+    tok._tok, tok._truncating[40] = real
+    whole = tok._truncating[40].encode_batch([("a question", "short"), (huge[:3000], "a context " * 9)])
+    assert pair.ids == [e.ids for e in whole] and pair.offsets == [e.offsets for e in whole]
     with pytest.raises(ValueError, match=r"a lone surrogate \\ud800 at character 2300000"):
         tok.encode([huge + "\ud800"], max_length=40)  # beyond what is kept, and still named
-    whole = tok._truncating[40].tok.encode_batch([huge, "short"])
+    whole = tok._truncating[40].encode_batch([huge, "short"])
     assert enc.ids == [e.ids for e in whole] and enc.offsets == [e.offsets for e in whole]
     rng = np.random.default_rng(0)
     texts = [_long_text(rng, 9000), _long_text(rng, 9000, sparse=True), "nospace" * 5000, _long_text(rng, 50)]
     texts.append("\x07 " * 40_000 + _long_text(rng, 9000))  # no token in the first chunks: counted on past them
+    # Pairs: one long (clipped to more tokens than the other has), both long (clipped so that the one longer in full
+    # stays the longer: it gets the odd token), both short. The whole pairs' encodings are the reference: kept small
+    # enough that tokenizers' windows of one times the other's (the old blow-up) stay few.
+    one_long = [(texts[0], "a b c"), ("a b c", texts[0]), (texts[1], texts[2]), ("tiny", texts[4]), ("x y", "z")]
+    twice = _long_text(rng, 3000)
+    two_long = [(twice, twice), (twice, _long_text(rng, 2900)), (_long_text(rng, 2900), twice)]
     for wp in (tok, tok.lowercased()):
+        for limit, pairs in [(16, one_long), (17, one_long), (40, one_long), (300, two_long), (301, two_long)]:
+            got = wp.encode([a for a, _ in pairs], [b for _, b in pairs], max_length=limit)
+            want = wp._truncated(limit).encode_batch(pairs)
+            assert [e.ids for e in want] == got.ids and [e.offsets for e in want] == got.offsets
+            assert [e.type_ids for e in want] == got.type_ids
         for limit in (16, 40):
             got = wp.encode(texts, max_length=limit)
             want = wp._truncated(limit).encode_batch(texts)
