@@ -159,10 +159,13 @@ def _embed(args) -> int:
     )
     with atomic_file(args.output, ".npy") as tmp:  # never a half-written output
         np.save(tmp, emb)
-    modes, normalize, _, _ = embedding_options(bert.sentence_defaults, args.pooling, args.normalize, None)
+    found = bert.sentence_defaults
+    modes, normalize, _, _ = embedding_options(found, args.pooling, args.normalize, None)
+    dense = sum(type(s).__name__ == "DenseSpec" for s in found.steps) if found and args.pooling is None else 0
     print(
         f"embedded {len(texts)} texts{blanks} -> {args.output} {emb.shape} ({'+'.join(modes)} pooling"
-        f"{', normalized' if normalize else ''}; {bert.compile_count} compiled programs)"
+        f"{f', {dense} Dense' if dense else ''}{', normalized' if normalize else ''}; {bert.compile_count} compiled "
+        "programs)"
     )
     return 0
 

@@ -18,7 +18,19 @@ import numpy as np
 from flax import traverse_util
 from jax.sharding import Mesh
 
-from jaxbert import batching, cpu, decoders, generate_inputs, hub, packing, quantize, sentence_dir, sharding, tasks
+from jaxbert import (
+    batching,
+    cpu,
+    decoders,
+    generate_inputs,
+    hub,
+    packing,
+    quantize,
+    sentence_dense,
+    sentence_dir,
+    sharding,
+    tasks,
+)
 from jaxbert.checkpoint import load_head_params, load_params
 from jaxbert.config import BertConfig
 from jaxbert.convert import check_cast
@@ -27,7 +39,7 @@ from jaxbert.inputs import check_arrays, check_encoder_states, positive_int
 from jaxbert.layout import decoding_layout, to_compute, to_stored
 from jaxbert.model import BertOutput, bert
 from jaxbert.ops import as_bits, from_bits
-from jaxbert.pooling import pool, pool_segments
+from jaxbert.pooling import pool, pool_segments, projected
 from jaxbert.seq2seq import load_config
 from jaxbert.tokenizer import WordPiece, pad
 
@@ -141,6 +153,9 @@ class Bert:
         )
         self._embed = jit(self._counted(self._embed_impl), static_argnames=("pooling", "normalize"))
         self._embed_packed = jit(self._counted(self._embed_packed_impl), static_argnames=("pooling", "normalize"))
+        # A directory's Dense modules run as a program of their own, never oneDNN's: XLA:CPU's oneDNN dot fusion
+        # fails on a dot fed by the mean pooling's division ("partition compile failed", then SIGILL, jax 0.7).
+        self._project = jax.jit(self._counted(projected), static_argnames=("steps", "normalize"))
         self._mask_top_k = jit(self._counted(self._mask_top_k_impl), static_argnames=("k",))
         self._apart = None  # (weights, the decoding copy of them): see layers_apart
         generate = jax.jit(self._counted(self._generate_impl), static_argnames=("search", "bound"))
@@ -412,8 +427,9 @@ class Bert:
         packing: bool = True,
     ) -> np.ndarray:
         """Sentence embeddings [N, hidden × pooling modes] (float32) in input order. Unset options come from a
-        sentence-transformers directory (its pooling, Normalize, max_seq_length: SentenceTransformer(dir)'s
-        vectors), else [CLS] pooling, not normalized, the model's length (see sentence_dir.py).
+        sentence-transformers directory (its pooling, Dense modules, Normalize, max_seq_length:
+        SentenceTransformer(dir)'s vectors, [N, the last Dense's outputs] with Dense modules), else [CLS] pooling,
+        not normalized, the model's length (see sentence_dir.py). A `pooling` given embeds without the Dense.
 
         With `packing` (the default) short texts share rows (packing.py), `batch_size` rows a call, and padding
         is not computed; each text's vector is what it gets alone. `packing=False` pads each text to its
@@ -424,6 +440,12 @@ class Bert:
     def sentence_defaults(self) -> sentence_dir.SentenceDefaults | None:
         """The embedding defaults of a sentence-transformers directory (None for any other)."""
         return sentence_dir.read(self.directory) if self.directory else None
+
+    @functools.cached_property
+    def sentence_dense(self) -> tuple:
+        """The float32 parameters of the directory's Dense modules, on the devices (read once)."""
+        steps = self.sentence_defaults.steps if self.sentence_defaults else ()
+        return jax.device_put(sentence_dense.load_steps(self.directory, steps), sharding.replicated(self.mesh))
 
     def max_length(self, requested: int | None) -> int:
         if requested is not None:

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from jaxbert import sentence_dense
 from jaxbert.model import BertOutput
 from jaxbert.ops import dense
 
@@ -28,6 +29,12 @@ def _one(out: BertOutput, mask, pooling: str):
 
 def _normalized(emb, normalize: bool):
     return emb / jnp.maximum(jnp.linalg.norm(emb, axis=-1, keepdims=True), 1e-12) if normalize else emb
+
+
+def projected(emb: Float[Array, "... E"], dense: tuple, steps: tuple, normalize: bool) -> Float[Array, "... O"]:
+    """The pooled embedding through a sentence-transformers directory's Dense (and Dropout) modules, then
+    normalized when asked: the rest of its pipeline (no `steps`: the normalization alone)."""
+    return _normalized(sentence_dense.apply(dense, steps, emb) if steps else emb, normalize)
 
 
 def pool(out: BertOutput, mask, pooling: str | tuple[str, ...], normalize: bool):

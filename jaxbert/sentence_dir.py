@@ -3,10 +3,11 @@ SentenceTransformer(dir) reads (modules.json, the Pooling module's config.json, 
 older name of it).
 
 A directory is a pipeline of modules: the Transformer (BERT at the directory's root), then Pooling (cls / mean /
-max / mean of the square root of the length, concatenated in the configured order when several), then optionally
-Normalize. `max_seq_length` truncates the tokens (special tokens included), capped at the model's positions, and
-`do_lower_case` lower-cases the texts first (tokenizer.WordPiece.lowercased, as sentence-transformers 6 does). A
-module jaxbert does not run (a Dense projection, weighted-mean pooling, a class from outside sentence_transformers,
+max / mean of the square root of the length, concatenated in the configured order when several), then any number
+of Dense projections and Dropouts (sentence_dense.py: LaBSE's kind), then optionally Normalize. `max_seq_length`
+truncates the tokens (special tokens included), capped at the model's positions, and `do_lower_case` lower-cases
+the texts first (tokenizer.WordPiece.lowercased, as sentence-transformers 6 does). A module jaxbert does not run (a
+Dense of another feature or after Normalize, weighted-mean pooling, a class from outside sentence_transformers,
 ...) or a pipeline not starting with the Transformer is kept as `unsupported`, so `embed` refuses to pretend to be
 the pipeline instead of silently returning something else.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from jaxbert import sentence_dense
 from jaxbert.files import checkpoint_file, existing_file, read_json
 
 # sentence-transformers' legacy boolean keys, in the order its Pooling concatenates the modes.
@@ -30,6 +32,7 @@ _LEGACY_MODES = {
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens")  # the ones jaxbert computes
 # sentence-transformers' SimilarityFunction names (a model's similarity_fn_name); its distances are negated.
 SIMILARITIES = ("cosine", "dot", "euclidean", "manhattan")
+_STEPS = {"Dense": sentence_dense.read_dense, "Dropout": sentence_dense.read_dropout}  # modules after the Pooling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +43,7 @@ class SentenceDefaults:
     lower_case: bool
     unsupported: str | None = None  # why the pipeline cannot be reproduced, naming the file and module
     similarity: str = "cosine"  # similarity_fn_name of config_sentence_transformers.json
+    steps: tuple = ()  # the Dense and Dropout modules after the Pooling, in order (sentence_dense.py)
 
 
 def _modes(path: str, config: dict) -> tuple[str, ...]:
@@ -202,7 +206,7 @@ def read(directory: str) -> SentenceDefaults | None:
     modules_path = existing_file(directory, "modules.json")
     if modules_path is None:
         return None
-    pooling, normalize, unsupported = None, False, None
+    pooling, normalize, unsupported, steps = None, False, None, []
     listed = read_json(modules_path, list)
     modules = [_module_type(modules_path, module) for module in listed]
     names = [str(module.get("name")) for module in listed]
@@ -223,10 +227,15 @@ def read(directory: str) -> SentenceDefaults | None:
             normalize = normalize or not elsewhere  # one of another feature leaves the sentence embedding as pooled
             if elsewhere and unsupported is None:
                 unsupported = elsewhere
-        elif unsupported is None:
+        elif kind in _STEPS and pooling is not None and not (normalize and kind == "Dense"):
+            step, why = _STEPS[kind](directory, sub)
+            step = dataclasses.replace(step, after_normalize=True) if normalize and step else step
+            steps, unsupported = steps + [step], unsupported or why
+        elif unsupported is None:  # a Dense after Normalize too: jaxbert normalizes last
             unsupported = f"{modules_path}: module {kind} at {sub!r} is not run by jaxbert"
     if pooling is None and unsupported is None:
         unsupported = f"{modules_path}: no Pooling module"
+    unsupported = unsupported or _chain(directory, modules_path, pooling, steps)
     settings_path, settings = _settings(directory)
     length = _length(settings_path, settings)
     unsupported = unsupported or _transformer_unsupported(settings_path, settings)
@@ -239,7 +248,17 @@ def read(directory: str) -> SentenceDefaults | None:
     similarity = model.get("similarity_fn_name")  # sentence-transformers 6 takes a name it knows, else cosine
     similarity = similarity if similarity in SIMILARITIES else "cosine"
     lower = bool(settings.get("do_lower_case"))
-    return SentenceDefaults(pooling or ("mean",), normalize, length, lower, unsupported, similarity)
+    return SentenceDefaults(pooling or ("mean",), normalize, length, lower, unsupported, similarity, tuple(steps))
+
+
+def _chain(directory: str, modules_path: str, pooling, steps: list) -> str | None:
+    """Why the Dense modules' sizes do not follow on from the pooled embedding's, if so."""
+    from jaxbert.config import BertConfig
+
+    if not steps or existing_file(directory, "config.json") is None:
+        return None
+    pooled = BertConfig.from_pretrained(directory).hidden_size * len(pooling)
+    return sentence_dense.check_chain(tuple(steps), pooled, modules_path)
 
 
 def embedding_options(defaults: SentenceDefaults | None, pooling, normalize, max_length):

@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxbert import sentence_dir, windows
+from jaxbert import sentence_dense, sentence_dir, windows
 from jaxbert.inputs import check_encoded, positive_int
 from jaxbert.tokenizer import NO_LIMIT
 
@@ -261,33 +261,32 @@ def generate_text(model, prompt: str, **options) -> list[str]:
 
 def embed(bert, texts, pooling, normalize, batch_size: int, max_length, show, packing: bool) -> np.ndarray:
     """Bert.embed: sentence embeddings in input order, from packed rows or bucketed batches."""
-    modes, normalize, max_length, lower = sentence_dir.embedding_options(
-        bert.sentence_defaults, pooling, normalize, max_length
-    )
+    defaults = bert.sentence_defaults
+    modes, normalize, max_length, lower = sentence_dir.embedding_options(defaults, pooling, normalize, max_length)
+    # The directory's Dense modules belong to its pooling: a pooling= given is jaxbert's own, without them.
+    steps = defaults.steps if defaults is not None and pooling is None else ()
+    pipeline = dict(pooling=modes, normalize=normalize and not steps)
+
+    def finish(emb):  # the Dense modules and the Normalize after them, on the pooled vectors still on the devices
+        return bert._project(emb, bert.sentence_dense, steps=steps, normalize=normalize) if steps else emb
+
     if "pooler" in modes and not bert.has_pooler:
         raise ValueError(f"pooling='pooler': this {bert.head} checkpoint has no pooler")
     batch_size = positive_int("batch_size", batch_size)
     tok = bert.tokenizer.lowercased() if lower else bert.tokenizer
     enc = tok.encode(texts, max_length=bert.max_length(max_length))
-    out = np.zeros((len(enc), bert.config.hidden_size * len(modes)), np.float32)
+    out = np.zeros((len(enc), sentence_dense.out_features(steps, bert.config.hidden_size * len(modes))), np.float32)
     if packing:
         for rows, b in packed(bert, enc, batch_size, show):
             keys = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "segment_ids", "starts")
-            emb = np.asarray(
-                bert._embed_packed(bert.weights, *(b[k] for k in keys), pooling=modes, normalize=normalize)
-            )
+            emb = np.asarray(finish(bert._embed_packed(bert.weights, *(b[k] for k in keys), **pipeline)))
             for r, members in enumerate(rows):
                 out[members] = emb[r, : len(members)]
         return out
     check_encoded(bert.config, enc)  # named by text, not by a length-sorted row
     for idx, batch in progress(bert.batches(enc, batch_size), len(enc), batch_size, show):
-        emb = bert._embed(
-            bert.weights,
-            batch["input_ids"],
-            batch["attention_mask"],
-            batch["token_type_ids"],
-            pooling=modes,
-            normalize=normalize,
+        emb = finish(
+            bert._embed(bert.weights, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], **pipeline)
         )
         out[idx] = np.asarray(emb)[: len(idx)]
     return out

@@ -129,11 +129,11 @@ def test_lower_case_over_a_cased_tokenizer_keeps_special_tokens_written_in_texts
 
 
 def test_a_pipeline_jaxbert_cannot_run_is_refused_not_imitated(tmp_path):
-    directory = _st_dir(tmp_path, {"pooling_mode_mean_tokens": True}, modules=("Pooling", "Dense", "Normalize"))
+    directory = _st_dir(tmp_path, {"pooling_mode_mean_tokens": True}, modules=("Pooling", "LayerNorm", "Normalize"))
     bert = jaxbert.load(directory)
     with pytest.raises(
         ValueError,
-        match=r"modules.json: module Dense at '2_Dense' is not run by jaxbert; pass "
+        match=r"modules.json: module LayerNorm at '2_LayerNorm' is not run by jaxbert; pass "
         r"pooling= to embed",
     ):
         bert.embed(TEXTS)

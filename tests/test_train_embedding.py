@@ -404,9 +404,9 @@ def test_pipeline_flags_replace_the_models_and_an_unrunnable_one_needs_pooling(t
     assert got(with_pipeline(cfg(model=model, pooling="cls", normalize=False, max_seq_length=16))) == ("cls", False, 16)
     assert got(with_pipeline(cfg(model=source))) == ("mean", False, 128)  # a plain model: jaxbert's defaults
     modules = json.load(open(os.path.join(model, "modules.json")))
-    modules.append({"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"})
+    modules.append({"idx": 3, "name": "3", "path": "3_LayerNorm", "type": "sentence_transformers.models.LayerNorm"})
     json.dump(modules, open(os.path.join(model, "modules.json"), "w"))
-    with pytest.raises(ValueError, match=r"module Dense at '3_Dense' is not run by jaxbert; pass --pooling to train"):
+    with pytest.raises(ValueError, match=r"module LayerNorm at '3_LayerNorm' is not run by jaxbert; pass --pooling"):
         with_pipeline(cfg(model=model))
     assert got(with_pipeline(cfg(model=model, pooling="mean"))) == ("mean", True, 20)
 

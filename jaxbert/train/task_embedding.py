@@ -25,13 +25,15 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
-from jaxbert import cpu, metrics
+from jaxbert import cpu, metrics, sentence_dense
 from jaxbert.model import bert
 from jaxbert.pooling import pool
 from jaxbert.train import task_encode as E
 from jaxbert.train import task_plan
 
 SCALE = 20.0  # sentence-transformers' default: cosine similarities × 20 (temperature 0.05)
+DENSE = "sentence_dense"  # the Dense modules' parameters beside the base model's: {"0": {kernel, bias}, ...}
+DENSE_RNG = 0x5E47  # folded into a step's rng for the Dropout modules, apart from the model's dropout
 
 
 # -- data ------------------------------------------------------------------------------------------------------
@@ -89,10 +91,13 @@ def ranking_loss(
 
 
 def embed_batch(
-    params, config, batch: dict, *, pooling: str, normalize: bool, rng=None, dtype=jnp.float32, remat=False
+    params, config, batch: dict, *, pooling: str, normalize: bool, steps=(), rng=None, dtype=jnp.float32, remat=False
 ):
-    """[B, C, E] float32 sentence embeddings of a [B, C, L] batch; rows without tokens (padding) are zeros."""
-    params = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
+    """[B, C, E] float32 sentence embeddings of a [B, C, L] batch; rows without tokens (padding) are zeros.
+    `steps`: the directory's Dense / Dropout modules after the pooling, the Dense parameters under DENSE in
+    `params` (in float32 whatever `dtype`, as sentence-transformers' own Dense in a float32 model)."""
+    dense = params.get(DENSE, {})
+    params = jax.tree_util.tree_map(lambda x: x.astype(dtype), {k: v for k, v in params.items() if k != DENSE})
     ids = batch["input_ids"]
     B, C, L = ids.shape
     flat = lambda a: a.reshape(B * C, L)  # noqa: E731
@@ -100,6 +105,10 @@ def embed_batch(
     out = bert(params, config, flat(ids), mask, flat(batch["token_type_ids"]), rng=rng, remat=remat)
     # Zeroed before normalizing: max pooling of an empty row is -inf, whose gradient would be NaN even unselected.
     emb = jnp.where(mask.any(-1)[:, None], pool(out, mask, pooling, False), 0.0)
+    if steps:
+        layers = tuple(dense[str(i)] for i in range(len(dense)))
+        emb = sentence_dense.apply(layers, steps, emb, rng=None if rng is None else jax.random.fold_in(rng, DENSE_RNG))
+        emb = jnp.where(mask.any(-1)[:, None], emb, 0.0)
     return (_unit(emb) if normalize else emb).reshape(B, C, -1)
 
 
@@ -137,9 +146,9 @@ def score(outputs, data: E.Encodedset, labels, similarity: str = "cosine") -> di
     return {"loss": loss, **found}
 
 
-def eval_step(params, batch, *, config, pooling, normalize, dtype=jnp.float32):
+def eval_step(params, batch, *, config, pooling, normalize, steps=(), dtype=jnp.float32):
     """Embeddings per example ([B, C, E]) and a placeholder mean loss (score computes the set's loss)."""
-    emb = embed_batch(params, config, batch, pooling=pooling, normalize=normalize, dtype=dtype)
+    emb = embed_batch(params, config, batch, pooling=pooling, normalize=normalize, steps=steps, dtype=dtype)
     return emb, jnp.zeros((), jnp.float32)
 
 
@@ -152,9 +161,17 @@ def directory_eval(directory: str, config, limit: int | None):
     modes, normalize, length, lower = embedding_options(found, None, None, None)
     if len(modes) != 1 or modes[0] not in ("cls", "mean", "max"):
         raise ValueError(f"{directory}: pooling {'+'.join(modes)}; --task embedding evaluates cls, mean or max")
-    step = functools.partial(eval_step, config=config, pooling=modes[0], normalize=normalize)
+    steps = found.steps if found else ()
+    dense = dense_tree(sentence_dense.load_steps(directory, steps))
+    step = functools.partial(eval_step, config=config, pooling=modes[0], normalize=normalize, steps=steps)
     scorer = with_similarity(found.similarity if found else "cosine")
-    return cpu.onednn_jit(step, tokens=cpu.batch_tokens), limit or length, lower, scorer
+    with_dense = lambda params, batch: step({**params, **dense}, batch)  # noqa: E731 - the Dense: constants
+    return cpu.onednn_jit(with_dense, tokens=cpu.batch_tokens), limit or length, lower, scorer
+
+
+def dense_tree(layers: tuple[dict, ...]) -> dict:
+    """The Dense modules' parameters as a subtree of the trained parameters ({} without any)."""
+    return {DENSE: {str(i): layer for i, layer in enumerate(layers)}} if layers else {}
 
 
 def with_similarity(similarity: str):
@@ -222,6 +239,11 @@ def with_pipeline(cfg):
     if pooling is None and found is not None:
         if found.unsupported:
             raise ValueError(f"{found.unsupported}; pass --pooling to train jaxbert's own pipeline instead")
+        if found.steps:  # embed and evaluate run them; training them is not written yet
+            raise ValueError(
+                f"{cfg.model}: its Dense modules are not trained by jaxbert; pass --pooling to train jaxbert's own "
+                "pipeline instead"
+            )
         if len(found.pooling) != 1 or found.pooling[0] not in ("cls", "mean", "max"):
             raise ValueError(
                 f"{cfg.model}: pooling {'+'.join(found.pooling)}; --task embedding trains cls, mean or max: pass "
