@@ -4,9 +4,10 @@ and OUT/best, so that `SentenceTransformer(dir)` and `jaxbert.load(dir).embed` r
 The directory holds the base model twice over, once per reader: `flax_model.msgpack` (jaxbert's) and
 `model.safetensors` with transformers' names (sentence-transformers loads the Transformer module through
 transformers, which has no Flax any more), plus the tokenizer, and the pipeline files sentence-transformers
-writes: `modules.json` (Transformer → Pooling → Normalize when normalized), `1_Pooling/config.json`, the empty
-`2_Normalize/` and `sentence_bert_config.json` with `max_seq_length`. The Pooling config uses the legacy boolean
-keys, which every sentence-transformers version reads (and `sentence_dir.py` too).
+writes: `modules.json` (Transformer → Pooling → the source's Dense and Dropout modules → Normalize when
+normalized), `1_Pooling/config.json`, each Dense's config.json and model.safetensors, the empty `N_Normalize/` and
+`sentence_bert_config.json` with `max_seq_length`. The Pooling config uses the legacy boolean keys, which every
+sentence-transformers version reads (and `sentence_dir.py` too).
 """
 
 from __future__ import annotations
@@ -31,18 +32,33 @@ def _json(path: str, value) -> None:
 
 
 def write_sentence_files(
-    directory: str, hidden: int, pooling: str, normalize: bool, max_seq_length: int, lower_case: bool = False
+    directory: str,
+    hidden: int,
+    pooling: str,
+    normalize: bool,
+    max_seq_length: int,
+    lower_case: bool = False,
+    steps: tuple = (),
+    dense: tuple = (),
 ) -> None:
-    """The pipeline files of a sentence-transformers directory (the model and tokenizer are written apart)."""
+    """The pipeline files of a sentence-transformers directory (the model and tokenizer are written apart);
+    `steps` the Dense / Dropout modules after the Pooling (sentence_dense.py), `dense` each Dense's parameters."""
     if pooling not in MODES:
         raise ValueError(f"pooling {pooling!r}: expected one of {', '.join(MODES)}")
+    kinds = ["Transformer", "Pooling", *(type(s).__name__.removesuffix("Spec") for s in steps)]
+    kinds += ["Normalize"] * normalize
     modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": i, "name": str(i), "path": f"{i}_{kind}" if i else "", "type": f"sentence_transformers.models.{kind}"}
+        for i, kind in enumerate(kinds)
     ]
+    from jaxbert.sentence_dense import DenseSpec
+
+    layers = iter(dense)
+    for step, module in zip(steps, modules[2:]):
+        params = next(layers) if isinstance(step, DenseSpec) else None
+        _write_step(os.path.join(directory, module["path"]), step, params)
     if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-        os.makedirs(os.path.join(directory, "2_Normalize"), exist_ok=True)
+        os.makedirs(os.path.join(directory, modules[-1]["path"]), exist_ok=True)
     _json(os.path.join(directory, "modules.json"), modules)
     pool = {"word_embedding_dimension": hidden, **{key: mode == pooling for mode, key in _KEYS.items()}}
     pool.update(pooling_mode_mean_sqrt_len_tokens=False, pooling_mode_weightedmean_tokens=False)
@@ -52,6 +68,27 @@ def write_sentence_files(
         os.path.join(directory, "sentence_bert_config.json"),
         {"max_seq_length": max_seq_length, "do_lower_case": lower_case},
     )
+
+
+def _write_step(path: str, step, params: dict | None) -> None:
+    """A Dense module's config.json and model.safetensors as sentence-transformers' Dense.save writes them (its
+    weights [out, in], the transposes of jaxbert's kernels), or a Dropout's config.json."""
+    from safetensors.numpy import save_file
+
+    from jaxbert.sentence_dense import ACTIVATIONS, FEATURE
+
+    if params is None:
+        _json(os.path.join(path, "config.json"), {"dropout": step.rate})
+        return
+    activation = f"torch.nn.modules.{ACTIVATIONS[step.activation][0]}.{step.activation}"
+    config = {"in_features": step.in_features, "out_features": step.out_features, "bias": step.bias}
+    config.update(activation_function=activation, module_input_name=FEATURE, module_output_name=FEATURE)
+    _json(os.path.join(path, "config.json"), {**config, **({"use_residual": True} if step.residual else {})})
+    state = {"linear.weight": params["kernel"].T}
+    state.update({"linear.bias": params["bias"]} if step.bias else {})
+    state.update({"residual.weight": params["residual"]["kernel"].T} if "residual" in params else {})
+    state = {k: np.ascontiguousarray(v, np.float32) for k, v in state.items()}
+    save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
 
 
 def _kept_settings(directory: str) -> dict:
@@ -76,8 +113,9 @@ def _drop_sentence_files(directory: str) -> None:
         while sub and not os.listdir(os.path.join(directory, sub)):  # a module's files may lie in subdirectories
             os.rmdir(os.path.join(directory, sub))
             sub = os.path.dirname(sub)
-    if os.path.isdir(os.path.join(directory, "2_Normalize")):
-        shutil.rmtree(os.path.join(directory, "2_Normalize"))
+    for name in os.listdir(directory):  # empty module directories (a Normalize's) are no file of companion_files
+        if name.endswith("_Normalize") and os.path.isdir(os.path.join(directory, name)):
+            shutil.rmtree(os.path.join(directory, name))
 
 
 def write_sentence_model(
@@ -90,9 +128,11 @@ def write_sentence_model(
     max_seq_length: int,
     tokenizer_from: str,
     lower_case: bool = False,
+    steps: tuple = (),
+    dense: tuple = (),
 ) -> None:
-    """A complete sentence-transformers directory of the base-model `params`, written atomically (a failure
-    leaves no `dst`; an existing one is replaced)."""
+    """A complete sentence-transformers directory of the base-model `params` (and of the Dense modules `steps`
+    with their parameters `dense`), written atomically (a failure leaves no `dst`; an existing one is replaced)."""
     from safetensors.numpy import save_file
 
     from jaxbert.checkpoint import FLAX_MSGPACK, SAFETENSORS, copy_companion_files, write_msgpack
@@ -114,6 +154,6 @@ def write_sentence_model(
         copy_companion_files(tokenizer_from, tmp)
         kept = _kept_settings(tmp)
         _drop_sentence_files(tmp)
-        write_sentence_files(tmp, config.hidden_size, pooling, normalize, max_seq_length, lower_case)
+        write_sentence_files(tmp, config.hidden_size, pooling, normalize, max_seq_length, lower_case, steps, dense)
         if kept:
             _json(os.path.join(tmp, "config_sentence_transformers.json"), kept)

@@ -196,8 +196,9 @@ def _train(cfg: TrainConfig) -> dict:
     if cfg.task == "embedding":
         from jaxbert.train import task_embedding
 
+        steps = task_embedding.pipeline_steps(cfg)  # the model's Dense modules, unless --pooling replaces them
         cfg = task_embedding.with_pipeline(cfg)  # before anything reads the pipeline or the length
-        run = task_embedding.prepare(cfg)
+        run = task_embedding.prepare(cfg, steps)
     elif cfg.task == "question-answering":
         from jaxbert.train.task_qa import prepare as qa_prepare
 

@@ -112,10 +112,12 @@ def embed_batch(
     return (_unit(emb) if normalize else emb).reshape(B, C, -1)
 
 
-def train_loss(params, batch, rng, dtype, remat, *, config, pooling, normalize, symmetric):
+def train_loss(params, batch, rng, dtype, remat, *, config, pooling, normalize, symmetric, steps=()):
     """The step's loss hook (step.train_step's loss_fn): (scores, loss, labels); labels give the in-batch
     accuracy (the anchor's own positive ranked first)."""
-    emb = embed_batch(params, config, batch, pooling=pooling, normalize=normalize, rng=rng, dtype=dtype, remat=remat)
+    emb = embed_batch(
+        params, config, batch, pooling=pooling, normalize=normalize, steps=steps, rng=rng, dtype=dtype, remat=remat
+    )
     B, C, D = emb.shape
     valid = batch["sample_weight"] > 0
     scores, loss = ranking_loss(emb[:, 0], emb[:, 1:].transpose(1, 0, 2).reshape(-1, D), valid, symmetric=symmetric)
@@ -187,22 +189,25 @@ class EmbeddingRun(task_plan.TaskRun):
     """task_plan.TaskRun with the embedding loss, evaluation and output directory."""
 
     pooler: dict | None = None
+    steps: tuple = ()  # the model's Dense / Dropout modules, trained with it (pipeline_steps)
 
     def initial_params(self):
         params = dict(super().initial_params())
         self.pooler = params.pop("pooler", None)
-        return params
+        return {**params, **dense_tree(sentence_dense.load_steps(self.cfg.model, self.steps))}
 
     @property
     def loss_fn(self):
         c = self.cfg
         return functools.partial(
-            train_loss, config=self.config, pooling=c.pooling, normalize=c.normalize, symmetric=c.symmetric
-        )
+            train_loss, config=self.config, pooling=c.pooling, normalize=c.normalize, symmetric=c.symmetric,
+            steps=self.steps,
+        )  # fmt: skip
 
     def eval_fn(self, dtype):
+        c = self.cfg
         return functools.partial(
-            eval_step, config=self.config, pooling=self.cfg.pooling, normalize=self.cfg.normalize, dtype=dtype
+            eval_step, config=self.config, pooling=c.pooling, normalize=c.normalize, steps=self.steps, dtype=dtype
         )
 
     def final_config(self):
@@ -211,6 +216,8 @@ class EmbeddingRun(task_plan.TaskRun):
     def write_model(self, params, directory: str) -> None:
         from jaxbert.sentence_out import write_sentence_model
 
+        dense = params.get(DENSE, {})
+        params = {k: v for k, v in params.items() if k != DENSE}
         params = {**params, **({"pooler": self.pooler} if self.pooler is not None else {})}
         write_sentence_model(
             params,
@@ -221,6 +228,8 @@ class EmbeddingRun(task_plan.TaskRun):
             max_seq_length=self.cfg.max_seq_length,
             tokenizer_from=self.cfg.model,
             lower_case=task_plan.embedding_lower_case(self.cfg.model),
+            steps=self.steps,
+            dense=tuple(jax.tree_util.tree_map(np.asarray, dense[str(i)]) for i in range(len(dense))),
         )
 
 
@@ -239,11 +248,6 @@ def with_pipeline(cfg):
     if pooling is None and found is not None:
         if found.unsupported:
             raise ValueError(f"{found.unsupported}; pass --pooling to train jaxbert's own pipeline instead")
-        if found.steps:  # embed and evaluate run them; training them is not written yet
-            raise ValueError(
-                f"{cfg.model}: its Dense modules are not trained by jaxbert; pass --pooling to train jaxbert's own "
-                "pipeline instead"
-            )
         if len(found.pooling) != 1 or found.pooling[0] not in ("cls", "mean", "max"):
             raise ValueError(
                 f"{cfg.model}: pooling {'+'.join(found.pooling)}; --task embedding trains cls, mean or max: pass "
@@ -272,7 +276,21 @@ def _tokenizer_length(directory: str) -> int:
     return min(positions, WordPiece.from_dir(directory).model_max_length)
 
 
-def prepare(cfg) -> EmbeddingRun:
+def pipeline_steps(cfg) -> tuple:
+    """The Dense and Dropout modules of the model's pipeline, trained with it (sentence-transformers trains every
+    module) when the pipeline is the model's own (no --pooling given: that trains jaxbert's own, without them)."""
+    from jaxbert.sentence_dir import read
+
+    found = read(cfg.model) if cfg.pooling is None else None
+    steps = found.steps if found is not None and not found.unsupported else ()
+    late = next((s for s in steps if isinstance(s, sentence_dense.DropoutSpec) and s.after_normalize and s.rate), None)
+    if late is not None:
+        raise ValueError(f"{cfg.model}: the Dropout at {late.path!r} after Normalize is not trained by jaxbert")
+    return steps
+
+
+def prepare(cfg, steps: tuple = ()) -> EmbeddingRun:
+    """The run; `steps` (pipeline_steps of the configuration before with_pipeline) are trained with the model."""
     from jaxbert.sentence_dir import read
 
     if cfg.label_smoothing:
@@ -280,4 +298,5 @@ def prepare(cfg) -> EmbeddingRun:
     run = task_plan.prepare(cfg)
     found = read(cfg.model)  # its similarity function is kept in the written model (sentence_out), and ranks here
     task = with_similarity(found.similarity if found else "cosine")
-    return EmbeddingRun(**{f.name: getattr(run, f.name) for f in dataclasses.fields(run)} | {"task": task})
+    fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(run)}
+    return EmbeddingRun(**fields | {"task": task, "steps": steps})
