@@ -31,7 +31,10 @@ _FILES = [
     "added_tokens.json",
     *sentence_dir.FILES,  # all of them: config_sentence_transformers.json can hold a default prompt embed refuses
     "1_Pooling/config.json",
-    "2_Normalize/*",
+    "*_Normalize/*",  # LaBSE's is 3_Normalize, after its Dense
+    "*_Dense/config.json",  # the Dense modules' weights: *.safetensors above, or the older .bin (small)
+    "*_Dense/pytorch_model.bin",
+    "*_Dropout/config.json",
 ]
 _OTHER_WEIGHTS = ["pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*.bin", "flax_model.msgpack"]
 

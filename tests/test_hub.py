@@ -172,6 +172,30 @@ def _sentence_model(tmp_path):
     return source
 
 
+def test_a_downloaded_sentence_model_keeps_its_dense_modules(tmp_path, monkeypatch):
+    """LaBSE's layout: a Dense module (its weights as the older pytorch_model.bin) and 3_Normalize. Only
+    1_Pooling/config.json and 2_Normalize/* were fetched of the module directories: the Dense had no config."""
+    import torch
+
+    from jaxbert.sentence_dense import DenseSpec
+    from jaxbert.sentence_out import write_sentence_files
+
+    source = model_dir(tmp_path / "source", "BertModel")
+    rng = np.random.default_rng(0)
+    dense = ({"kernel": rng.normal(size=(32, 8)).astype(np.float32), "bias": np.ones(8, np.float32)},)
+    write_sentence_files(source, 32, "cls", True, 16, steps=(DenseSpec("2_Dense", 32, 8),), dense=dense)
+    weights = os.path.join(source, "2_Dense", "model.safetensors")
+    state = {"linear.weight": torch.tensor(dense[0]["kernel"].T.copy()), "linear.bias": torch.ones(8)}
+    torch.save(state, os.path.join(source, "2_Dense", "pytorch_model.bin"))
+    os.remove(weights)
+    assert os.path.isdir(os.path.join(source, "3_Normalize"))
+    _fake_hub(monkeypatch, source, tmp_path / "downloaded")
+    monkeypatch.chdir(tmp_path)
+    expected = jaxbert.load(source).embed(["hello world"])
+    assert expected.shape == (1, 8)
+    np.testing.assert_allclose(jaxbert.load("acme/labse").embed(["hello world"]), expected, atol=1e-6)
+
+
 def test_a_cached_snapshot_that_may_be_incomplete_is_completed_from_the_hub(tmp_path, monkeypatch):
     """transformers caches a model file by file and records no listing of the repo: its snapshot of a
     sentence-transformers model lacks modules.json and the Pooling config. Taken from the cache as it was, the hub
