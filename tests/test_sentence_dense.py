@@ -136,10 +136,14 @@ def test_the_cli_embed_and_convert_keep_the_dense_pipeline(built, tmp_path, caps
     assert _diff(np.load(tmp_path / "e.npy"), want) <= 1e-5
 
 
-def test_evaluate_embeds_through_the_dense_modules(built, tmp_path):
-    directory, _ = built("cls-tanh")
+@pytest.mark.parametrize(
+    "name, long", [("cls-tanh", False), pytest.param("mean-tanh-normalize", True, marks=pytest.mark.optimized)]
+)  # long: batches of 1024+ tokens, compiled as users' are (oneDNN's dot fusion on AMX CPUs; see above)
+def test_evaluate_embeds_through_the_dense_modules(name, long, built, tmp_path):
+    directory, _ = built(name)
     theirs = st.SentenceTransformer(directory, device="cpu")
-    records = [{"anchor": a, "positive": p} for a, p in zip(TEXTS, TEXTS[1:] + TEXTS[:1])]
+    texts = [f"{i} {t}" for i, t in enumerate(TEXTS * 2)] if long else TEXTS
+    records = [{"anchor": a, "positive": p} for a, p in zip(texts, texts[1:] + texts[:1])]
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     anchors, positives = (theirs.encode([r[c] for r in records], convert_to_numpy=True) for c in ("anchor", "positive"))
