@@ -271,16 +271,25 @@ def test_only_process_0_gathers_and_any_process_agrees():
     assert zero["agreed"] == one["agreed"] == [True, False]
 
 
-def test_processes_with_other_options_are_refused(tiny, tmp_path):
-    # Process 1 given another --seed (or another copy of the training file) took its rows of another permutation
-    # with other masks, and the run ended as if all were well: every process must run the same options and data.
-    out, join = tmp_path / "out", _join()
-    procs = [
-        _run(tiny, out, 2, "--mesh", "fsdp=2", *join, "--process-id", i, *(("--seed", 6) if i else ())) for i in (0, 1)
-    ]
+OTHER_OPTIONS = {  # process 1's flags -> what its error names (process 0 runs with --mesh fsdp=2, no --eval-steps)
+    # Another --seed (or another copy of the training file) took its rows of another permutation with other masks,
+    # and the run ended as if all were well.
+    "seed": (("--seed", 6), "seed=6, process 0 has 5"),
+    # Another --eval-steps evaluated (a collective) after step 1 alone, and both processes waited for each other
+    # forever; another mesh compiled another program and hung in its first step.
+    "eval-steps": (("--eval-steps", 1), "eval_steps=1, process 0 has None"),
+    "mesh": (("--mesh", "data=4"), "mesh={'data': 4, 'fsdp': 1, 'tensor': 1}, process 0 has {'data': 2, 'fsdp': 2"),
+}
+
+
+@pytest.mark.parametrize("option", OTHER_OPTIONS)
+def test_processes_with_other_options_are_refused(tiny, tmp_path, option):
+    # Every process must run the same options and data.
+    (flags, named), out, join = OTHER_OPTIONS[option], tmp_path / "out", _join()
+    procs = [_run(tiny, out, 2, "--mesh", "fsdp=2", *join, "--process-id", i, *(flags if i else ())) for i in (0, 1)]
     printed = _both(procs)
     assert [p.returncode for p in procs] == [1, 1], printed
     said = printed[1][1].strip().splitlines()[-1]
-    assert said.endswith("process 1 has seed=6, process 0 has 5: every process must run with the same options and data")
-    assert printed[0][1].strip().splitlines()[-1].startswith("jaxbert: error: process 1 failed (process 1 has seed=6")
+    assert f"process 1 has {named}" in said and said.endswith("every process must run with the same options and data")
+    assert printed[0][1].strip().splitlines()[-1].startswith(f"jaxbert: error: process 1 failed (process 1 has {named}")
     assert not (out / "metrics.jsonl").exists() and not (out / "final").exists()

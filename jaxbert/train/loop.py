@@ -132,6 +132,26 @@ def _meta(run, step: int) -> dict:
     }
 
 
+# Options a process may give otherwise than the others: where it finds the files (the model's and the data's contents
+# are compared through the meta's digests and config), its place in the run, what only process 0 acts on, and the
+# batch and mesh flags (compared by the global batch and the axis sizes they make).
+_OWN_OPTIONS = (
+    "model", "train_file", "validation_file", "output_dir", "coordinator_address", "process_id", "resume", "progress",
+    "break_lock", "per_device_batch_size", "global_batch_size", "mesh", "fsdp",
+)  # fmt: skip
+
+
+def _shared(run, meta) -> dict:
+    """What every process of a run must agree on: the meta (data, model, schedule) and every other option, since
+    the loop's collectives follow them (evaluations, checkpoints, the best model's gathers, early stopping) as does
+    the compiled step (the mesh, by its axis sizes; remat): processes that differ there wait for each other in
+    collectives that never complete."""
+    cfg = run.cfg
+    options = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in _OWN_OPTIONS}
+    options["mesh"] = sharding.mesh_shape(cfg.mesh, jax.device_count(), run.config.num_attention_heads, cfg.fsdp)
+    return {**options, **{k: v for k, v in meta(0).items() if k not in ("step", "epoch", "offset")}}
+
+
 def _check_output_dir(cfg: TrainConfig) -> None:
     """Before anything is written: OUT must be a directory (or not exist) and apart from the model it reads."""
     try:
@@ -205,9 +225,10 @@ def _train(cfg: TrainConfig) -> dict:
         run = qa_prepare(cfg)
     else:
         run = (plan.prepare if cfg.task == "mlm" else task_plan.prepare)(cfg)
-    # Processes given other options or data would each compute their share of another run, silently.
+    # Processes given other options or data would each compute their share of another run, silently, or wait for
+    # each other forever.
     meta = _meta_by_step(run)
-    distributed.same_everywhere({k: v for k, v in meta(0).items() if k not in ("step", "epoch", "offset")})
+    distributed.same_everywhere(_shared(run, meta))
     own = checkpoints.manager(os.path.join(cfg.output_dir, "checkpoints"))
     point = checkpoints.resume_point(cfg, own, meta, run.say)
     metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl")
