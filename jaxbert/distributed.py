@@ -96,7 +96,8 @@ def same_everywhere(settings: dict) -> None:
     differ = [i for i, d in enumerate(digests) if not np.array_equal(d, digests[0])]
     if not differ:
         return
-    if is_primary():  # the first differing process names what differs; process 0 follows it
+    if jax.process_index() not in differ:  # process 0, and any that agree with it: a differing process names what
+        # differs (they have nothing to name), and these follow it
         failures.await_failure(10.0)
         raise ValueError(f"process {differ[0]} runs with other options or data than process 0")
     mine, first = json.loads(text), json.loads(failures.read_setting("jaxbert/settings"))

@@ -271,6 +271,36 @@ def test_only_process_0_gathers_and_any_process_agrees():
     assert zero["agreed"] == one["agreed"] == [True, False]
 
 
+# Three processes compare their settings, process 2's differing; each prints what same_everywhere raised (outside
+# a run: nobody posts a failure, so those that wait for one raise their own error after 10 s).
+SETTINGS = """
+import sys
+import jax
+from jaxbert import distributed
+distributed.initialize(sys.argv[1], 3, int(sys.argv[2]))
+try:
+    distributed.same_everywhere({"seed": 6 if jax.process_index() == 2 else 5, "data": "same"})
+    print("agreed")
+except Exception as e:
+    print(f"{type(e).__name__}: {e}")
+"""
+
+
+def test_the_differing_process_is_named_by_every_other():
+    # Process 1 agreed with process 0 but looked for what it differed in all the same: StopIteration (a traceback),
+    # posted as the run's failure when it came first ("process 1 failed (StopIteration: )" on every process).
+    join, env = f"127.0.0.1:{_free_port()}", {**os.environ, "JAX_PLATFORMS": "cpu"}
+    procs = [subprocess.Popen([sys.executable, "-c", SETTINGS, join, str(i)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for i in range(3)]  # fmt: skip
+    printed = _both(procs, timeout=120)
+    assert [p.returncode for p in procs] == [0, 0, 0], printed
+    said = [out.strip().splitlines()[-1] for out, _ in printed]
+    others = "ValueError: process 2 runs with other options or data than process 0"
+    assert said[:2] == [others, others], said
+    same = "every process must run with the same options and data"
+    assert said[2] == f"ValueError: process 2 has seed=6, process 0 has 5: {same}"
+
+
 OTHER_OPTIONS = {  # process 1's flags -> what its error names (process 0 runs with --mesh fsdp=2, no --eval-steps)
     # Another --seed (or another copy of the training file) took its rows of another permutation with other masks,
     # and the run ended as if all were well.
