@@ -662,6 +662,33 @@ def test_a_validation_set_with_no_token_masked_is_refused():
     assert half.evaluate(None, lambda p, b: (2.0 * scored(p, b)[2], 0.0, scored(p, b)[2]))["eval_loss"] == 2.0
 
 
+def test_validation_masks_do_not_depend_on_the_batch_size():
+    """--grad-accum-steps 2 --global-batch-size 4 trains as --global-batch-size 8 (an accumulated step is the whole
+    batch's), but the validation masks were drawn per batch of the micro-batch size: the same parameters scored
+    other tokens (validation loss 11.0190 against 11.0213 on a 1-layer model), and OUT/best and early stopping
+    could follow. Each validation row's masks now depend on the row alone."""
+    from types import SimpleNamespace
+
+    from jaxbert.config import BertConfig
+    from jaxbert.train.plan import Run
+
+    cfg = TrainConfig(**GOOD, max_seq_length=16)
+    rng = np.random.default_rng(0)
+    val = np.concatenate([np.full((5, 1), 101), rng.integers(1000, 2000, (5, 14)), np.full((5, 1), 102)], 1)
+    masks = {}
+    for size in (1, 2, 4, 8):
+        run = Run(cfg, BertConfig(), SimpleNamespace(batch_size=size), val, [0, 101, 102], 103, None, 4, 1, 0)
+        seen = []
+
+        def scored(params, batch, seen=seen):
+            seen.extend(zip(batch["input_ids"].tolist(), batch["positions"].tolist(), batch["labels"].tolist()))
+            return 0.0, 0.0, int((batch["labels"] != -100).sum())
+
+        run.evaluate(None, scored)
+        masks[size] = seen[: len(val)]  # then padding rows, nothing masked in them
+    assert masks[2] == masks[1] and masks[4] == masks[1] and masks[8] == masks[1]
+
+
 # 5. metrics.jsonl on resume.
 
 

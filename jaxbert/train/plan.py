@@ -114,7 +114,10 @@ class Run:
             if len(ids) < B:  # pad the last batch with padding rows: nothing in them is masked
                 pad = np.broadcast_to(self.fill, (B - len(ids), *ids.shape[1:])).astype(ids.dtype)
                 ids = np.concatenate([ids, pad])
-            s, c, n = eval_fn(params, self.masked(ids, [EVAL_SEED, start]))
+            # Each row masked by its own Generator, seeded by (EVAL_SEED, row): the same masks whatever the batch
+            # size (an accumulated run, or one of another --global-batch-size, scores the same validation tokens).
+            rows = [self.masked(ids[i : i + 1], [EVAL_SEED, start + i]) for i in range(B)]
+            s, c, n = eval_fn(params, {k: np.concatenate([r[k] for r in rows]) for k in rows[0]})
             nll, correct, count = nll + float(s), correct + float(c), count + float(n)
         if count == 0:  # the masks are fixed (EVAL_SEED): no evaluation would score anything, each "loss 0"
             raise ValueError(
