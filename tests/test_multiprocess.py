@@ -7,6 +7,7 @@ and only process 0 copies the parameters to the host, gathering only the leaves 
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -309,6 +310,9 @@ OTHER_OPTIONS = {  # process 1's flags -> what its error names (process 0 runs w
     # forever; another mesh compiled another program and hung in its first step.
     "eval-steps": (("--eval-steps", 1), "eval_steps=1, process 0 has None"),
     "mesh": (("--mesh", "data=4"), "mesh={'data': 4, 'fsdp': 1, 'tensor': 1}, process 0 has {'data': 2, 'fsdp': 2"),
+    # Another copy of the model (the same config, other weights): JAX's device_put stopped the run with an
+    # AssertionError, a traceback and pages of parameter values.
+    "weights": (("--model", "OTHER"), "weights_sha256="),
 }
 
 
@@ -316,6 +320,14 @@ OTHER_OPTIONS = {  # process 1's flags -> what its error names (process 0 runs w
 def test_processes_with_other_options_are_refused(tiny, tmp_path, option):
     # Every process must run the same options and data.
     (flags, named), out, join = OTHER_OPTIONS[option], tmp_path / "out", _join()
+    if "OTHER" in flags:  # the tiny model with every weight scaled
+        from safetensors.numpy import load_file, save_file
+
+        other = tmp_path / "other"
+        shutil.copytree(tiny, other)
+        weights = {k: v * 1.01 for k, v in load_file(other / "model.safetensors").items()}
+        save_file(weights, other / "model.safetensors", metadata={"format": "pt"})
+        flags = ("--model", other)
     procs = [_run(tiny, out, 2, "--mesh", "fsdp=2", *join, "--process-id", i, *(flags if i else ())) for i in (0, 1)]
     printed = _both(procs)
     assert [p.returncode for p in procs] == [1, 1], printed

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import math
 import os
 import signal
@@ -20,6 +21,8 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
 from tqdm.auto import tqdm
 
 from jaxbert import cpu, distributed, failures, hub, sharding
@@ -141,15 +144,27 @@ _OWN_OPTIONS = (
 )  # fmt: skip
 
 
-def _shared(run, meta) -> dict:
-    """What every process of a run must agree on: the meta (data, model, schedule) and every other option, since
-    the loop's collectives follow them (evaluations, checkpoints, the best model's gathers, early stopping) as does
-    the compiled step (the mesh, by its axis sizes; remat): processes that differ there wait for each other in
+def _shared(run, meta, params) -> dict:
+    """What every process of a run must agree on: the meta (data, model config, schedule), the initial weights
+    (each process's copy of --model; digested only with several processes), and every other option, since the
+    loop's collectives follow them (evaluations, checkpoints, the best model's gathers, early stopping) as does the
+    compiled step (the mesh, by its axis sizes; remat): processes that differ there wait for each other in
     collectives that never complete."""
     cfg = run.cfg
     options = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in _OWN_OPTIONS}
     options["mesh"] = sharding.mesh_shape(cfg.mesh, jax.device_count(), run.config.num_attention_heads, cfg.fsdp)
+    if jax.process_count() > 1:
+        options["weights_sha256"] = _params_sha256(params)
     return {**options, **{k: v for k, v in meta(0).items() if k not in ("step", "epoch", "offset")}}
+
+
+def _params_sha256(params) -> str:
+    h = hashlib.sha256()
+    for path, leaf in sorted(traverse_util.flatten_dict(params, sep="/").items()):
+        leaf = np.ascontiguousarray(leaf)
+        h.update(f"{path}:{leaf.dtype}:{leaf.shape}".encode())
+        h.update(leaf.reshape(-1).view(np.uint8))
+    return h.hexdigest()[:16]
 
 
 def _check_output_dir(cfg: TrainConfig) -> None:
@@ -225,15 +240,16 @@ def _train(cfg: TrainConfig) -> dict:
         run = qa_prepare(cfg)
     else:
         run = (plan.prepare if cfg.task == "mlm" else task_plan.prepare)(cfg)
-    # Processes given other options or data would each compute their share of another run, silently, or wait for
-    # each other forever.
+    params = run.initial_params()
+    # Processes given other options, data or weights would each compute their share of another run, silently, or
+    # wait for each other forever.
     meta = _meta_by_step(run)
-    distributed.same_everywhere(_shared(run, meta))
+    distributed.same_everywhere(_shared(run, meta, params))
     own = checkpoints.manager(os.path.join(cfg.output_dir, "checkpoints"))
     point = checkpoints.resume_point(cfg, own, meta, run.say)
     metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl")
     records = [r for r in outputs.read_metrics(metrics_path) if r["step"] <= point[1]] if point else []
-    state, step_fn, eval_fn = _build(run)
+    state, step_fn, eval_fn = _build(run, params)
     start, last_good = 0, None
     if point:
         source, start = point
@@ -254,10 +270,9 @@ def _train(cfg: TrainConfig) -> dict:
         return _finish(run, state, metrics, own, last_good, result)
 
 
-def _build(run):
+def _build(run, params):
     """The initial train state, placed on the mesh, and the compiled step and evaluation."""
     cfg = run.cfg
-    params = run.initial_params()
     opt = OptimConfig.from_train(cfg, run.warmup_steps, run.total_steps)
     tx, sched = optimizer(opt), schedule(opt)
     shape = sharding.mesh_shape(cfg.mesh, jax.device_count(), run.config.num_attention_heads, cfg.fsdp)
