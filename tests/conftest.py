@@ -85,6 +85,18 @@ def bert2bert_dir(directory) -> str:
     return str(directory)
 
 
+def adamw_as_trainer(model, lr: float, decay: float):
+    """torch's AdamW as transformers' Trainer sets it up: no weight decay on biases and LayerNorm."""
+    import torch
+
+    named = list(model.named_parameters())
+    groups = [
+        {"params": [p for n, p in named if not ("bias" in n or "LayerNorm" in n)], "weight_decay": decay},
+        {"params": [p for n, p in named if "bias" in n or "LayerNorm" in n], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8)
+
+
 def state_dict(model) -> dict:
     return {k: v.detach().numpy() for k, v in model.state_dict().items()}
 

@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import model_dir, train_args
+from conftest import adamw_as_trainer, model_dir, train_args
 from safetensors.numpy import load_file
 
 import jaxbert
@@ -54,12 +54,7 @@ def _torch_step(model_path, records):
     """One step of SentenceTransformer + MNRL + AdamW (no decay on biases and LayerNorm, clipping) on the batch."""
     model = st.SentenceTransformer(model_path, device="cpu")
     model.train()
-    named = list(model.named_parameters())
-    groups = [
-        {"params": [p for n, p in named if not ("bias" in n or "LayerNorm" in n)], "weight_decay": DECAY},
-        {"params": [p for n, p in named if "bias" in n or "LayerNorm" in n], "weight_decay": 0.0},
-    ]
-    opt = torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.999), eps=1e-8)
+    opt = adamw_as_trainer(model, LR, DECAY)
     features = [model.preprocess([r[k] for r in records]) for k in ("anchor", "positive", "negative")]
     loss = losses.MultipleNegativesRankingLoss(model)(features, None)
     loss.backward()

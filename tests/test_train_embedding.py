@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import cli_fails, model_dir, train_args
+from conftest import adamw_as_trainer, cli_fails, model_dir, train_args
 from safetensors.numpy import load_file
 
 import jaxbert
@@ -96,12 +96,7 @@ def _torch_step(model_path, records, pooling, normalize, symmetric, micro=None):
     write_sentence_files(model_path, 32, pooling, normalize, 32)
     model = st.SentenceTransformer(model_path, device="cpu")
     model.train()
-    named = list(model.named_parameters())
-    groups = [
-        {"params": [p for n, p in named if not ("bias" in n or "LayerNorm" in n)], "weight_decay": DECAY},
-        {"params": [p for n, p in named if "bias" in n or "LayerNorm" in n], "weight_decay": 0.0},
-    ]
-    opt = torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.999), eps=1e-8)
+    opt = adamw_as_trainer(model, LR, DECAY)
     total = 0.0
     for rows in micro or [list(range(len(records)))]:
         columns = [k for k in ("anchor", "positive", "negative") if k in records[0]]

@@ -674,7 +674,8 @@ def test_validation_masks_do_not_depend_on_the_batch_size():
 
     cfg = TrainConfig(**GOOD, max_seq_length=16)
     rng = np.random.default_rng(0)
-    val = np.concatenate([np.full((5, 1), 101), rng.integers(1000, 2000, (5, 14)), np.full((5, 1), 102)], 1)
+    ids = np.concatenate([np.full((5, 1), 101), rng.integers(1000, 2000, (5, 14)), np.full((5, 1), 102)], 1)
+    val = np.stack([ids, np.ones_like(ids)], 1)  # [N, 2, L]: ids and segments (data.Tokens)
     masks = {}
     for size in (1, 2, 4, 8):
         run = Run(cfg, BertConfig(), SimpleNamespace(batch_size=size), val, [0, 101, 102], 103, None, 4, 1, 0)
