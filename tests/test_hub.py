@@ -175,7 +175,7 @@ def _sentence_model(tmp_path):
 def test_a_downloaded_sentence_model_keeps_its_dense_modules(tmp_path, monkeypatch):
     """LaBSE's layout: a Dense module (its weights as the older pytorch_model.bin) and 3_Normalize. Only
     1_Pooling/config.json and 2_Normalize/* were fetched of the module directories: the Dense had no config."""
-    import torch
+    torch = pytest.importorskip("torch")
 
     from jaxbert.sentence_dense import DenseSpec
     from jaxbert.sentence_out import write_sentence_files
