@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 
 import jax
 import numpy as np
@@ -21,6 +22,7 @@ from jaxbert import failures
 # Environment variables by which JAX's own cluster detection recognizes a multi-process launch.
 _SCHEDULERS = (("SLURM_NTASKS", "Slurm"), ("OMPI_COMM_WORLD_SIZE", "Open MPI"), ("TPU_WORKER_HOSTNAMES", "TPU pod"))
 _watching = False  # failures.watch() runs in this process
+JOIN_TIMEOUT = 300  # seconds jax.distributed.initialize waits for every process (its default)
 
 
 def _scheduler() -> str | None:
@@ -43,10 +45,27 @@ def initialize(coordinator_address: str | None, num_processes: int | None, proce
         # CPU devices of different processes talk over gloo (the default CPU client has no collectives); GPU and
         # TPU clients are unaffected by this setting.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        # JAX waits silently for every process (an unreachable coordinator: minutes, then an abort with a C++
+        # trace), so each process says first what it waits for.
+        where = (
+            f"at {coordinator_address} as process {process_id} of {num_processes}"
+            if coordinator_address is not None
+            else f"as {_scheduler()} launched them"
+        )
+        print(
+            f"jaxbert: joining the run's processes {where} (waiting up to {JOIN_TIMEOUT} s for all of them)",
+            file=sys.stderr,
+            flush=True,
+        )
         if coordinator_address is None:
-            jax.distributed.initialize()  # JAX's auto-detection (Slurm, Open MPI, TPU pods)
+            jax.distributed.initialize(initialization_timeout=JOIN_TIMEOUT)  # auto-detection (Slurm, MPI, TPU pods)
         else:
-            jax.distributed.initialize(coordinator_address, num_processes=num_processes, process_id=process_id)
+            jax.distributed.initialize(
+                coordinator_address,
+                num_processes=num_processes,
+                process_id=process_id,
+                initialization_timeout=JOIN_TIMEOUT,
+            )
     if not _watching and jax.process_count() > 1:
         _watching = True
         failures.watch()

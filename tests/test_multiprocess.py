@@ -335,3 +335,25 @@ def test_processes_with_other_options_are_refused(tiny, tmp_path, option):
     assert f"process 1 has {named}" in said and said.endswith("every process must run with the same options and data")
     assert printed[0][1].strip().splitlines()[-1].startswith(f"jaxbert: error: process 1 failed (process 1 has {named}")
     assert not (out / "metrics.jsonl").exists() and not (out / "final").exists()
+
+
+def test_each_process_says_what_it_waits_for_before_joining(monkeypatch, capsys):
+    """jax.distributed.initialize waits silently for every process: with an unreachable --coordinator-address the
+    command printed nothing for five minutes, then JAX aborted with a C++ trace. Each process now says first where it
+    joins and how long it waits."""
+    import jax
+
+    from jaxbert import distributed
+
+    calls = []
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(jax.distributed, "initialize", lambda *args, **kwargs: calls.append((args, kwargs)))
+    monkeypatch.setattr(jax.config, "update", lambda *args: None)  # the test process keeps its collectives
+    distributed.initialize("10.0.0.7:12355", 4, 2)
+    err = capsys.readouterr().err
+    joining = "jaxbert: joining the run's processes at 10.0.0.7:12355 as process 2 of 4"
+    assert err == f"{joining} (waiting up to 300 s for all of them)\n"
+    assert calls == [(("10.0.0.7:12355",), dict(num_processes=4, process_id=2, initialization_timeout=300))]
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    distributed.initialize(None, None, None)
+    assert capsys.readouterr().err.startswith("jaxbert: joining the run's processes as Slurm launched them")
