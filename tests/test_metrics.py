@@ -354,6 +354,30 @@ def v2_scores(answers, a_pred):
     return (max(compute_exact(a, a_pred) for a in gold_answers), max(compute_f1(a, a_pred) for a in gold_answers))
 
 
+# (v2.0's find_best_thresh:)
+def find_best_thresh(preds, scores, na_probs, qid_to_has_ans):
+    num_no_ans = sum(1 for k in qid_to_has_ans if not qid_to_has_ans[k])
+    cur_score = num_no_ans
+    best_score = cur_score
+    best_thresh = 0.0
+    qid_list = sorted(na_probs, key=lambda k: na_probs[k])
+    for i, qid in enumerate(qid_list):  # noqa: B007
+        if qid not in scores:
+            continue
+        if qid_to_has_ans[qid]:
+            diff = scores[qid]
+        else:
+            if preds[qid]:
+                diff = -1
+            else:
+                diff = 0
+        cur_score += diff
+        if cur_score > best_score:
+            best_score = cur_score
+            best_thresh = na_probs[qid]
+    return 100.0 * best_score / len(scores), best_thresh
+
+
 TEXTS = [
     "The Eiffel Tower",
     "eiffel tower",
@@ -465,7 +489,8 @@ def test_squad_v1_data_is_scored_by_the_v1_script(monkeypatch, capsys):
     v2 = task_qa.score(None, SimpleNamespace(extra={"meta": meta(True)}), None)
     want = [v2_scores(refs[q], preds[q]) for q in refs]
     em, f1 = (100 * sum(x) / 3 for x in zip(*want))
-    assert v2 == pytest.approx({"exact_match": em, "f1": f1, "HasAns_exact": em, "HasAns_f1": f1})
+    fields = {"exact_match": em, "f1": f1, "HasAns_exact": em, "HasAns_f1": f1}
+    assert {k: v2[k] for k in fields} == pytest.approx(fields) and v2["total"] == v2["HasAns_total"] == 3
 
 
 def test_squad_v2_splits_answerable_questions_whenever_there_are_any(monkeypatch):
@@ -480,12 +505,39 @@ def test_squad_v2_splits_answerable_questions_whenever_there_are_any(monkeypatch
         preds = {0: "Paris", 1: ""}
         monkeypatch.setattr(task_qa, "predictions", lambda outputs, data, p=preds, r=refs: (p, r))
         got = task_qa.score(None, SimpleNamespace(extra={"meta": meta(True)}), None)
-        assert got == {"exact_match": 50.0, "f1": 50.0, f"{split}_exact": 50.0, f"{split}_f1": 50.0}, refs
+        fields = {"exact_match": 50.0, "f1": 50.0, f"{split}_exact": 50.0, f"{split}_f1": 50.0, f"{split}_total": 2}
+        assert {k: v for k, v in got.items() if not k.startswith(("best_", "total"))} == fields, refs
         if split == "HasAns":
             assert task_qa.score(None, SimpleNamespace(extra={"meta": meta(False)}), None) == {
                 "exact_match": 50.0,
                 "f1": 50.0,
             }
+
+
+def test_squad_v2_reports_the_scripts_totals_and_best_thresholds(monkeypatch):
+    """run_qa.py's v2 metrics (evaluate's squad_v2, the official v2.0 script) also hold total, HasAns_total,
+    NoAns_total, best_exact / best_f1 and their thresholds (every no-answer probability 0.0, as run_qa passes)."""
+    import json
+
+    from jaxbert.train import task_qa
+
+    rng = np.random.default_rng(5)
+    words = ["Denver", "Broncos", "the", "Paris", "a", "Rome", "city", ""]
+    meta = np.frombuffer(json.dumps({"options": {"version_2_with_negative": True}}).encode(), np.uint8)
+    for _ in range(200):
+        n = int(rng.integers(1, 12))
+        refs = {f"q{i}": [str(rng.choice(words)) for _ in range(int(rng.integers(0, 3)))] for i in range(n)}
+        preds = {q: " ".join(str(w) for w in rng.choice(words, int(rng.integers(0, 3)))) for q in refs}
+        monkeypatch.setattr(task_qa, "predictions", lambda outputs, data, p=preds, r=refs: (p, r))
+        got = task_qa.score(None, SimpleNamespace(extra={"meta": meta}), None)
+        raw = {q: v2_scores(refs[q], preds[q]) for q in refs}
+        has = {q: bool(refs[q]) for q in refs}
+        na = {q: 0.0 for q in preds}
+        for i, name in enumerate(("exact", "f1")):
+            best, thresh = find_best_thresh(preds, {q: r[i] for q, r in raw.items()}, na, has)
+            assert got[f"best_{name}"] == pytest.approx(best) and got[f"best_{name}_thresh"] == thresh
+        assert got["total"] == n
+        assert got.get("HasAns_total", 0) == sum(has.values()) and got.get("NoAns_total", 0) == n - sum(has.values())
 
 
 # ---- retrieval vs brute force ----

@@ -179,18 +179,36 @@ def predictions(outputs, data: E.Encodedset) -> tuple[dict, dict]:
 
 def score(outputs, data: E.Encodedset, labels) -> dict:
     """exact_match and f1 (percent, the official script's: v1.1's, or v2.0's with version_2_with_negative); v2.0
-    also the script's HasAns_ (answerable questions) and NoAns_ (unanswerable) split, each where there are any."""
+    also the script's other fields: total, the HasAns_ (answerable questions) and NoAns_ (unanswerable) splits,
+    each where there are any, and best_exact / best_f1 with their thresholds."""
     preds, golds = predictions(outputs, data)
     # run_qa.py scores SQuAD v1 data with v1.1's script ("squad"), which differs where a gold answer normalizes to
     # nothing ("the", "%"), and v2 data with v2.0's ("squad_v2").
     v2 = bool(json.loads(data.extra["meta"].tobytes())["options"]["version_2_with_negative"])
     out = metrics.squad_scores(preds, golds, version_2=v2)
+    if not v2:
+        return out
+    out["total"] = len(golds)
     for name, keep in (("HasAns", lambda g: bool(g)), ("NoAns", lambda g: not g)):
         part = {k: g for k, g in golds.items() if keep(g)}
-        if v2 and part:  # as v2.0's script: each split its set has, the whole set included
+        if part:  # as v2.0's script: each split its set has, the whole set included
             sub = metrics.squad_scores(preds, part, version_2=v2)
-            out[f"{name}_exact"], out[f"{name}_f1"] = sub["exact_match"], sub["f1"]
+            out[f"{name}_exact"], out[f"{name}_f1"], out[f"{name}_total"] = sub["exact_match"], sub["f1"], len(part)
+    for name, per_question in (("exact", metrics.squad_exact), ("f1", metrics.squad_f1)):
+        scores = {k: per_question(preds[k], g) for k, g in golds.items() if k in preds}
+        out[f"best_{name}"], out[f"best_{name}_thresh"] = _best_threshold(preds, scores, golds)
     return out
+
+
+def _best_threshold(preds: dict, scores: dict, golds: dict) -> tuple[float, float]:
+    """v2.0's find_best_thresh with run_qa.py's no-answer probabilities (0.0 for every question): the best score
+    over the questions in prediction order when each prefix keeps its answers and the rest answer nothing."""
+    best = current = sum(1 for g in golds.values() if not g)
+    for k in preds:
+        if k in scores:
+            current += scores[k] if golds[k] else -1 if preds[k] else 0
+            best = max(best, current)
+    return 100.0 * best / len(scores), 0.0
 
 
 # -- the loss --------------------------------------------------------------------------------------------------
