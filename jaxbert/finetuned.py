@@ -221,7 +221,7 @@ def evaluate(
     from jaxbert.train.task_encode import IGNORE, check_tables
     from jaxbert.train.task_labels import check_scorable, model_labels
     from jaxbert.train.task_plan import evaluate_examples
-    from jaxbert.train.task_table import TASKS, columns, trained_length
+    from jaxbert.train.task_table import TASKS, columns, trained_label, trained_length
 
     if not output.endswith(".json"):
         raise ValueError(f"--output {output}: expected a .json file")
@@ -239,6 +239,7 @@ def evaluate(
     rows = read_rows(path, "--file")
     if head in ("BertForSequenceClassification", "BertForMultipleChoice", "BertForTokenClassification"):
         text_column, pair_column = _trained_columns(config, text_column, pair_column)
+        label_column = label_column or trained_label(config)
     cols = columns(
         task, SimpleNamespace(text_column=text_column, text_pair_column=pair_column, label_column=label_column)
     )

@@ -218,7 +218,7 @@ def _pairs_stay_pairs(final, records, data, tmp_path, capsys, length):
     """A model trained on (text, text_pair): predict and evaluate feed it pairs without --text-pair-column (fed
     the first texts alone, it scored them without a word)."""
     saved = json.load(open(final / "config.json"))["jaxbert_text_columns"]
-    assert saved == {"text": "text", "pair": "text_pair", "max_seq_length": length}
+    assert saved == {"text": "text", "pair": "text_pair", "label": "label", "max_seq_length": length}
     want = jaxbert.load(final).classify([r["text"] for r in records], [r["text_pair"] for r in records])
     assert main(["predict", str(final), "--input", str(data), "--output", str(tmp_path / "p.jsonl")]) == 0
     got = [json.loads(line) for line in open(tmp_path / "p.jsonl")]
@@ -237,14 +237,16 @@ def _pairs_stay_pairs(final, records, data, tmp_path, capsys, length):
     assert "this model reads text pairs (columns 'text', 'text_pair')" in capsys.readouterr().err
     too_long = ["--max-seq-length", "65"]  # beyond the 64 positions: JAX would clamp their ids, a wrong score
     assert main([*args, *too_long]) == 1 and "--max-seq-length 65: must be in [1, 64]" in capsys.readouterr().err
-    # Trained on other column names, the model is fed them without flags (predict and evaluate defaulted to text).
+    # Trained on other column names, the model is fed them without flags (predict and evaluate defaulted to text),
+    # and evaluate reads the labels where training did.
     renamed = tmp_path / "renamed"
     shutil.copytree(final, renamed)
     config = json.load(open(renamed / "config.json"))
-    config["jaxbert_text_columns"] = {"text": "premise", "pair": "hypothesis"}
+    # The label column too: evaluate read "label" whatever the model was trained on ("no column 'label'").
+    config["jaxbert_text_columns"] = {"text": "premise", "pair": "hypothesis", "label": "gold"}
     json.dump(config, open(renamed / "config.json", "w"))
     other = tmp_path / "other.jsonl"
-    renamed_records = [{"premise": r["text"], "hypothesis": r["text_pair"], "label": r["label"]} for r in records]
+    renamed_records = [{"premise": r["text"], "hypothesis": r["text_pair"], "gold": r["label"]} for r in records]
     other.write_text("".join(json.dumps(r) + "\n" for r in renamed_records))
     assert main(["predict", str(renamed), "--input", str(other), "--output", str(tmp_path / "o.jsonl")]) == 0
     assert [json.loads(line) for line in open(tmp_path / "o.jsonl")] == got

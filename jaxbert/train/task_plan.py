@@ -82,11 +82,12 @@ class TaskRun:
         )
 
     def final_config(self) -> BertConfig:
-        # The text columns trained on: `evaluate` and `predict` default to them, so a pair model is not fed its
-        # first texts alone (it scores them without a word) when --text-pair-column is left out. `evaluate` also
-        # defaults to the trained length, so its numbers are the training log's.
-        text, pair, _ = columns(self.task, self.cfg)
-        trained = {"text": text, "pair": pair, "max_seq_length": self.cfg.max_seq_length}  # task_table.trained_*
+        # The columns trained on (task_table.trained_*): `evaluate` and `predict` default to them, so a pair model
+        # is not fed its first texts alone (it scores them without a word) when --text-pair-column is left out, and
+        # the labels are read where they were. `evaluate` also defaults to the trained length, so its numbers are
+        # the training log's.
+        text, pair, label = columns(self.task, self.cfg)
+        trained = {"text": text, "pair": pair, "label": label, "max_seq_length": self.cfg.max_seq_length}
         extra = {"num_labels": self.config.num_labels, COLUMNS_KEY: trained}
         return self.config.replace(extra={**self.config.extra, **extra})
 

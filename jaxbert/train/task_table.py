@@ -161,7 +161,7 @@ TASKS: dict[str, Task] = {
 }
 
 
-# The key of a fine-tuned model's config.json holding the text columns it was trained on ({"text", "pair"}).
+# The key of a fine-tuned model's config.json holding the columns it was trained on ({"text", "pair", "label"}).
 COLUMNS_KEY = "jaxbert_text_columns"
 
 
@@ -189,6 +189,13 @@ def trained_length(config) -> int | None:
     saved = (config.extra or {}).get(COLUMNS_KEY)
     length = saved.get("max_seq_length") if isinstance(saved, dict) else None
     return length if type(length) is int and length > 0 else None
+
+
+def trained_label(config) -> str | None:
+    """The label column a task model was trained with (see COLUMNS_KEY), None unknown."""
+    saved = (config.extra or {}).get(COLUMNS_KEY)
+    label = saved.get("label") if isinstance(saved, dict) else None
+    return label if isinstance(label, str) else None
 
 
 def trained_columns(config) -> tuple[str | None, str | None]:
