@@ -468,22 +468,19 @@ class WordPiece:
         step = max(8 * limit, 1 << 14)  # characters a chunk: more than `limit` tokens in most texts
         if len(text) <= step:
             return text
-        start, count = 0, 0
-        while count <= max(limit, floor):  # `floor`: tokens the cut text must still have more of (_clip_pair)
-            space = _SPACE.search(text, start + step)
-            if space is None:
-                return text
-            count += len(self._tok.encode(text[start : space.start()], add_special_tokens=False).ids)
-            start = space.start()
-        # A lone surrogate in the part cut off: the whole text, so that it is refused as before (see encode).
-        return text if lone_surrogate(text[start:]) is not None else text[:start]
+        for end, count in self._counted_chunks(text, step):
+            if count > max(limit, floor):  # `floor`: tokens the cut text must still have more of (_clip_pair)
+                # A lone surrogate in the part cut off: the whole text, so that it is refused as before (see encode).
+                return text if lone_surrogate(text[end:]) is not None else text[:end]
+        return text
 
     def _clip_pair(self, a: str, b: str, limit: int) -> tuple[str, str]:
         """(a, b) clipped (_clip) so that longest-first truncation cuts them as it cuts the whole pair, which it does
         by their lengths alone: a long one to more tokens than the other keeps, the shorter in full staying the
         shorter (on which side an odd token goes). Two long texts were encoded whole, and tokenizers keeps every
         overflowing window of each, paired with every one of the other's: two 100,000-token texts, GBs."""
-        cut_a, cut_b = len(self._clip(a, limit)) < len(a), len(self._clip(b, limit)) < len(b)
+        clipped_a, clipped_b = self._clip(a, limit), self._clip(b, limit)
+        cut_a, cut_b = len(clipped_a) < len(a), len(clipped_b) < len(b)
         if not (cut_a or cut_b):
             return a, b
         if cut_a and cut_b:  # both long: the first is the longer (and gets the odd token) only if strictly longer
@@ -491,21 +488,22 @@ class WordPiece:
         else:
             first_longer = cut_a  # a long text is longer than the short one, clipped or not
         if first_longer:
-            b = self._clip(b, limit)
-            return self._clip(a, limit, self._count(b)), b
-        a = self._clip(a, limit)
-        return a, self._clip(b, limit, self._count(a))
+            return self._clip(a, limit, self._count(clipped_b)), clipped_b
+        return clipped_a, self._clip(b, limit, self._count(clipped_a))
 
     def _count(self, text: str) -> int:
         """`text`'s tokens, counted a chunk at a time between spaces (the memory of one chunk; _splits_at_spaces)."""
-        start, count = 0, 0
-        while True:
-            space = _SPACE.search(text, start + (1 << 14))
-            end = len(text) if space is None else space.start()
-            count += len(self._tok.encode(text[start:end], add_special_tokens=False).ids)
-            if space is None:
-                return count
-            start = end
+        end, count = [(0, 0), *self._counted_chunks(text, 1 << 14)][-1]  # a pair a chunk of 16,384 characters
+        return count + len(self._tok.encode(text[end:], add_special_tokens=False).ids)
+
+    def _counted_chunks(self, text: str, step: int):
+        """(end, tokens of text[:end]) at the first space after each `step` characters, chunk by chunk (each chunk's
+        tokens are the whole text's there: _splits_at_spaces); the part after the last such space is left out."""
+        start = count = 0
+        while (space := _SPACE.search(text, start + step)) is not None:
+            count += len(self._tok.encode(text[start : space.start()], add_special_tokens=False).ids)
+            start = space.start()
+            yield start, count
 
     def encode_words(self, words: list[list[str]], *, max_length: int) -> Encoded:
         """Tokenize texts given as words (token classification data): `word_ids` index each text's words, so

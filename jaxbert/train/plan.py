@@ -80,12 +80,15 @@ class Run:
         ids = self.train(step, rows, self.fill)
         A, R = ids.shape[:2]
         first = rows.start if rows else 0
-        one = [
-            self.masked(ids[a, i : i + 1], [self.cfg.seed, step, a * self.train.batch_size + first + i])
-            for a in range(A)
-            for i in range(R)
-        ]
-        return {k: np.concatenate([o[k] for o in one]).reshape(A, R, *one[0][k].shape[1:]) for k in one[0]}
+        seeds = [[self.cfg.seed, step, a * self.train.batch_size + first + i] for a in range(A) for i in range(R)]
+        batch = self.masked_rows(ids.reshape(A * R, *ids.shape[2:]), seeds)
+        return {k: v.reshape(A, R, *v.shape[1:]) for k, v in batch.items()}
+
+    def masked_rows(self, blocks: np.ndarray, seeds: list) -> dict:
+        """Blocks [N, 2, L] masked row by row, row i by a Generator seeded by seeds[i]: a row's masks depend on it
+        alone, not on the rows batched with it."""
+        one = [self.masked(blocks[i : i + 1], seed) for i, seed in enumerate(seeds)]
+        return {k: np.concatenate([o[k] for o in one]) for k in one[0]}
 
     @property
     def fill(self) -> np.ndarray:
@@ -116,8 +119,7 @@ class Run:
                 ids = np.concatenate([ids, pad])
             # Each row masked by its own Generator, seeded by (EVAL_SEED, row): the same masks whatever the batch
             # size (an accumulated run, or one of another --global-batch-size, scores the same validation tokens).
-            rows = [self.masked(ids[i : i + 1], [EVAL_SEED, start + i]) for i in range(B)]
-            s, c, n = eval_fn(params, {k: np.concatenate([r[k] for r in rows]) for k in rows[0]})
+            s, c, n = eval_fn(params, self.masked_rows(ids, [[EVAL_SEED, start + i] for i in range(B)]))
             nll, correct, count = nll + float(s), correct + float(c), count + float(n)
         if count == 0:  # the masks are fixed (EVAL_SEED): no evaluation would score anything, each "loss 0"
             raise ValueError(

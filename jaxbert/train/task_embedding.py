@@ -96,8 +96,8 @@ def embed_batch(
     """[B, C, E] float32 sentence embeddings of a [B, C, L] batch; rows without tokens (padding) are zeros.
     `steps`: the directory's Dense / Dropout modules after the pooling, the Dense parameters under DENSE in
     `params` (in float32 whatever `dtype`, as sentence-transformers' own Dense in a float32 model)."""
-    dense = params.get(DENSE, {})
-    params = jax.tree_util.tree_map(lambda x: x.astype(dtype), {k: v for k, v in params.items() if k != DENSE})
+    params, layers = split_dense(params)
+    params = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
     ids = batch["input_ids"]
     B, C, L = ids.shape
     flat = lambda a: a.reshape(B * C, L)  # noqa: E731
@@ -106,7 +106,6 @@ def embed_batch(
     # Zeroed before normalizing: max pooling of an empty row is -inf, whose gradient would be NaN even unselected.
     emb = jnp.where(mask.any(-1)[:, None], pool(out, mask, pooling, False), 0.0)
     if steps:
-        layers = tuple(dense[str(i)] for i in range(len(dense)))
         emb = sentence_dense.apply(layers, steps, emb, rng=None if rng is None else jax.random.fold_in(rng, DENSE_RNG))
         emb = jnp.where(mask.any(-1)[:, None], emb, 0.0)
     return (_unit(emb) if normalize else emb).reshape(B, C, -1)
@@ -176,6 +175,12 @@ def dense_tree(layers: tuple[dict, ...]) -> dict:
     return {DENSE: {str(i): layer for i, layer in enumerate(layers)}} if layers else {}
 
 
+def split_dense(params: dict) -> tuple[dict, tuple[dict, ...]]:
+    """(the base model's parameters, the Dense modules' in order): dense_tree undone."""
+    dense = params.get(DENSE, {})
+    return {k: v for k, v in params.items() if k != DENSE}, tuple(dense[str(i)] for i in range(len(dense)))
+
+
 def with_similarity(similarity: str):
     """The embedding task (task_table) scoring by `similarity`."""
     from jaxbert.train.task_table import TASKS
@@ -216,8 +221,7 @@ class EmbeddingRun(task_plan.TaskRun):
     def write_model(self, params, directory: str) -> None:
         from jaxbert.sentence_out import write_sentence_model
 
-        dense = params.get(DENSE, {})
-        params = {k: v for k, v in params.items() if k != DENSE}
+        params, layers = split_dense(params)
         params = {**params, **({"pooler": self.pooler} if self.pooler is not None else {})}
         write_sentence_model(
             params,
@@ -229,7 +233,7 @@ class EmbeddingRun(task_plan.TaskRun):
             tokenizer_from=self.cfg.model,
             lower_case=task_plan.embedding_lower_case(self.cfg.model),
             steps=self.steps,
-            dense=tuple(jax.tree_util.tree_map(np.asarray, dense[str(i)]) for i in range(len(dense))),
+            dense=jax.tree_util.tree_map(np.asarray, layers),
         )
 
 
