@@ -84,36 +84,48 @@ def _size(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB" if n >= 2**10 else f"{n} B"
 
 
+class _VerifyFailed(Exception):
+    """convert --verify's comparison failed: raised inside the write, so DST is left as it was."""
+
+
 def _convert(args) -> int:
     from jaxbert.transfer import convert_checkpoint
 
-    if args.verify:  # before writing anything
-        from jaxbert.verify import requirements
+    results: dict[str, tuple[float, float]] = {}
+    check = None
+    if args.verify:
+        from jaxbert.verify import requirements, verify
 
-        requirements()
-    summary = convert_checkpoint(args.src, args.dst, dtype=args.dtype, force=args.force)
-    if args.dtype and args.dtype != "float32":
-        print(f"note: floating parameters cast to {args.dtype}")
-    _print_summary("converted", summary)
-    if not args.verify:
-        return 0
-    from jaxbert.verify import verify
+        requirements()  # before converting anything
 
-    worst_ok = True
-    for field, (err, tol) in verify(summary.src, args.dst).items():  # a hub id's snapshot directory
-        ok = err <= tol
-        worst_ok &= ok
-        verdict = (
-            f"{int(err)} differ" if field.endswith("tokens") else (f"max |difference| {err:.2e} (tolerance {tol:.0e})")
-        )
-        print(f"  verify {field:<24} {verdict} {'ok' if ok else 'FAILED'}")
-    if not worst_ok:
+        def check(src: str, written: str) -> None:
+            results.update(verify(src, written))
+            if any(err > tol for err, tol in results.values()):
+                raise _VerifyFailed
+
+    try:
+        summary = convert_checkpoint(args.src, args.dst, dtype=args.dtype, force=args.force, check=check)
+    except _VerifyFailed:
+        _print_verify(results)
         print(
-            f"jaxbert convert: error: --verify: outputs of {args.dst} differ from PyTorch beyond tolerance",
+            f"jaxbert convert: error: --verify: the conversion's outputs differ from PyTorch beyond tolerance; "
+            f"{args.dst} not written",
             file=sys.stderr,
         )
         return 1
+    if args.dtype and args.dtype != "float32":
+        print(f"note: floating parameters cast to {args.dtype}")
+    _print_summary("converted", summary)
+    _print_verify(results)
     return 0
+
+
+def _print_verify(results: dict[str, tuple[float, float]]) -> None:
+    for field, (err, tol) in results.items():
+        verdict = (
+            f"{int(err)} differ" if field.endswith("tokens") else (f"max |difference| {err:.2e} (tolerance {tol:.0e})")
+        )
+        print(f"  verify {field:<24} {verdict} {'ok' if err <= tol else 'FAILED'}")
 
 
 def _export(args) -> int:

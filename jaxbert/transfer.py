@@ -7,9 +7,11 @@ beside the destination, renamed only when everything is written, so a failure le
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
+from collections.abc import Callable
 
 import jax
 import ml_dtypes
@@ -111,9 +113,20 @@ def _listing(directory: str) -> dict[str, int]:
 
 
 def write_jaxbert_dir(
-    params, config: BertConfig, head: str, dst: str, *, tokenizer_from: str | None = None, force: bool = False
+    params,
+    config: BertConfig,
+    head: str,
+    dst: str,
+    *,
+    tokenizer_from: str | None = None,
+    force: bool = False,
+    check: Callable[[str], None] | None = None,
 ) -> dict[str, int]:
-    """A jaxbert directory: config.json, flax_model.msgpack, tokenizer files; written atomically."""
+    """A jaxbert directory: config.json, flax_model.msgpack, tokenizer files; written atomically.
+
+    `check(directory)` runs on the complete directory before it becomes `dst`: whatever it raises leaves `dst` as
+    it was (convert --verify: a conversion that fails its comparison is not left behind looking like a good one).
+    """
     with atomic_directory(dst, force, sources=(tokenizer_from,) if tokenizer_from else ()) as tmp:
         _write_config(config, head, _stored_dtype(params), tmp)
         with open(os.path.join(tmp, FLAX_MSGPACK), "wb") as f:
@@ -121,6 +134,8 @@ def write_jaxbert_dir(
         if tokenizer_from:
             copy_companion_files(tokenizer_from, tmp)
         files = _listing(tmp)
+        if check is not None:
+            check(tmp)
     return files
 
 
@@ -131,13 +146,26 @@ def _check_destination(src: str, dst: str, force: bool) -> None:
         raise FileExistsError(f"{os.path.abspath(dst)}: already exists (use --force to replace it)")
 
 
-def convert_checkpoint(src: str, dst: str, *, dtype: str | None = None, force: bool = False) -> TransferSummary:
-    """transformers BERT directory (or a transformers 4.x Flax one) -> jaxbert directory."""
+def convert_checkpoint(
+    src: str,
+    dst: str,
+    *,
+    dtype: str | None = None,
+    force: bool = False,
+    check: Callable[[str, str], None] | None = None,
+) -> TransferSummary:
+    """transformers BERT directory (or a transformers 4.x Flax one) -> jaxbert directory.
+
+    `check(src, directory)` (src a hub id's snapshot directory) runs on the written directory before it becomes
+    `dst`; if it raises, `dst` is left as it was.
+    """
     src = hub.resolve(src)
     start = time.perf_counter()
     _check_destination(src, dst, force)
     config, head, source_file, params, report = _read(src, dtype)
-    files = write_jaxbert_dir(params, config, head, dst, tokenizer_from=src, force=force)
+    files = write_jaxbert_dir(
+        params, config, head, dst, tokenizer_from=src, force=force, check=check and functools.partial(check, src)
+    )
     return TransferSummary(
         src,
         dst,

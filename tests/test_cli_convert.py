@@ -294,9 +294,16 @@ def test_verify_reports_and_fails_beyond_tolerance(tmp_path, capsys, monkeypatch
     rc, out, err = cli(capsys, "convert", tmp_path / "src", tmp_path / "dst", "--verify")
     assert rc == 0, err
     assert "verify logits" in out and "ok" in out
+    before = {p.name: p.read_bytes() for p in (tmp_path / "dst").iterdir()}
     monkeypatch.setitem(jaxbert.verify.TOLERANCE, "float32", 0.0)
     rc, out, err = cli(capsys, "convert", tmp_path / "src", tmp_path / "dst", "--verify", "--force")
     assert rc == 1 and "FAILED" in out and "differ from PyTorch beyond tolerance" in err
+    assert f"{tmp_path / 'dst'} not written" in err
+    # A conversion that fails its check is not left behind: --force keeps the old DST, a new DST is not made
+    assert {p.name: p.read_bytes() for p in (tmp_path / "dst").iterdir()} == before
+    rc, _, err = cli(capsys, "convert", tmp_path / "src", tmp_path / "new", "--verify")
+    assert rc == 1 and "not written" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst", "src"]
 
 
 def test_version_flag_and_info_name_the_versions_and_devices(tmp_path, capsys):

@@ -108,6 +108,8 @@ def test_convert_verify_compares_greedy_generation(lm_dir, tmp_path, capsys, mon
     assert main(["convert", lm_dir, str(tmp_path / "jax"), "--verify", "--force"]) == 1
     out, err = capsys.readouterr()
     assert "verify greedy tokens            1 differ FAILED" in out and "differ from PyTorch" in err
+    assert main(["convert", lm_dir, str(tmp_path / "other"), "--verify"]) == 1
+    assert not (tmp_path / "other").exists()
 
 
 @pytest.fixture(scope="module")
