@@ -102,8 +102,12 @@ def _sequence_classification(params, config, out, targets, rng, smoothing):
 def _multiple_choice(params, config, out, targets, rng, smoothing):
     logits = dense(params["classifier"], dropout(out.pooler_output, _classifier_dropout(config), rng))
     logits = logits.reshape(-1, targets["choices"])
+    present = targets.get("choice_mask")
+    if present is not None:  # an example's absent options are never chosen
+        logits = jnp.where(present, logits, jnp.finfo(logits.dtype).min)
     labels = targets.get("labels")
-    return {"logits": logits}, None if labels is None else cross_entropy(logits, labels, label_smoothing=smoothing)
+    loss = None if labels is None else cross_entropy(logits, labels, label_smoothing=smoothing, classes=present)
+    return {"logits": logits}, loss
 
 
 def _token_classification(params, config, out, targets, rng, smoothing):
@@ -248,6 +252,7 @@ def forward(
     segment_ids=None,
     segment_starts=None,
     attention_dtype: str | None = None,
+    choice_mask=None,
 ) -> BertOutput:
     """Any head on a batch, with transformers' output fields; the loss is computed when labels are given.
     Decoders take `encoder_hidden_states`, `encoder_attention_mask`, `past_key_values` and `use_cache` as
@@ -259,7 +264,9 @@ def forward(
     Packed rows (packing.py): `segment_ids` [B, L] keep each sequence's attention within itself, and with
     `segment_starts` [B, S] (each sequence's first column) the pooler runs per sequence, so pooled heads give
     [B, S, ...] (sequence classification logits [B, S, C]); per-token heads are unchanged. `attention_dtype`: see
-    model.bert."""
+    model.bert. Multiple choice over examples with different numbers of options: pad each to the batch's most
+    options and pass `choice_mask` [B, C] (False for a padding option): those options get logit finfo.min, so the
+    softmax, the loss (label smoothing included) and the argmax are each example's own."""
     head = resolve_head(head, config)
     if head == "EncoderDecoderModel":
         from jaxbert.seq2seq import encoder_decoder
@@ -292,7 +299,10 @@ def forward(
         "start_positions": start_positions,
         "end_positions": end_positions,
         "sample_weight": sample_weight,
+        "choice_mask": choice_mask,
     }
+    if choice_mask is not None and not spec.choices:
+        raise ValueError(f"choice_mask: {head} is not a multiple-choice head")
     if spec.choices:  # [B, C, L] -> [B*C, L]; the head gives logits [B, C] back
         targets["choices"] = (input_ids if input_ids is not None else inputs_embeds).shape[1]
         flat = lambda a: None if a is None else a.reshape(-1, *a.shape[2:])  # noqa: E731

@@ -6,20 +6,35 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import optax
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 
 from jaxbert.config import BertConfig
 
 
 def cross_entropy(
-    logits: Float[Array, "... C"], labels: Int[Array, ...], ignore_index: int = -100, label_smoothing: float = 0.0
+    logits: Float[Array, "... C"],
+    labels: Int[Array, ...],
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    classes: Bool[Array, "... C"] | None = None,
 ) -> Float[Array, ""]:
-    """Mean integer-label cross-entropy over labels != ignore_index (PyTorch's CrossEntropyLoss semantics)."""
+    """Mean integer-label cross-entropy over labels != ignore_index (PyTorch's CrossEntropyLoss semantics).
+
+    `classes` marks each row's own classes (multiple choice with fewer options than the batch's widest example):
+    the others take no probability, and label smoothing spreads over the row's own classes only, so a row's loss
+    is the one it has alone."""
     valid = labels != ignore_index
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    logits = logits.astype(jnp.float32)
+    if classes is not None:
+        logits = jnp.where(classes, logits, jnp.finfo(jnp.float32).min)
+    logp = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(logp, jnp.where(valid, labels, 0)[..., None], axis=-1)[..., 0]
     if label_smoothing:
-        nll = (1.0 - label_smoothing) * nll - label_smoothing * logp.mean(-1)
+        if classes is None:
+            spread = logp.mean(-1)
+        else:  # a padding row has no classes: max(.., 1) keeps its (ignored) loss and gradient finite
+            spread = jnp.where(classes, logp, 0.0).sum(-1) / jnp.maximum(classes.sum(-1), 1)
+        nll = (1.0 - label_smoothing) * nll - label_smoothing * spread
     return jnp.sum(jnp.where(valid, nll, 0.0)) / jnp.maximum(valid.sum(), 1)
 
 

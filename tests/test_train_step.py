@@ -174,3 +174,39 @@ def test_an_epochs_padded_last_step_equals_the_step_on_its_examples(head):
     left = batches.examples(1)
     alone = {k: v[None] for k, v in data.batch(left, len(left), L, 0).items()}  # [1 micro-batch, 2, ...]
     _same_step(head, last, alone)
+
+
+def test_absent_options_leave_each_examples_own_loss_and_gradient():
+    """Multiple choice over examples of 2, 3 and 4 options padded to 4 (choice_mask): each example's logits, its
+    smoothed loss (label smoothing over its own options) and the gradient are those it has alone, unpadded."""
+    config = CONFIG.replace(id2label=None, label2id=None)
+    head = "BertForMultipleChoice"
+    params = jaxbert.init_params(config, jax.random.key(0), head)
+    rng = np.random.default_rng(1)
+    counts, labels, C = [2, 3, 4], np.array([1, 2, 0], np.int32), 4
+    ids = rng.integers(5, 50, (3, C, L)).astype(np.int32)  # an absent option's ids are noise under a zero mask
+    present = np.arange(C) < np.array(counts)[:, None]
+    mask = np.broadcast_to(present[..., None], ids.shape).astype(np.int32)
+
+    def padded(p):
+        out = jaxbert.heads.forward(p, config, head, ids, mask, labels=labels, choice_mask=present, label_smoothing=0.1)
+        return out.loss, out.logits
+
+    def alone(p, e):
+        one = jaxbert.heads.forward(
+            p, config, head, ids[e : e + 1, : counts[e]], labels=labels[e : e + 1], label_smoothing=0.1
+        )
+        return one.loss, one.logits
+
+    with jax.default_matmul_precision("highest"):
+        (loss, logits), grads = jax.jit(jax.value_and_grad(padded, has_aux=True))(params)
+        own = [jax.jit(jax.value_and_grad(alone, has_aux=True), static_argnums=1)(params, e) for e in range(3)]
+    np.testing.assert_allclose(float(loss), np.mean([float(o[0][0]) for o in own]), rtol=1e-6)
+    for e, ((_, one_logits), _) in enumerate(own):
+        np.testing.assert_allclose(np.asarray(logits)[e, : counts[e]], np.asarray(one_logits)[0], atol=1e-5)
+        assert (np.asarray(logits)[e, counts[e] :] == np.finfo(np.float32).min).all()  # never chosen
+    mean = jax.tree_util.tree_map(lambda *g: sum(g) / 3, *[o[1] for o in own])
+    diff = jax.tree_util.tree_map(lambda a, b: float(jnp.abs(a - b).max()), grads, mean)
+    assert max(jax.tree_util.tree_leaves(diff)) <= 1e-6
+    with pytest.raises(ValueError, match="choice_mask: BertForSequenceClassification is not a multiple-choice head"):
+        jaxbert.heads.forward(params, config, "BertForSequenceClassification", ids[:, 0], choice_mask=present)

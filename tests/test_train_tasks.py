@@ -41,19 +41,21 @@ def _words(rng, lo=2, hi=9):
 
 
 def _records(kind: str, n: int = 8) -> list[dict]:
+    options = (lambda i: 2 + i % 3) if kind == "choice-varying" else (lambda i: 3)  # ARC-like: 2 to 4 options
     kind = kind.split("-")[0]  # the variants' data are their base case's
     rng = np.random.default_rng(7)
     out = []
     for i in range(n):
         text, pair = " ".join(_words(rng)), " ".join(_words(rng))
         words = _words(rng)
+        choices = [" ".join(_words(rng)) for _ in range(options(i))]
         out.append(
             {
                 "single": {"text": text, "text_pair": pair, "label": i % 3},
                 "regression": {"text": text, "label": round(float(rng.normal()), 3)},
                 "multi": {"text": text, "label": [j for j in range(4) if rng.random() < 0.4]},
                 "tokens": {"tokens": words, "ner_tags": [int(t) for t in rng.integers(0, 5, len(words))]},
-                "choice": {"context": text, "choices": [" ".join(_words(rng)) for _ in range(3)], "label": i % 3},
+                "choice": {"context": text, "choices": choices, "label": (i + i // 3) % len(choices)},
             }[kind]
         )
     return out
@@ -71,6 +73,10 @@ CASES = {
     "multi": ("sequence-classification", "BertForSequenceClassification", dict(num_labels=4), []),
     "tokens": ("token-classification", "BertForTokenClassification", dict(num_labels=5), []),
     "choice": ("multiple-choice", "BertForMultipleChoice", {}, []),
+    # Examples of 2, 3 and 4 options in one batch, padded to 4: PyTorch pads with empty options and masks their
+    # logits, as a user of BertForMultipleChoice must (label smoothing over each example's own options:
+    # test_losses.py).
+    "choice-varying": ("multiple-choice", "BertForMultipleChoice", {}, []),
     # Unpacked (each step padded to a length bucket), and accumulated: 2 micro-batches of 4 examples give the one
     # batch of 8's step (micro-batches weighted by their labelled tokens: train/step.py).
     "single-unpacked": (
@@ -102,9 +108,15 @@ def _torch_batch(kind, records, tok):
             labels.append(row)
         return dict(enc), torch.tensor(labels)
     if kind == "choice":
-        C = len(records[0]["choices"])
-        enc = tok([r["context"] for r in records for _ in range(C)], [c for r in records for c in r["choices"]], **pt)
-        return {k: v.view(len(records), C, -1) for k, v in enc.items()}, torch.tensor([r["label"] for r in records])
+        C = max(len(r["choices"]) for r in records)
+        padded = [r["choices"] + [""] * (C - len(r["choices"])) for r in records]
+        enc = tok([r["context"] for r in records for _ in range(C)], [c for p in padded for c in p], **pt)
+        batch = {k: v.view(len(records), C, -1) for k, v in enc.items()}
+        labels = torch.tensor([r["label"] for r in records])
+        if any(len(r["choices"]) < C for r in records):
+            present = torch.tensor([[k < len(r["choices"]) for k in range(C)] for r in records])
+            return batch, (labels, present)
+        return batch, labels
     enc = tok([r["text"] for r in records], [r["text_pair"] for r in records] if kind == "single" else None, **pt)
     if kind == "multi":
         return dict(enc), torch.tensor([[float(j in r["label"]) for j in range(4)] for r in records])
@@ -122,7 +134,12 @@ def _torch_step(model, batch, labels):
     ]
     opt = torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.999), eps=EPS)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, (1 - s) / 1))  # linear, 1 step, no warm-up
-    loss = model(**batch, labels=labels).loss
+    if isinstance(labels, tuple):  # multiple choice with absent options
+        labels, present = labels
+        logits = model(**batch).logits.masked_fill(~present, torch.finfo(torch.float32).min)
+        loss = torch.nn.functional.cross_entropy(logits, labels)
+    else:
+        loss = model(**batch, labels=labels).loss
     loss.backward()
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
     opt.step()
@@ -212,6 +229,20 @@ def _one_step_equals_pytorch(kind, tmp_path, capsys, examples: int = 8, length: 
     assert moved > LR / 10  # every tensor took the step (a frozen one would pass the comparison trivially)
     if kind == "single" and examples == 8:  # once: the columns do not depend on the program
         _pairs_stay_pairs(out / "final", records, data, tmp_path, capsys, length)
+    if kind == "choice-varying":
+        _varying_options_scored_as_predicted(out / "final", records, data, tmp_path, capsys)
+
+
+def _varying_options_scored_as_predicted(final, records, data, tmp_path, capsys):
+    """evaluate scores examples of 2 to 4 options (it refused them) as predict chooses among each one's own."""
+    assert main(["predict", str(final), "--input", str(data), "--output", str(tmp_path / "p.jsonl")]) == 0
+    chosen = [json.loads(line)["label"] for line in open(tmp_path / "p.jsonl")]
+    assert all(0 <= c < len(r["choices"]) for c, r in zip(chosen, records))
+    scored = tmp_path / "m.json"
+    args = ["evaluate", str(final), "--task", "multiple-choice", "--file", str(data), "--output", str(scored)]
+    assert main(args) == 0, capsys.readouterr().err
+    accuracy = np.mean([c == r["label"] for c, r in zip(chosen, records)])
+    assert abs(json.load(open(scored))["accuracy"] - accuracy) < 1e-9
 
 
 def _pairs_stay_pairs(final, records, data, tmp_path, capsys, length):

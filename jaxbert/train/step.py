@@ -32,7 +32,8 @@ def masked_lm(params, config: BertConfig, batch: dict, *, rng=None, dtype=jnp.fl
     return mlm_logits(params["cls"], config, params["bert"]["embeddings"]["word_embeddings"]["embedding"], hidden)
 
 
-TARGET_KEYS = ("labels", "start_positions", "end_positions", "sample_weight")  # heads.forward's loss inputs
+# heads.forward's loss inputs
+TARGET_KEYS = ("labels", "start_positions", "end_positions", "sample_weight", "choice_mask")
 
 
 def task_forward(

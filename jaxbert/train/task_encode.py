@@ -24,7 +24,8 @@ IGNORE = -100  # transformers' ignored label: sub-tokens after a word's first, s
 @dataclasses.dataclass
 class Encodedset:
     """Every example's token sequences, concatenated: sequence s is ids[starts[s]:starts[s + 1]]; an example
-    has `choices` consecutive sequences (multiple choice) or one."""
+    has `choices` consecutive sequences (multiple choice) or one. An example with fewer options than `choices`
+    has empty sequences for the rest (an option's sequence has at least [CLS] and [SEP])."""
 
     ids: np.ndarray  # [T] int32
     types: np.ndarray  # [T] int8
@@ -40,6 +41,10 @@ class Encodedset:
 
     def lengths(self) -> np.ndarray:
         return np.diff(self.starts).reshape(-1, self.choices).max(1)
+
+    def options(self) -> np.ndarray:
+        """[N] each example's number of options (multiple choice)."""
+        return (np.diff(self.starts).reshape(-1, self.choices) > 0).sum(1)
 
     def batch(self, rows, n_rows: int, length: int, pad_id: int) -> dict:
         """Examples `rows` (-1: a padding row), padded to n_rows × length; padding rows have label -100
@@ -61,6 +66,8 @@ class Encodedset:
                     tags[r, : b - a] = self.tags[a:b]
         squeeze = (lambda a: a) if C > 1 else (lambda a: a[:, 0])
         batch = {"input_ids": squeeze(ids), "attention_mask": squeeze(mask), "token_type_ids": squeeze(types)}
+        if C > 1:  # which options each example has (heads.forward's choice_mask)
+            batch["choice_mask"] = mask.any(-1)
         if len(self.tags):
             # No row weights: a token loss is a mean over labelled tokens, and the step weighs micro-batches by
             # what their losses are over (step._items), so rows would weigh them wrongly (as packed rows have none).
@@ -178,31 +185,40 @@ def encode_tags(tok, rows, columns, labels: Labels, max_len: int):
 
 
 def encode_choices(tok, rows, columns, labels: Labels, max_len: int):
-    """SWAG-style: each (context, option) pair is one sequence; the label is the right option's index."""
+    """SWAG-style: each (context, option) pair is one sequence; the label is the right option's index. Examples
+    may have different numbers of options (ARC's 3 to 5): each is padded to the most with empty sequences."""
     context, options, label = columns
     contexts = [r.text(context) for r in rows]
     lists = [r.texts(options) for r in rows]
-    n = len(lists[0])
     targets = []
     for row, opts in zip(rows, lists):
-        if len(opts) != n or n < 2:
-            raise ValueError(
-                f"{row.where(options)}: {len(opts)} options; every example needs the same number "
-                f"(at least 2; {rows[0].path}:{rows[0].line} has {n})"
-            )
+        if len(opts) < 2:
+            raise ValueError(f"{row.where(options)}: {len(opts)} options; an example needs at least 2")
         value = row.label(label)
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < len(opts):
             raise ValueError(
                 f"{row.where(label)}: label {value!r} out of range: expected the index of the right "
-                f"option, an integer in [0, {n})"
+                f"option, an integer in [0, {len(opts)})"
             )
         targets.append(value)
     targets = np.asarray(targets, np.int32)
-    firsts = [c for c in contexts for _ in range(n)]
+    firsts = [c for c, opts in zip(contexts, lists) for _ in opts]
     seconds = [o for opts in lists for o in opts]
-    return [contexts, lists, targets.tolist()], lambda: _pack(
-        tok.encode(firsts, seconds, max_length=max_len), n, targets
-    )
+
+    def build():
+        enc = tok.encode(firsts, seconds, max_length=max_len)
+        n = max(len(opts) for opts in lists)
+        if all(len(opts) == n for opts in lists):
+            return _pack(enc, n, targets)
+        # option k of example e is sequence e * n + k; the sequences after an example's last option stay empty
+        place = np.concatenate([e * n + np.arange(len(opts)) for e, opts in enumerate(lists)])
+        lengths = np.zeros(len(lists) * n, np.int64)
+        lengths[place] = [len(x) for x in enc.ids]
+        packed = _pack(enc, n, targets)
+        packed.starts = np.concatenate([[0], np.cumsum(lengths)])
+        return packed
+
+    return [contexts, lists, targets.tolist()], build
 
 
 @dataclasses.dataclass

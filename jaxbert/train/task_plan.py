@@ -131,8 +131,10 @@ def labelled_config(config: BertConfig, task: Task, labels: Labels) -> BertConfi
     )
 
 
-def _unit(task: Task) -> str:
-    return "texts" if task.name == "embedding" else "options"
+def _per_example(data: E.Encodedset, task: Task) -> str:
+    counts = data.options()
+    lo, hi = int(counts.min(initial=data.choices)), int(counts.max(initial=data.choices))
+    return f"{lo if lo == hi else f'{lo} to {hi}'} {'texts' if task.name == 'embedding' else 'options'} each"
 
 
 def _names(names) -> str:
@@ -244,7 +246,7 @@ def prepare(cfg: TrainConfig) -> TaskRun:
     run.say(
         f"data: {len(train)} training and {len(val)} validation examples ({task.name}"
         f"{', ' + labels.problem_type if labels.problem_type else ''}; "
-        f"{named if labels.names else f'{train.choices} {_unit(task)} each'})"
+        f"{named if labels.names else _per_example(train, task)})"
     )
     if plain:
         run.say(f"metrics: {plain}")
