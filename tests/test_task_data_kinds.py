@@ -232,6 +232,12 @@ def test_a_csv_cell_is_a_number_only_as_json_writes_one(tmp_path):
     assert labels.names == ("1_0", "2_1", "\u0663") and labels.problem_type == "single_label_classification"
     rows = read_rows(_write(tmp_path / "r.tsv", "text\tlabel\na\t-1.5e1\nb\t 2 \nc\t+0.25\n"))
     assert [row.label("label") for row in rows] == [-15.0, 2, 0.25]
+    # float() also reads nan / inf / Infinity, which JSON does not write: names, so a class "nan" among "pos" and
+    # "neg" is a class (it made the column a regression: "regression label 'pos' is not a number")
+    rows = read_rows(_write(tmp_path / "n.csv", "text,label\na,pos\nb,nan\nc,neg\nd,-inf\ne,Infinity\n"))
+    labels = sequence_labels(rows, "label", None, None)
+    assert labels.names == ("-inf", "Infinity", "nan", "neg", "pos")
+    assert labels.problem_type == "single_label_classification"
 
 
 def test_a_one_output_model_without_problem_type_is_evaluated_as_a_regressor(tmp_path):

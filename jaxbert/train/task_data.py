@@ -14,6 +14,7 @@ import csv
 import dataclasses
 import io
 import json
+import math
 import os
 
 from jaxbert.files import json_line
@@ -122,14 +123,16 @@ def parse_cell(row: Row, column: str, cell: str, want_list: bool = False):
             return json.loads(text)
         except (ValueError, RecursionError):
             raise ValueError(f"{row.where(column)}: {cell!r} is not a JSON array") from None
-    # Python's int() and float() also read "1_0" (10) and non-ASCII digits ("\u0663" is 3): label names, not numbers.
+    # Python's int() and float() also read "1_0" (10) and non-ASCII digits ("\u0663" is 3), and float() "nan",
+    # "inf" and "Infinity", which JSON does not write: label names, not numbers.
     if want_list or not text.isascii() or "_" in text:
         return cell
     for kind in (int, float):
         try:
-            return kind(text)
+            value = kind(text)
         except ValueError:
-            pass
+            continue
+        return value if math.isfinite(value) else cell
     return cell
 
 
