@@ -171,6 +171,32 @@ def _refuse_added_tokens(directory: str, config: dict, config_path: str, tok: To
             )
 
 
+# AddedToken's flags as tokenizer_config.json's added_tokens_decoder writes them
+FLAGS = ("single_word", "lstrip", "rstrip", "normalized", "special")
+
+
+def _with_added(directory: str, config: dict, config_path: str, tok: Tokenizer, special: dict[str, str]) -> None:
+    """Add to `tok` (each token in its vocabulary: _refuse_added_tokens checked) the tokens transformers adds:
+    tokenizer_config.json's added_tokens_decoder, with its flags (they replace tokenizer.json's), else those of
+    added_tokens.json (normalized unless special). "[unused1]" listed there was split into "[", "unused", "##1",
+    "]" where transformers matches it whole (and lower-cased, when normalized); an lstrip token's offsets took
+    none of the spaces before it."""
+    from tokenizers import AddedToken
+
+    decoder, added = config.get("added_tokens_decoder"), []
+    if isinstance(decoder, dict):
+        for key, entry in sorted(decoder.items(), key=lambda item: int(item[0]) if item[0].isdigit() else -1):
+            flags = {k: entry[k] for k in FLAGS if k in entry} if isinstance(entry, dict) else None
+            content = entry.get("content") if isinstance(entry, dict) else None
+            if not isinstance(content, str) or not all(isinstance(v, bool) for v in flags.values()):
+                raise ValueError(f"{config_path}: added_tokens_decoder[{key!r}]={entry!r} is not a token")
+            added.append(AddedToken(content, **flags))
+    elif path := existing_file(directory, "added_tokens.json"):
+        named = {*special.values(), *_additional_special(directory, config)}
+        added = [AddedToken(t, normalized=t not in named, special=t in named) for t in read_json(path)]
+    tok.add_tokens(added)
+
+
 def _with_additional(tok: Tokenizer, tokens: list[str]) -> tuple[str, ...]:
     """Make `tokens` (each in the vocabulary: _refuse_added_tokens checked) special tokens of `tok`, matched whole in
     a text as transformers matches them ("[unused1]" was split into "[", "unused", "##1", "]")."""
@@ -336,6 +362,7 @@ class WordPiece:
             if _builds_bert_tokenizer(directory, config, config_path, vocab_only=False):
                 tok = _as_bert_tokenizer(path, tok, options, special)
             _refuse_added_tokens(directory, config, config_path, tok, "tokenizer.json")
+            _with_added(directory, config, config_path, tok, special)
             extra = _with_additional(tok, _additional_special(directory, config))
             clean = _clean_up(config, config_path, tok)
             return cls(_with_unknown(path, tok), max_len, side, special, padding, clean, extra, types)
@@ -348,6 +375,7 @@ class WordPiece:
         tok = _load(vocab, lambda: BertWordPieceTokenizer(vocab, clean_text=True, **options)._tokenizer)
         tok = _with_unknown(vocab, tok)
         _refuse_added_tokens(directory, config, config_path, tok, "vocab.txt")
+        _with_added(directory, config, config_path, tok, special)
         extra = _with_additional(tok, _additional_special(directory, config))
         padding = _side(config, config_path, "padding_side")
         return cls(tok, max_len, side, special, padding, _clean_up(config, config_path, tok), extra, types)

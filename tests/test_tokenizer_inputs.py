@@ -474,3 +474,51 @@ def test_decoding_cleans_up_spaces_as_tokenizer_config_says(tmp_path, clean_up, 
     tok = WordPiece.from_dir(directory)
     assert tok.decode(tok.encode(["Don't, it's a test."]).ids[0]) == text
     assert tok.lowercased().decode(tok.encode(["Don't, it's a test."]).ids[0]) == text
+
+
+def _decoder_entry(content: str, **flags) -> dict:
+    base = dict(content=content, lstrip=False, rstrip=False, normalized=False, single_word=False, special=True)
+    return {**base, **flags}
+
+
+FLAGS = [{"lstrip": True}, {"rstrip": True}, {"single_word": True}, {"normalized": True}]
+NOT_SPECIAL = {"normalized": True, "special": False}
+
+
+@pytest.mark.parametrize("name", ["vocab.txt", "tokenizer.json"])
+@pytest.mark.parametrize(
+    "file, content",
+    [
+        *[("tokenizer_config.json", {"added_tokens_decoder": {"103": _decoder_entry("[MASK]", **f)}}) for f in FLAGS],
+        ("tokenizer_config.json", {"added_tokens_decoder": {"1": _decoder_entry("[unused1]")}}),
+        ("tokenizer_config.json", {"added_tokens_decoder": {"1": _decoder_entry("[unused1]", **NOT_SPECIAL)}}),
+        ("added_tokens.json", {"[unused1]": 1}),
+    ],
+)
+def test_the_tokens_transformers_adds_are_matched_with_their_flags(tmp_path, name, file, content):
+    """transformers 5 adds the tokens of tokenizer_config.json's added_tokens_decoder with their flags (over
+    tokenizer.json's), else those of added_tokens.json, also when the vocabulary holds them: 'hello [unused1]x' is
+    [101, 7592, 2, 1060, 102] there, and jaxbert split it into [101, 7592, 1031, 15171, 2487, 1033, 1060, 102];
+    [MASK] with lstrip took the spaces before it into its offsets, with single_word 'a[MASK]b' is not the mask, and
+    normalized '[mask]' is. Tokens, ids and offsets are transformers'."""
+    transformers = pytest.importorskip("transformers")
+    directory = _tokenizer_dir(tmp_path, name)
+    settings = json.load(open(os.path.join(MINILM, "tokenizer_config.json")))
+    if file == "tokenizer_config.json":
+        settings.update(content)
+    else:
+        (tmp_path / file).write_text(json.dumps(content))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(settings))
+    texts = ["the [MASK] is  [MASK]  here", "a[MASK]b [mask] c", "hello [unused1]x [UNUSED1] y"]
+    got = WordPiece.from_dir(directory).encode(texts)
+    want = transformers.AutoTokenizer.from_pretrained(directory)(texts, return_offsets_mapping=True)
+    assert got.ids == want["input_ids"]
+    assert got.offsets == [[tuple(o) for o in offsets] for offsets in want["offset_mapping"]]
+
+
+def test_an_added_token_that_is_no_token_is_named(tmp_path):
+    directory = _tokenizer_dir(tmp_path, "vocab.txt")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": {"1": "[unused1]"}}))
+    named = r"tokenizer_config.json: added_tokens_decoder\['1'\]='\[unused1\]' is not a token"
+    with pytest.raises(ValueError, match=named):
+        WordPiece.from_dir(directory)
