@@ -5,7 +5,9 @@ pipeline's span probabilities for `Bert.answer`).
 
 Windows come from the `tokenizers` library's own truncation with stride (what transformers' fast tokenizer calls
 with `truncation="only_second", return_overflowing_tokens=True, stride=doc_stride`): the question is never cut,
-each window repeats the last `doc_stride` context tokens of the previous one.
+each window repeats the last `doc_stride` context tokens of the previous one. A tokenizer padding on the left puts
+the context first and the question after it (`truncation="only_first"`), as run_qa.py (pad_on_right) and the
+pipeline (question_first) do.
 """
 
 from __future__ import annotations
@@ -25,8 +27,14 @@ _lock = threading.Lock()
 _tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def _context_first(tok) -> bool:
+    """Whether windows read [CLS] context [SEP] question [SEP]: run_qa.py and the pipeline put the question after
+    the context when the tokenizer pads on the left (tokenizer_config.json's padding_side)."""
+    return tok.padding_side == "left"
+
+
 def _window_tokenizer(tok, max_length: int, stride: int):
-    """A copy of the WordPiece's tokenizer that truncates the second sequence with overflow, from the side its
+    """A copy of the WordPiece's tokenizer that truncates the context with overflow, from the side its
     truncation_side names as transformers' tokenizer does (tokenizer_config.json's "left": the first window ends
     the context), built once per setting: tokenizers' truncation is shared mutable state, see tokenizer.WordPiece."""
     from tokenizers import Tokenizer
@@ -35,7 +43,8 @@ def _window_tokenizer(tok, max_length: int, stride: int):
         cache = _tokenizers.setdefault(tok, {})
         if (max_length, stride) not in cache:
             copy = Tokenizer.from_str(tok._tok.to_str())
-            copy.enable_truncation(max_length, stride=stride, strategy="only_second", direction=tok.truncation_side)
+            strategy = "only_first" if _context_first(tok) else "only_second"
+            copy.enable_truncation(max_length, stride=stride, strategy=strategy, direction=tok.truncation_side)
             cache[max_length, stride] = copy
         return cache[max_length, stride]
 
@@ -49,6 +58,7 @@ class Windows:
     offsets: list[list[tuple[int, int]]]  # character span in the context, NO_SPAN outside it
     example: list[int]
     encodings: list  # tokenizers.Encoding of each window (words, for the pipeline's word-aligned answers)
+    context: int = 1  # the context's sequence index in each window (0 when it comes first: _context_first)
 
 
 FLAGS = ("--max-seq-length", "--doc-stride")  # training's names of windows' length and stride
@@ -61,6 +71,8 @@ def windows(tok, questions: list[str], contexts: list[str], max_length: int, str
     wtok = _window_tokenizer(tok, max_length, stride)
     pairs = [(q.lstrip(), c) for q, c in zip(questions, contexts)]
     _check_room(tok, pairs, max_length, stride, names)
+    context = 0 if _context_first(tok) else 1
+    pairs = [(c, q) for q, c in pairs] if context == 0 else pairs
     try:
         encs = wtok.encode_batch(pairs)
     except Exception:  # noqa: BLE001 - the tokenizers library raises plain Exception; find the culprit
@@ -70,16 +82,16 @@ def windows(tok, questions: list[str], contexts: list[str], max_length: int, str
             try:
                 wtok.encode(*pair)
             except Exception as e:  # noqa: BLE001
-                n = len(tok._tok.encode(pair[0]).ids)
+                n = len(tok._tok.encode(pair[1 - context]).ids)
                 raise _no_room(i, n, max_length, stride, names, str(e).strip().splitlines()[0]) from None
         raise
-    out = Windows([], [], [], [], [])
+    out = Windows([], [], [], [], [], context)
     for i, enc in enumerate(encs):
         for w in [enc, *enc.overflowing]:
             seq = w.sequence_ids
             out.ids.append(w.ids)
             out.type_ids.append(w.type_ids if tok.token_types else [0] * len(w.ids))  # see WordPiece._encoded
-            out.offsets.append([tuple(o) if s == 1 else NO_SPAN for o, s in zip(w.offsets, seq)])
+            out.offsets.append([tuple(o) if s == context else NO_SPAN for o, s in zip(w.offsets, seq)])
             out.example.append(i)
             out.encodings.append(w)
     return out
@@ -217,10 +229,11 @@ def pipeline_spans(
     return out, null
 
 
-def word_span(enc, s: int, e: int) -> tuple[int, int]:
+def word_span(enc, s: int, e: int, context: int = 1) -> tuple[int, int]:
     """Character span of the whole words holding tokens s..e (the pipeline's align_to_words), else the tokens'."""
     try:
-        return enc.word_to_chars(enc.token_to_word(s), 1)[0], enc.word_to_chars(enc.token_to_word(e), 1)[1]
+        start, end = enc.token_to_word(s), enc.token_to_word(e)
+        return enc.word_to_chars(start, context)[0], enc.word_to_chars(end, context)[1]
     except Exception:  # noqa: BLE001 - [CLS] has no word: keep to the offsets, as the pipeline does
         return enc.offsets[s][0], enc.offsets[e][1]
 
@@ -269,7 +282,7 @@ def answer(
         null = min(null, window_null)
         enc = w.encodings[f]
         for s, e, score in spans:
-            a, b = word_span(enc, s, e) if align_to_words else (enc.offsets[s][0], enc.offsets[e][1])
+            a, b = word_span(enc, s, e, w.context) if align_to_words else (enc.offsets[s][0], enc.offsets[e][1])
             seen = found.setdefault(context[a:b].lower(), {"answer": context[a:b], "score": 0.0, "start": a, "end": b})
             seen["score"] += score
     answers = list(found.values())

@@ -61,11 +61,13 @@ def _examples(hf):
     return questions, [CONTEXT] * len(answers), answers
 
 
-def _reference_train_features(hf, questions, contexts, answers):
+def _reference_train_features(hf, questions, contexts, answers, padding="max_length"):
     """run_qa.py's prepare_train_features (pad_to_max_length, its default), verbatim in its logic."""
     questions = [q.lstrip() for q in questions]
-    tokenized = hf(questions, contexts, truncation="only_second", max_length=MAX_LEN, stride=STRIDE,
-                   return_overflowing_tokens=True, return_offsets_mapping=True, padding="max_length")  # fmt: skip
+    pad_on_right = hf.padding_side == "right"
+    tokenized = hf(questions if pad_on_right else contexts, contexts if pad_on_right else questions,
+                   truncation="only_second" if pad_on_right else "only_first", max_length=MAX_LEN, stride=STRIDE,
+                   return_overflowing_tokens=True, return_offsets_mapping=True, padding=padding)  # fmt: skip
     sample_mapping = tokenized["overflow_to_sample_mapping"]
     starts, ends = [], []
     for i, offsets in enumerate(tokenized["offset_mapping"]):
@@ -80,10 +82,10 @@ def _reference_train_features(hf, questions, contexts, answers):
         start_char = answer["answer_start"][0]
         end_char = start_char + len(answer["text"][0])
         token_start_index = 0
-        while sequence_ids[token_start_index] != 1:
+        while sequence_ids[token_start_index] != (1 if pad_on_right else 0):
             token_start_index += 1
         token_end_index = len(input_ids) - 1
-        while sequence_ids[token_end_index] != 1:
+        while sequence_ids[token_end_index] != (1 if pad_on_right else 0):
             token_end_index -= 1
         if not (offsets[token_start_index][0] <= start_char and offsets[token_end_index][1] >= end_char):
             starts.append(cls_index)
@@ -274,18 +276,23 @@ def _reference_pipeline(
     model, hf, question, context, top_k, max_answer_len, max_seq_len, doc_stride, handle_impossible_answer=False,
     align_to_words=True,
 ):  # fmt: skip
-    """transformers 4.57's QuestionAnsweringPipeline (fast tokenizer, question first): preprocess, forward one span
-    at a time, postprocess with select_starts_ends / decode_spans over 2 top_k + 10 spans a window, answers aligned
-    to words, and an answer found again (same text, any case) adding its score to the first one's; with
+    """transformers 4.57's QuestionAnsweringPipeline (fast tokenizer): preprocess, forward one span at a time,
+    postprocess with select_starts_ends / decode_spans over 2 top_k + 10 spans a window, answers aligned to words,
+    and an answer found again (same text, any case) adding its score to the first one's; with
     handle_impossible_answer, the null answer of the smallest [CLS] start x end probability of any window; without
-    align_to_words, top_k spans a window and their tokens' characters."""
-    enc = hf(text=question, text_pair=context, padding="do_not_pad", truncation="only_second",
+    align_to_words, top_k spans a window and their tokens' characters. A tokenizer padding on the left puts the
+    context first (question_first False); the pipeline then masks no token at all, and would widen a span in the
+    question to the context's word of the same number: jaxbert keeps to the context's tokens there too."""
+    question_first = hf.padding_side == "right"
+    context_index = 1 if question_first else 0
+    enc = hf(text=question if question_first else context, text_pair=context if question_first else question,
+             padding="do_not_pad", truncation="only_second" if question_first else "only_first",
              max_length=max_seq_len, stride=doc_stride, return_token_type_ids=True, return_overflowing_tokens=True,
              return_offsets_mapping=True, return_special_tokens_mask=True)  # fmt: skip
     answers, min_null_score = [], 1000000
     for span in range(len(enc["input_ids"])):
         ids = np.array(enc["input_ids"][span])
-        p_mask = np.array([tok != 1 for tok in enc.sequence_ids(span)], np.int64)
+        p_mask = np.array([tok != context_index for tok in enc.sequence_ids(span)], np.int64)
         p_mask[np.nonzero(ids == hf.cls_token_id)] = 0
         feed = {k: torch.tensor([enc[k][span]]) for k in ("input_ids", "attention_mask", "token_type_ids")}
         with torch.no_grad():
@@ -307,8 +314,8 @@ def _reference_pipeline(
             try:
                 if not align_to_words:
                     raise ValueError
-                a = e.word_to_chars(e.token_to_word(s), sequence_index=1)[0]
-                b = e.word_to_chars(e.token_to_word(t), sequence_index=1)[1]
+                a = e.word_to_chars(e.token_to_word(s), sequence_index=context_index)[0]
+                b = e.word_to_chars(e.token_to_word(t), sequence_index=context_index)[1]
             except Exception:  # noqa: BLE001
                 a, b = e.offsets[s][0], e.offsets[t][1]
             same = next((x for x in answers if x["answer"].lower() == context[a:b].lower()), None)
@@ -395,6 +402,40 @@ def test_windows_are_cut_from_the_side_the_tokenizer_truncates(qa_model, tmp_pat
     got = jaxbert.load(model).answer(question, CONTEXT, top_k=3, max_seq_len=MAX_LEN, doc_stride=STRIDE)
     assert [(g["answer"], g["start"], g["end"]) for g in got] == [(x["answer"], x["start"], x["end"]) for x in want]
     np.testing.assert_allclose([g["score"] for g in got], [x["score"] for x in want], rtol=1e-4)
+
+
+def test_a_tokenizer_padding_on_the_left_puts_the_context_first(qa_model, tmp_path):
+    """tokenizer_config.json's padding_side "left": run_qa.py (pad_on_right False) and the pipeline (question_first
+    False) read [CLS] context [SEP] question [SEP], the context cut (only_first) and its tokens those of sequence 0.
+    jaxbert put the question first whatever the side: training labelled other windows than run_qa, and answer() ran
+    a model trained that way on windows it never saw (other answers, other scores)."""
+    import shutil
+
+    model = tmp_path / "left"
+    shutil.copytree(qa_model, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "padding_side": "left"}))
+    hf = transformers.BertTokenizerFast.from_pretrained(model)
+    assert hf.padding_side == "left"
+    questions, contexts, answers = _examples(hf)
+    ref, starts, ends = _reference_train_features(hf, questions, contexts, answers, padding="do_not_pad")
+    w = qa.windows(WordPiece.from_dir(str(model)), questions, contexts, MAX_LEN, STRIDE)
+    assert w.ids == ref["input_ids"] and w.type_ids == ref["token_type_ids"] and len(w.ids) > len(answers)
+    want = [[tuple(o) if s == 0 else qa.NO_SPAN for o, s in zip(ref["offset_mapping"][f], ref.sequence_ids(f))]
+            for f in range(len(w.ids))]  # fmt: skip
+    assert w.offsets == want
+    for f, offs in enumerate(w.offsets):
+        texts, first = answers[w.example[f]]["text"], answers[w.example[f]]["answer_start"]
+        got = qa.label(offs, 0, first[0] if texts else None, first[0] + len(texts[0]) if texts else 0)
+        if starts[f] <= max(t for t, o in enumerate(offs) if o != qa.NO_SPAN):  # run_qa's edge case aside
+            assert got == (starts[f], ends[f]), f
+    pt = transformers.BertForQuestionAnswering.from_pretrained(model).eval()
+    bert = jaxbert.load(model)
+    for question in ("Where does Anna Schmidt live?", "When was the bridge rebuilt after the flood?"):
+        want = _reference_pipeline(pt, hf, question, CONTEXT, 3, 15, MAX_LEN, STRIDE)
+        got = bert.answer(question, CONTEXT, top_k=3, max_seq_len=MAX_LEN, doc_stride=STRIDE)
+        assert [(g["answer"], g["start"], g["end"]) for g in got] == [(x["answer"], x["start"], x["end"]) for x in want]
+        np.testing.assert_allclose([g["score"] for g in got], [x["score"] for x in want], rtol=1e-4)
 
 
 GOLDEN_QA = os.path.join(os.path.dirname(__file__), "fixtures", "golden", "qa_pipeline")
