@@ -217,8 +217,11 @@ def tag(bert, texts, batch_size: int = 32, max_length: int | None = None, stride
                 words[word] = {"label": names[best], "score": float(probs[pos, best]), "start": start, "end": end}
             words[word]["end"] = end
         text = texts[t]
-        for w in words.values():  # accents the tokenizer stripped (NFD text) after a word's last letter: its own
-            while w["end"] < len(text) and unicodedata.category(text[w["end"]]) == "Mn":
+        # Accents the tokenizer stripped (NFD text) after a word's last letter are its own; one it kept is a token's,
+        # maybe of the next word (after a CJK character or punctuation, where it starts a word): not taken twice.
+        kept = {start for (start, _), word in zip(enc.offsets[t], enc.word_ids[t]) if word >= 0}
+        for w in words.values():
+            while w["end"] < len(text) and w["end"] not in kept and unicodedata.category(text[w["end"]]) == "Mn":
                 w["end"] += 1
         results.append([{"word": text[w["start"] : w["end"]], **w} for w in words.values()])
     return results

@@ -385,6 +385,24 @@ def test_tag_keeps_the_accents_an_uncased_tokenizer_strips_from_a_words_end(tmp_
         assert all(text[t["start"] : t["end"]] == t["word"] for t in tags)
 
 
+def test_tag_gives_no_word_an_accent_the_tokenizer_kept_in_another(tmp_path_factory):
+    """A tokenizer keeping accents (strip_accents false) makes a combining accent after a Chinese character or a
+    punctuation mark a word of its own (or the start of one): '北\u0301京' is the words 北, \u0301, 京 in
+    transformers' tokenizer. tag also gave the accent to the word before it, as it does to accents the tokenizer
+    strips: '北\u0301' (0, 2) beside '\u0301' (1, 2), ',\u0301' (5, 7) beside '\u0301b' (6, 8), words overlapping.
+    Each word's span is now its tokens' (transformers' word_to_chars)."""
+    _, directory = _with_tokenizer(tmp_path_factory, "BertForTokenClassification", num_labels=4)
+    path = os.path.join(directory, "tokenizer_config.json")
+    json.dump({**json.load(open(path)), "strip_accents": False}, open(path, "w"))
+    texts = ["北\u0301京 a,\u0301b", "Cafe\u0301, ok"]
+    got = jaxbert.load(directory).tag(texts)
+    enc = transformers.AutoTokenizer.from_pretrained(directory)(texts)
+    for i, (text, tags) in enumerate(zip(texts, got, strict=True)):
+        want = [enc.word_to_chars(i, w) for w in range(max(w for w in enc.word_ids(i) if w is not None) + 1)]
+        assert [(t["start"], t["end"]) for t in tags] == [(span.start, span.end) for span in want]
+        assert [t["word"] for t in tags] == [text[span.start : span.end] for span in want]
+
+
 def test_tag_takes_any_iterable_of_texts_as_classify_and_embed_do(tmp_path_factory):
     """tag read each word's text back from `texts[t]` after the tokenizer had consumed them: a generator (which the
     tokenizer's check takes, as classify's and embed's do) ran the model, then failed with 'generator' object is
