@@ -197,6 +197,21 @@ def _with_added(directory: str, config: dict, config_path: str, tok: Tokenizer, 
     tok.add_tokens(added)
 
 
+def _named_with_flags(directory: str, config: dict) -> list:
+    """The special tokens a vocab.txt tokenizer's files name as token objects, with their flags, as transformers
+    adds them (special_tokens_map.json's where tokenizer_config.json has no added_tokens_decoder, else
+    tokenizer_config.json's AddedToken): a mask_token {"content": "[MASK]", "lstrip": true} took the spaces before
+    it there, and a single_word one is no mask inside a word. _with_added's tokens, added after, replace them."""
+    from tokenizers import AddedToken
+
+    entries = {k: v for k, v in config.items() if k in SPECIAL and isinstance(v, dict) and v.get("__type")}
+    path = existing_file(directory, "special_tokens_map.json")
+    if path and "added_tokens_decoder" not in config:
+        entries.update({k: v for k, v in read_json(path).items() if k in SPECIAL})
+    flags = lambda entry: {k: entry[k] for k in FLAGS[:4] if isinstance(entry.get(k), bool)}  # noqa: E731
+    return [AddedToken(v["content"], special=True, **flags(v)) for v in entries.values() if isinstance(v, dict)]
+
+
 def _with_additional(tok: Tokenizer, tokens: list[str]) -> tuple[str, ...]:
     """Make `tokens` (each in the vocabulary: _refuse_added_tokens checked) special tokens of `tok`, matched whole in
     a text as transformers matches them ("[unused1]" was split into "[", "unused", "##1", "]")."""
@@ -375,6 +390,7 @@ class WordPiece:
         tok = _load(vocab, lambda: BertWordPieceTokenizer(vocab, clean_text=True, **options)._tokenizer)
         tok = _with_unknown(vocab, tok)
         _refuse_added_tokens(directory, config, config_path, tok, "vocab.txt")
+        tok.add_tokens(_named_with_flags(directory, config))
         _with_added(directory, config, config_path, tok, special)
         extra = _with_additional(tok, _additional_special(directory, config))
         padding = _side(config, config_path, "padding_side")

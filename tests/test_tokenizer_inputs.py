@@ -522,3 +522,29 @@ def test_an_added_token_that_is_no_token_is_named(tmp_path):
     named = r"tokenizer_config.json: added_tokens_decoder\['1'\]='\[unused1\]' is not a token"
     with pytest.raises(ValueError, match=named):
         WordPiece.from_dir(directory)
+
+
+@pytest.mark.parametrize("name", ["vocab.txt", "tokenizer.json"])
+@pytest.mark.parametrize("file", ["special_tokens_map.json", "tokenizer_config.json"])
+@pytest.mark.parametrize("flags", FLAGS)
+def test_special_tokens_named_with_flags_keep_them_as_in_transformers(tmp_path, name, file, flags):
+    """A mask_token written as a token object with flags (special_tokens_map.json's legacy form, or an AddedToken in
+    tokenizer_config.json): transformers 5 adds it with them to a vocab.txt tokenizer, and jaxbert built [MASK] with
+    none ('the [MASK]' offsets (4, 10) where transformers has (3, 10) with lstrip; single_word 'a[MASK]b' still the
+    mask); beside tokenizer.json, tokenizer.json's own [MASK] wins in both. Ids and offsets are transformers'."""
+    transformers = pytest.importorskip("transformers")
+    directory = _tokenizer_dir(tmp_path, name)
+    settings = json.load(open(os.path.join(MINILM, "tokenizer_config.json")))
+    entry = _decoder_entry("[MASK]", **flags)
+    del entry["special"]
+    if file == "tokenizer_config.json":
+        settings["mask_token"] = {**entry, "__type": "AddedToken"}
+    else:
+        del settings["mask_token"]
+        (tmp_path / file).write_text(json.dumps({"mask_token": entry}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(settings))
+    texts = ["the [MASK] is  [MASK]  here", "a[MASK]b [mask] c"]
+    got = WordPiece.from_dir(directory).encode(texts)
+    want = transformers.AutoTokenizer.from_pretrained(directory)(texts, return_offsets_mapping=True)
+    assert got.ids == want["input_ids"]
+    assert got.offsets == [[tuple(o) for o in offsets] for offsets in want["offset_mapping"]]
