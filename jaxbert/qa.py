@@ -37,12 +37,12 @@ def _window_tokenizer(tok, max_length: int, stride: int):
     """A copy of the WordPiece's tokenizer that truncates the context with overflow, from the side its
     truncation_side names as transformers' tokenizer does (tokenizer_config.json's "left": the first window ends
     the context), built once per setting: tokenizers' truncation is shared mutable state, see tokenizer.WordPiece."""
-    from tokenizers import Tokenizer
+    from jaxbert.tokenizer import copy as copy_of
 
     with _lock:
         cache = _tokenizers.setdefault(tok, {})
         if (max_length, stride) not in cache:
-            copy = Tokenizer.from_str(tok._tok.to_str())
+            copy = copy_of(tok._tok)
             strategy = "only_first" if _context_first(tok) else "only_second"
             copy.enable_truncation(max_length, stride=stride, strategy=strategy, direction=tok.truncation_side)
             cache[max_length, stride] = copy

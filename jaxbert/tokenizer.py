@@ -91,6 +91,12 @@ def _max_length(config: dict, path: str) -> int:
     return NO_LIMIT if value > NO_LIMIT else int(value)
 
 
+def _split_special(config: dict, path: str) -> bool:
+    """tokenizer_config.json's split_special_tokens: transformers then reads "[MASK]" or "[SEP]" written in a text as
+    the text it is (word pieces), not as the special token."""
+    return _setting(config, path, "split_special_tokens", (bool,), False)
+
+
 def _side(config: dict, path: str, key: str, default: str = "right") -> str:
     """Which end of a long text is cut (key truncation_side) or of a short one padded (padding_side): transformers'
     tokenizers read tokenizer_config.json's, and where it has none the direction of tokenizer.json's truncation or
@@ -290,6 +296,13 @@ def _clean_up(config: dict, path: str, tok: Tokenizer) -> bool:
     return type(tok.model).__name__ != "BPE" or bool(config.get(insists))
 
 
+def copy(tok: Tokenizer) -> Tokenizer:
+    """A copy of `tok` to set truncation on: its JSON, and encode_special_tokens, which that leaves out."""
+    out = Tokenizer.from_str(tok.to_str())
+    out.encode_special_tokens = tok.encode_special_tokens
+    return out
+
+
 def _load(path: str, build):
     """Build a tokenizer from `path`; the tokenizers library raises many types for a corrupt file."""
     try:
@@ -380,6 +393,7 @@ class WordPiece:
             _with_added(directory, config, config_path, tok, special)
             extra = _with_additional(tok, _additional_special(directory, config))
             clean = _clean_up(config, config_path, tok)
+            tok.encode_special_tokens = _split_special(config, config_path)
             return cls(_with_unknown(path, tok), max_len, side, special, padding, clean, extra, types)
         vocab = existing_file(directory, "vocab.txt")
         if not vocab:
@@ -394,6 +408,7 @@ class WordPiece:
         _with_added(directory, config, config_path, tok, special)
         extra = _with_additional(tok, _additional_special(directory, config))
         padding = _side(config, config_path, "padding_side")
+        tok.encode_special_tokens = _split_special(config, config_path)
         return cls(tok, max_len, side, special, padding, _clean_up(config, config_path, tok), extra, types)
 
     def lowercased(self) -> WordPiece:
@@ -410,7 +425,7 @@ class WordPiece:
                 if any(isinstance(n, Lowercase) for n in parts):
                     self._lower = self
                 else:
-                    tok = Tokenizer.from_str(self._tok.to_str())
+                    tok = copy(self._tok)
                     tok.normalizer = Sequence([Lowercase(), *parts])
                     settings = (self.truncation_side, self.special_tokens, self.padding_side, self.clean_up_spaces)
                     settings += (self.additional_special, self.token_types)
@@ -421,7 +436,7 @@ class WordPiece:
         with self._lock:
             tok = self._truncating.get(limit)
             if tok is None:
-                tok = Tokenizer.from_str(self._tok.to_str())
+                tok = copy(self._tok)
                 tok.enable_truncation(limit, direction=self.truncation_side)
                 self._truncating[limit] = tok
             return tok

@@ -548,3 +548,25 @@ def test_special_tokens_named_with_flags_keep_them_as_in_transformers(tmp_path, 
     want = transformers.AutoTokenizer.from_pretrained(directory)(texts, return_offsets_mapping=True)
     assert got.ids == want["input_ids"]
     assert got.offsets == [[tuple(o) for o in offsets] for offsets in want["offset_mapping"]]
+
+
+@pytest.mark.parametrize("name", ["vocab.txt", "tokenizer.json"])
+def test_split_special_tokens_reads_them_as_text_as_transformers(tmp_path, name):
+    """tokenizer_config.json's split_special_tokens true: transformers 5 reads '[MASK]' or '[SEP]' written in a text as
+    word pieces ('a [MASK]' [101, 1037, 1031, 7308, 1033, 102]); jaxbert gave the special tokens' ids ([101, 1037,
+    103, 102]), in plain, truncated, lower-cased and question-answering encodings alike."""
+    from jaxbert import qa
+
+    transformers = pytest.importorskip("transformers")
+    directory = _tokenizer_dir(tmp_path, name)
+    settings = json.load(open(os.path.join(MINILM, "tokenizer_config.json")))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**settings, "split_special_tokens": True}))
+    texts = ["a [MASK] b [SEP] c", "[CLS] x [PAD]"]
+    tok, hf = WordPiece.from_dir(directory), transformers.AutoTokenizer.from_pretrained(directory)
+    for max_length in (None, 6):
+        want = hf(texts, truncation=max_length is not None, max_length=max_length, return_offsets_mapping=True)
+        for got in (tok.encode(texts, max_length=max_length), tok.lowercased().encode(texts, max_length=max_length)):
+            assert got.ids == want["input_ids"]
+            assert got.offsets == [[tuple(o) for o in offsets] for offsets in want["offset_mapping"]]
+    want = hf("q [SEP]", texts[0], truncation="only_second", max_length=12, stride=2, return_overflowing_tokens=True)
+    assert qa.windows(tok, ["q [SEP]"], texts[:1], 12, 2).ids == want["input_ids"]
