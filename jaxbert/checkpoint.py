@@ -6,6 +6,7 @@ safetensors are read through the numpy API (no torch). `.bin` files are pickles:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import struct
@@ -30,8 +31,11 @@ WEIGHT_FILES = (SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN, TORCH_BIN_INDEX, FLAX
 def find_weights(directory: str) -> str:
     """The weights file of a directory: the one config.json names, else the first in transformers' order of
     preference."""
+    from jaxbert.sentence_dir import transformer_dir
+
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"{directory}: no such directory")
+    directory = transformer_dir(directory)  # a sentence-transformers 0_Transformer/ subfolder's, if so
     named = _named_weights(directory)
     if named:
         return named
@@ -269,10 +273,12 @@ _MSGPACK_NDARRAY = 1  # flax.serialization's ExtType code for numpy arrays
 def model_files(directory: str) -> list[str]:
     """The files a model is read from (config, weights, tokenizer, sentence-transformers): no output replaces
     them (files.check_not_read)."""
-    from jaxbert.sentence_dir import companion_files
+    from jaxbert.sentence_dir import companion_files, transformer_dir
 
-    names = ("config.json", *WEIGHT_FILES, *COMPANION_FILES, *companion_files(directory))
-    return [os.path.join(directory, name) for name in names]
+    model = transformer_dir(directory)  # a sentence-transformers 0_Transformer/ subfolder, if so
+    names = ("config.json", *WEIGHT_FILES, *COMPANION_FILES)
+    own = [os.path.join(directory, name) for name in companion_files(directory)]
+    return [os.path.join(model, name) for name in names] + own
 
 
 def _bin_header(n: int) -> bytes:
@@ -315,13 +321,19 @@ def write_msgpack(tree: dict, f) -> None:
 def copy_companion_files(src: str, dst: str) -> list[str]:
     """Copy the tokenizer, generation-config and sentence-transformers files `src` has (their contents: symlinks
     are followed, within the policy of files.py) into `dst`."""
-    from jaxbert.sentence_dir import companion_files
+    from jaxbert.sentence_dir import companion_files, copied_name, root_modules, transformer_dir
 
-    copied = []
-    for name in (*COMPANION_FILES, *companion_files(src)):
-        path = existing_file(src, name)
+    model, copied = transformer_dir(src), []  # the tokenizer of a 0_Transformer/ subfolder goes to dst's root
+    files = [(model, name, name) for name in COMPANION_FILES]
+    files += [(src, name, copied_name(src, name)) for name in companion_files(src)]
+    for where, name, to in files:
+        path = existing_file(where, name)
         if path:
-            os.makedirs(os.path.dirname(os.path.join(dst, name)), exist_ok=True)
-            shutil.copyfile(path, os.path.join(dst, name))
-            copied.append(name)
+            os.makedirs(os.path.dirname(os.path.join(dst, to)), exist_ok=True)
+            shutil.copyfile(path, os.path.join(dst, to))
+            copied.append(to)
+    modules = root_modules(src)
+    if modules is not None:  # dst holds the model at its root: its modules.json says so
+        with open(os.path.join(dst, "modules.json"), "w", encoding="utf-8") as f:
+            json.dump(modules, f, indent=2)
     return copied

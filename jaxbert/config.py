@@ -229,7 +229,9 @@ class BertConfig:
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike) -> BertConfig:
-        directory = os.fspath(directory)
+        from jaxbert.sentence_dir import transformer_dir
+
+        directory = transformer_dir(directory)  # a sentence-transformers 0_Transformer/ subfolder's, if so
         path = existing_file(directory, "config.json")
         if path is None:
             raise FileNotFoundError(f"{os.path.join(directory, 'config.json')}: config.json not found")

@@ -80,6 +80,9 @@ def _from_model_config(data: dict) -> dict:
 
 def file_settings(directory: str | None) -> dict:
     """The generation config of `directory` ({} without a directory); settings jaxbert cannot honour are refused."""
+    from jaxbert.sentence_dir import transformer_dir
+
+    directory = transformer_dir(directory) if directory else None
     path = existing_file(directory, "generation_config.json") if directory else None
     if path:
         # Present (None when the file leaves them out), the special tokens hide config.json's in `resolve`:

@@ -2,14 +2,15 @@
 SentenceTransformer(dir) reads (modules.json, the Pooling module's config.json, sentence_bert_config.json or an
 older name of it).
 
-A directory is a pipeline of modules: the Transformer (BERT at the directory's root), then Pooling (cls / mean /
-max / mean of the square root of the length, concatenated in the configured order when several), then any number
-of Dense projections and Dropouts (sentence_dense.py: LaBSE's kind), then optionally Normalize. `max_seq_length`
-truncates the tokens (special tokens included), capped at the model's positions, and `do_lower_case` lower-cases
-the texts first (tokenizer.WordPiece.lowercased, as sentence-transformers 6 does). A module jaxbert does not run (a
-Dense of another feature or after Normalize, weighted-mean pooling, a class from outside sentence_transformers,
-...) or a pipeline not starting with the Transformer is kept as `unsupported`, so `embed` refuses to pretend to be
-the pipeline instead of silently returning something else.
+A directory is a pipeline of modules: the Transformer (BERT at the directory's root, or in the subfolder that
+modules.json names for it: transformer_dir), then Pooling (cls / mean / max / mean of the square root of the
+length, concatenated in the configured order when several), then any number of Dense projections and Dropouts
+(sentence_dense.py: LaBSE's kind), then optionally Normalize. `max_seq_length` truncates the tokens (special tokens
+included), capped at the model's positions, and `do_lower_case` lower-cases the texts first
+(tokenizer.WordPiece.lowercased, as sentence-transformers 6 does). A module jaxbert does not run (a Dense of another
+feature or after Normalize, weighted-mean pooling, a class from outside sentence_transformers, ...) or a pipeline
+not starting with the Transformer is kept as `unsupported`, so `embed` refuses to pretend to be the pipeline
+instead of silently returning something else.
 """
 
 from __future__ import annotations
@@ -201,6 +202,31 @@ def _default_prompt(model: dict):
     return {"query": None, "document": None, **prompts}.get(name, True)
 
 
+def _transformer_sub(directory: str) -> str | None:
+    """The subfolder modules.json names for the Transformer module listed first, when it is not the root: older
+    sentence-transformers versions (and many hub models) saved it as 0_Transformer/, with the model's config,
+    weights, tokenizer and sentence_bert_config.json inside; sentence-transformers loads them from there."""
+    modules_path = existing_file(directory, "modules.json")
+    listed = read_json(modules_path, list) if modules_path else []
+    if not listed:
+        return None
+    kind, sub = _module_type(modules_path, listed[0])
+    return sub if kind == "Transformer" and os.path.normpath(sub or ".") != "." else None
+
+
+def transformer_dir(directory: str) -> str:
+    """Where the model's own files (config.json, weights, tokenizer, sentence_bert_config.json) are: `directory`,
+    or the Transformer module's subfolder (see _transformer_sub), a path checked to stay inside `directory`."""
+    directory = os.fspath(directory)
+    sub = _transformer_sub(directory)
+    if sub is None:
+        return directory
+    path = checkpoint_file(directory, sub)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path}: no such directory (modules.json names it for the Transformer module)")
+    return path
+
+
 def read(directory: str) -> SentenceDefaults | None:
     """The embedding defaults of a sentence-transformers directory; None when `directory` is not one."""
     modules_path = existing_file(directory, "modules.json")
@@ -214,8 +240,8 @@ def read(directory: str) -> SentenceDefaults | None:
     for _, sub in modules:  # sentence-transformers refuses the directory if any module's path leaves it
         if sub not in ("", "."):
             checkpoint_file(directory, sub)
-    if not modules or modules[0] not in (("Transformer", ""), ("Transformer", ".")):
-        unsupported = f"{modules_path}: the first module is not the Transformer at the directory's root"
+    if not modules or modules[0][0] != "Transformer":
+        unsupported = f"{modules_path}: the first module is not the Transformer"
     if twice is not None:  # sentence-transformers keys the modules by name: the last one listed replaces the first
         unsupported = f"{modules_path}: two modules are named {twice!r}"
     for kind, sub in modules[1:]:
@@ -236,7 +262,7 @@ def read(directory: str) -> SentenceDefaults | None:
     if pooling is None and unsupported is None:
         unsupported = f"{modules_path}: no Pooling module"
     unsupported = unsupported or _chain(directory, modules_path, pooling, steps)
-    settings_path, settings = _settings(directory)
+    settings_path, settings = _settings(transformer_dir(directory))
     length = _length(settings_path, settings)
     unsupported = unsupported or _transformer_unsupported(settings_path, settings)
     model_path = existing_file(directory, "config_sentence_transformers.json")
@@ -255,9 +281,10 @@ def _chain(directory: str, modules_path: str, pooling, steps: list) -> str | Non
     """Why the Dense modules' sizes do not follow on from the pooled embedding's, if so."""
     from jaxbert.config import BertConfig
 
-    if not steps or existing_file(directory, "config.json") is None:
+    model = transformer_dir(directory)
+    if not steps or existing_file(model, "config.json") is None:
         return None
-    pooled = BertConfig.from_pretrained(directory).hidden_size * len(pooling)
+    pooled = BertConfig.from_pretrained(model).hidden_size * len(pooling)
     return sentence_dense.check_chain(tuple(steps), pooled, modules_path)
 
 
@@ -287,14 +314,34 @@ FILES = ("modules.json", *SETTINGS_FILES, "config_sentence_transformers.json")
 
 def companion_files(directory: str) -> list[str]:
     """The sentence-transformers files of `directory` that travel with its weights (relative names): the
-    top-level ones and every file of each module's directory (its config.json, and a Dense's weights)."""
-    names = [name for name in FILES if existing_file(directory, name)]
+    top-level ones and every file of each module's directory (its config.json, and a Dense's weights). Of a
+    Transformer subfolder (transformer_dir) only its settings file: the model's files travel as the model's."""
+    model = _transformer_sub(directory)
+    top = FILES if model is None else (*FILES[:1], *(os.path.join(model, name) for name in SETTINGS_FILES), FILES[-1])
+    names = [name for name in top if existing_file(directory, name)]
     if "modules.json" in names:
-        for module in read_json(existing_file(directory, "modules.json"), list):
+        for module in read_json(existing_file(directory, "modules.json"), list)[model is not None :]:
             _, sub = _module_type(directory, module)
             if os.path.normpath(sub) != ".":  # "./" too (sentence-transformers reads the root there): not the model
                 names += _module_files(directory, sub)
     return list(dict.fromkeys(names))
+
+
+def copied_name(directory: str, name: str) -> str:
+    """Where a file of companion_files goes in a copy holding the model at its root (convert, export, training's
+    output): a Transformer subfolder's settings file to the root, beside the model, every other file as it is."""
+    model = _transformer_sub(directory)
+    inside = model is not None and os.path.dirname(os.path.normpath(name)) == os.path.normpath(model)
+    return os.path.basename(name) if inside else name
+
+
+def root_modules(directory: str) -> list | None:
+    """modules.json's entries for such a copy, the Transformer at the root ("" as sentence-transformers 6 writes
+    it); None when `directory`'s is there already (its modules.json is copied as it is)."""
+    if _transformer_sub(directory) is None:
+        return None
+    listed = read_json(existing_file(directory, "modules.json"), list)
+    return [{**listed[0], "path": ""}, *listed[1:]]
 
 
 def _module_files(directory: str, sub: str) -> list[str]:

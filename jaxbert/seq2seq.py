@@ -105,7 +105,9 @@ class EncoderDecoderConfig:
 
 def load_config(directory: str | os.PathLike) -> BertConfig | EncoderDecoderConfig:
     """The config of a checkpoint directory: a BertConfig, or an EncoderDecoderConfig for a bert2bert."""
-    directory = os.fspath(directory)
+    from jaxbert.sentence_dir import transformer_dir
+
+    directory = transformer_dir(directory)  # a sentence-transformers 0_Transformer/ subfolder's, if so
     path = existing_file(directory, "config.json")
     if path is None:
         raise FileNotFoundError(f"{os.path.join(directory, 'config.json')}: config.json not found")

@@ -373,6 +373,9 @@ class WordPiece:
 
     @classmethod
     def from_dir(cls, directory: str) -> WordPiece:
+        from jaxbert.sentence_dir import transformer_dir
+
+        directory = transformer_dir(directory)  # a sentence-transformers 0_Transformer/ subfolder's, if so
         config, config_path = _read_config(directory)
         max_len = _max_length(config, config_path)
         types = _token_types(config, config_path)

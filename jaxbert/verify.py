@@ -7,6 +7,7 @@ import numpy as np
 
 from jaxbert.config import BertConfig
 from jaxbert.heads import BASE_FIELDS, TABLE, resolve_head
+from jaxbert.sentence_dir import transformer_dir
 from jaxbert.seq2seq import load_config
 
 # Tolerance on max |difference| at real (unpadded) positions: absolute for float32; for half precision,
@@ -81,6 +82,7 @@ def verify(src: str, dst: str) -> dict[str, tuple[float, float]]:
             f"--verify: transformers {transformers.__version__} cannot run this checkpoint "
             "(relative position embeddings / pruned heads were removed in transformers 5)"
         )
+    src = transformer_dir(src)  # a sentence-transformers 0_Transformer/ subfolder, as transformers reads it
     try:
         reference = getattr(transformers, head).from_pretrained(src, attn_implementation="eager").eval()
     except OSError as e:

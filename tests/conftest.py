@@ -70,6 +70,26 @@ def model_dir(directory, head: str = "BertModel", **overrides) -> str:
     return str(directory)
 
 
+def legacy_layout(source, directory) -> str:
+    """A copy of the sentence-transformers directory `source` in the layout of older sentence-transformers versions
+    (and many hub models): the Transformer module in 0_Transformer/ (config, weights, tokenizer and
+    sentence_bert_config.json), modules.json naming that path."""
+    import json
+
+    sub = os.path.join(directory, "0_Transformer")
+    os.makedirs(sub)
+    modules = json.load(open(os.path.join(source, "modules.json")))
+    for name in os.listdir(source):
+        module = any(name == os.path.normpath(m["path"] or ".") for m in modules)
+        if name in ("modules.json", "config_sentence_transformers.json") or module:
+            (shutil.copytree if module else shutil.copyfile)(os.path.join(source, name), os.path.join(directory, name))
+        elif os.path.isfile(os.path.join(source, name)):
+            shutil.copyfile(os.path.join(source, name), os.path.join(sub, name))
+    with open(os.path.join(directory, "modules.json"), "w") as f:
+        json.dump([{**modules[0], "path": "0_Transformer"}, *modules[1:]], f)
+    return str(directory)
+
+
 def bert2bert_dir(directory) -> str:
     """A random transformers bert2bert in `directory` (decoder narrower than the encoder: with enc_to_dec_proj),
     one layer a side, with MiniLM's tokenizer."""

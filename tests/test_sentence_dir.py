@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import model_dir
+from conftest import legacy_layout, model_dir
 
 import jaxbert
 from jaxbert.cli import main
@@ -156,8 +156,8 @@ _N = {"path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
 @pytest.mark.parametrize(
     "entries, match",
     [
-        ([_P, _T, _N], r"modules.json: the first module is not the Transformer at the directory's root"),
-        ([_P, _N], r"modules.json: the first module is not the Transformer at the directory's root"),
+        ([_P, _T, _N], r"modules.json: the first module is not the Transformer"),
+        ([_P, _N], r"modules.json: the first module is not the Transformer"),
         ([_T, _P, {**_N, "type": "mypkg.Normalize"}], r"module mypkg.Normalize at '2_Normalize' is not run by jaxbert"),
         ([_T, {**_P, "type": "mypkg.models.Pooling"}], r"module mypkg.models.Pooling at '1_Pooling' is not run"),
         # sentence-transformers keys modules by name: Normalize replaces Pooling, a pipeline without pooling
@@ -430,3 +430,30 @@ def test_the_similarity_function_is_read_as_sentence_transformers_reads_it(tmp_p
             json.dump({"similarity_fn_name": name}, f)
         theirs = st.SentenceTransformer(str(directory), device="cpu").similarity_fn_name
         assert read(directory).similarity == theirs == {"dot": "dot", "manhattan": "manhattan"}.get(name, "cosine")
+
+
+def test_the_older_layout_with_a_0_transformer_folder_embeds_converts_and_exports(minilm_reference, tmp_path, capsys):
+    """A directory whose modules.json names the Transformer at 0_Transformer/ (the model, tokenizer and settings
+    there, as older sentence-transformers saved it) was refused: 'config.json not found'. SentenceTransformer reads
+    the model from that folder (a sentence_bert_config.json at the root is not its settings), and so does jaxbert:
+    embed, the CLI, and convert / export, whose output holds the model at its root (modules.json saying so)."""
+    directory = legacy_layout(MINILM, tmp_path / "legacy")
+    json.dump({"max_seq_length": 8}, open(tmp_path / "legacy" / "sentence_bert_config.json", "w"))  # not read
+    _assert_same(_reference(directory), minilm_reference)
+    _assert_same(jaxbert.load(directory).embed(TEXTS), minilm_reference)
+    (tmp_path / "in.txt").write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    assert main(["embed", directory, "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "e.npy")]) == 0
+    _assert_same(np.load(tmp_path / "e.npy"), minilm_reference)
+    assert main(["convert", directory, str(tmp_path / "jax")]) == 0
+    assert main(["export", directory, str(tmp_path / "pt")]) == 0
+    for out in ("jax", "pt"):
+        assert json.load(open(tmp_path / out / "modules.json"))[0]["path"] == ""
+        assert json.load(open(tmp_path / out / "sentence_bert_config.json"))["max_seq_length"] == 256
+        assert not (tmp_path / out / "0_Transformer").exists()
+    _assert_same(jaxbert.load(tmp_path / "jax").embed(TEXTS), minilm_reference)
+    _assert_same(_reference(tmp_path / "pt"), minilm_reference)
+    with open(os.path.join(directory, "modules.json")) as f:
+        modules = json.load(f)
+    _modules(directory, [{**modules[0], "path": "../outside"}, *modules[1:]])
+    with pytest.raises(ValueError, match=r"names a file outside the checkpoint directory"):
+        jaxbert.load(directory)

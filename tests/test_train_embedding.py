@@ -466,3 +466,33 @@ def test_evaluate_ranks_by_the_model_s_similarity_as_sentence_transformers(simil
         relevant=np.array([int(corpus[r["positive"]][1:]) for r in records]),
     )  # fmt: skip
     assert (cosine["accuracy@1"], cosine["mrr@10"]) != (got["accuracy@1"], got["mrr@10"])
+
+
+def test_a_model_in_the_older_0_transformer_layout_trains_and_evaluates(tiny, tmp_path):
+    """A sentence-transformers directory with its Transformer in 0_Transformer/ (older versions' layout) was
+    refused by evaluate and train ('config.json not found'). Both read it as SentenceTransformer does (the model,
+    tokenizer and max_seq_length from that folder): evaluate gives the root layout's metrics, and the trained
+    OUT/final, the model at its root, embeds as SentenceTransformer reads it."""
+    from conftest import legacy_layout
+
+    source, bert = tiny
+    modern = tmp_path / "st"
+    write_sentence_model(bert.params, bert.config, str(modern), pooling="cls", normalize=True, max_seq_length=20,
+                         tokenizer_from=source)  # fmt: skip
+    model = legacy_layout(modern, tmp_path / "legacy")
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _records()))
+    for directory, name in ((modern, "m.json"), (model, "l.json")):
+        assert main(["evaluate", str(directory), "--task", "embedding", "--file", str(data), "--output",
+                     str(tmp_path / name)]) == 0  # fmt: skip
+    metrics = [{k: v for k, v in json.load(open(tmp_path / n)).items() if k != "model"} for n in ("l.json", "m.json")]
+    assert metrics[0] == metrics[1]
+    out = tmp_path / "out"
+    args = ["--global-batch-size", 4, "--max-steps", 1, "--eval-steps", 1]
+    assert main(train_args("embedding", model, data, out, *args)) == 0
+    first = next(r for r in _log(out) if "eval_loss" in r)
+    assert first["step"] == 0 and abs(first["eval_loss"] - json.load(open(tmp_path / "m.json"))["loss"]) <= 1e-5
+    final = out / "final"
+    assert json.load(open(final / "modules.json"))[0]["path"] == ""
+    assert json.load(open(final / "sentence_bert_config.json"))["max_seq_length"] == 20
+    _same(jaxbert.load(final).embed(TEXTS), st.SentenceTransformer(str(final), device="cpu").encode(TEXTS))

@@ -111,7 +111,9 @@ def tokenizer_key(directory: str, names: tuple[str, ...] = TOKENIZER_FILES + SPE
     """A hash of the tokenizer files `names`, part of the cache key and of a checkpoint's meta. They are read
     through files.existing_file, so a symlink leading out of the model directory is refused as the tokenizer
     itself would refuse it."""
-    h = hashlib.sha256()
+    from jaxbert.sentence_dir import transformer_dir
+
+    h, directory = hashlib.sha256(), transformer_dir(directory)
     for name in names:
         path = existing_file(directory, name)
         if path is not None:
