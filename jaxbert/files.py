@@ -29,12 +29,13 @@ def _within(path: str, root: str) -> bool:
 
 
 def allowed_roots(directory: str) -> tuple[str, ...]:
-    """Where files of `directory` may resolve: the directory itself, and its HF cache entry if it is a snapshot."""
+    """Where files of `directory` may resolve: the directory itself, and its HF cache entry if it is a snapshot or
+    a folder of one (a sentence-transformers model's 0_Transformer/, whose files link to ../../../blobs/HASH)."""
     real = os.path.realpath(directory)
-    snapshots, rev = os.path.split(real)
-    entry = os.path.dirname(snapshots)
-    if rev and os.path.basename(snapshots) == "snapshots" and os.path.basename(entry).startswith("models--"):
-        return real, entry
+    parts = real.split(os.sep)
+    for i in range(len(parts) - 2, 0, -1):  # parts[i + 1] is the revision
+        if parts[i] == "snapshots" and parts[i - 1].startswith("models--") and parts[i + 1]:
+            return real, os.sep.join(parts[:i])
     return (real,)
 
 

@@ -19,16 +19,23 @@ from jaxbert.files import one_line
 
 # transformers' legacy ids have no organisation ("bert-base-uncased"); a revision is a branch, tag or commit.
 _ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?(@[\w./-]+)?$")
-_FILES = [
+_MODEL_FILES = [
     "config.json",
     "generation_config.json",
-    "*.safetensors",
-    "*.safetensors.index.json",  # model.safetensors.index.json, or the one config.json's transformers_weights names
     "vocab.txt",
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
     "added_tokens.json",
+    *sentence_dir.SETTINGS_FILES,
+]
+# A sentence-transformers model of the older layout keeps the model's files in 0_Transformer/ (sentence_dir).
+_IN_SUBFOLDER = "*_Transformer/"
+_FILES = [
+    *_MODEL_FILES,
+    *(_IN_SUBFOLDER + name for name in _MODEL_FILES),
+    "*.safetensors",  # in a subfolder too: huggingface_hub's patterns match "/" with "*"
+    "*.safetensors.index.json",  # model.safetensors.index.json, or the one config.json's transformers_weights names
     *sentence_dir.FILES,  # all of them: config_sentence_transformers.json can hold a default prompt embed refuses
     "1_Pooling/config.json",
     "*_Normalize/*",  # LaBSE's is 3_Normalize, after its Dense
@@ -37,6 +44,7 @@ _FILES = [
     "*_Dropout/config.json",
 ]
 _OTHER_WEIGHTS = ["pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*.bin", "flax_model.msgpack"]
+_OTHER_WEIGHTS += [_IN_SUBFOLDER + name for name in _OTHER_WEIGHTS]
 
 
 def cache_dir() -> str:
@@ -59,7 +67,7 @@ def _offline() -> bool:
 
 
 def _has_weights(directory: str) -> bool:
-    return any(name.endswith(".safetensors") for name in os.listdir(directory))
+    return any(name.endswith(".safetensors") for name in os.listdir(sentence_dir.transformer_dir(directory)))
 
 
 def _listed(repo: str, revision: str | None, cache: str) -> bool:

@@ -7,7 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import cli_fails, model_dir
+from conftest import cli_fails, legacy_layout, model_dir
 
 import jaxbert
 from jaxbert import hub
@@ -194,6 +194,31 @@ def test_a_downloaded_sentence_model_keeps_its_dense_modules(tmp_path, monkeypat
     expected = jaxbert.load(source).embed(["hello world"])
     assert expected.shape == (1, 8)
     np.testing.assert_allclose(jaxbert.load("acme/labse").embed(["hello world"]), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", "pytorch_model.bin"])
+def test_a_sentence_model_of_the_older_layout_is_downloaded_and_read_from_the_cache(weights, tmp_path, monkeypatch):
+    """A hub model whose Transformer is in 0_Transformer/ (older sentence-transformers; often .bin weights): only
+    root files were fetched (no config, tokenizer or .bin of the subfolder), and a cached snapshot's subfolder files,
+    links to ../../../blobs, were refused as leaving it. Both now embed as the directory itself."""
+    torch = pytest.importorskip("torch")
+    from safetensors.numpy import load_file
+
+    source = legacy_layout(_sentence_model(tmp_path), tmp_path / "legacy")
+    if weights == "pytorch_model.bin":
+        sub = os.path.join(source, "0_Transformer")
+        state = {k: torch.tensor(v) for k, v in load_file(os.path.join(sub, "model.safetensors")).items()}
+        torch.save(state, os.path.join(sub, weights))
+        os.remove(os.path.join(sub, "model.safetensors"))
+    expected = jaxbert.load(source).embed(["hello world"])
+    _fake_hub(monkeypatch, source, tmp_path / "downloaded")
+    monkeypatch.chdir(tmp_path)
+    np.testing.assert_allclose(jaxbert.load("acme/legacy").embed(["hello world"]), expected, atol=1e-6)
+    assert os.path.isfile(tmp_path / "downloaded" / "0_Transformer" / weights)
+    _cache_entry(str(tmp_path / "hub"), "acme/cached", source)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    np.testing.assert_allclose(jaxbert.load("acme/cached").embed(["hello world"]), expected, atol=1e-6)
 
 
 def test_a_cached_snapshot_that_may_be_incomplete_is_completed_from_the_hub(tmp_path, monkeypatch):
