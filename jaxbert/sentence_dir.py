@@ -207,10 +207,10 @@ def _transformer_sub(directory: str) -> str | None:
     sentence-transformers versions (and many hub models) saved it as 0_Transformer/, with the model's config,
     weights, tokenizer and sentence_bert_config.json inside; sentence-transformers loads them from there."""
     modules_path = existing_file(directory, "modules.json")
-    listed = read_json(modules_path, list) if modules_path else []
-    if not listed:
-        return None
-    kind, sub = _module_type(modules_path, listed[0])
+    try:
+        kind, sub = _module_type(modules_path, read_json(modules_path, list)[0]) if modules_path else ("", "")
+    except (ValueError, IndexError):  # an unreadable modules.json: the model at the root, as transformers reads it
+        return None  # (embed names what is wrong with it: read)
     return sub if kind == "Transformer" and os.path.normpath(sub or ".") != "." else None
 
 

@@ -457,3 +457,15 @@ def test_the_older_layout_with_a_0_transformer_folder_embeds_converts_and_export
     _modules(directory, [{**modules[0], "path": "../outside"}, *modules[1:]])
     with pytest.raises(ValueError, match=r"names a file outside the checkpoint directory"):
         jaxbert.load(directory)
+
+
+def test_an_unreadable_modules_json_is_named_by_embed_and_leaves_the_model_readable(tmp_path):
+    """Finding the Transformer's folder reads modules.json for every model file (0_Transformer/ layout); a broken
+    one is named when embedding, as before, and does not keep the model at the root from loading."""
+    directory = _st_dir(tmp_path, {"pooling_mode": "mean"})
+    with open(os.path.join(directory, "modules.json"), "w") as f:
+        f.write("[{")
+    bert = jaxbert.load(directory)
+    assert bert.config.hidden_size == 32 and bert.tokenizer is not None
+    with pytest.raises(ValueError, match=r"modules.json: invalid JSON"):
+        bert.embed(TEXTS)
