@@ -317,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--output", required=True, help="FILE.npy: float32 [texts, hidden], input order")
     embed.add_argument(
         "--pooling",
-        choices=("cls", "mean", "max", "mean_sqrt_len_tokens", "pooler"),
+        choices=("cls", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken", "pooler"),
         default=None,
         help="default: a sentence-transformers directory's own pooling, else cls",
     )

@@ -11,7 +11,7 @@ from jaxbert import sentence_dense
 from jaxbert.model import BertOutput
 from jaxbert.ops import dense
 
-POOLINGS = ("cls", "mean", "max", "mean_sqrt_len_tokens", "pooler")
+POOLINGS = ("cls", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken", "pooler")
 
 
 def _one(out: BertOutput, mask, pooling: str):
@@ -24,6 +24,12 @@ def _one(out: BertOutput, mask, pooling: str):
     if pooling in ("mean", "mean_sqrt_len_tokens"):
         count = jnp.maximum(m.sum(1), 1e-9)
         return (x * m).sum(1) / (count if pooling == "mean" else jnp.sqrt(count))
+    if pooling == "weightedmean":  # token i of the text weighs i + 1 (rows padded on the right)
+        w = m * jnp.arange(1, x.shape[1] + 1, dtype=jnp.float32)[:, None]
+        return (x * w).sum(1) / jnp.maximum(w.sum(1), 1e-9)
+    if pooling == "lasttoken":  # the last token attended to ([SEP]); sentence-transformers' zeros without one
+        last = jnp.maximum(mask.sum(1) - 1, 0)
+        return jnp.take_along_axis(x * m, last[:, None, None], axis=1)[:, 0]
     return out.pooler_output.astype(jnp.float32)
 
 
@@ -38,7 +44,8 @@ def projected(emb: Float[Array, "... E"], dense: tuple, steps: tuple, normalize:
 
 
 def pool(out: BertOutput, mask, pooling: str | tuple[str, ...], normalize: bool):
-    """[B, D × modes]: [CLS] state, masked mean / max / sum over √length, or the pooler; optionally unit length.
+    """[B, D × modes]: [CLS] state, masked mean / max / sum over √length / mean weighted by place / last token, or
+    the pooler; optionally unit length.
     Statistics in float32 whatever the compute dtype."""
     modes = (pooling,) if isinstance(pooling, str) else pooling
     return _normalized(jnp.concatenate([_one(out, mask, mode) for mode in modes], axis=-1), normalize)
@@ -71,6 +78,14 @@ def pool_segments(
             return jnp.tanh(dense(pooler_params["dense"], first)).reshape(R * S, D)
         if mode == "max":
             return jax.ops.segment_max(x, ids, R * S + 1)[:-1]
+        if mode == "lasttoken":  # the segment's last token, at its start + its length - 1
+            last = jnp.clip(starts + count.reshape(R, S).astype(starts.dtype) - 1, 0, L - 1)
+            return jnp.take_along_axis(hidden, last[..., None], axis=1).astype(jnp.float32).reshape(R * S, D)
+        if mode == "weightedmean":  # a token weighs its place in its text, from 1
+            at = jnp.take_along_axis(starts, jnp.maximum(segment_ids - 1, 0), axis=1)  # [R, L] its segment's start
+            w = (jnp.arange(L)[None, :] - at + 1).astype(jnp.float32).reshape(-1, 1)
+            total = jax.ops.segment_sum(x * w, ids, R * S + 1)[:-1]
+            return total / jnp.maximum(jax.ops.segment_sum(w, ids, R * S + 1)[:-1], 1e-9)
         total = jax.ops.segment_sum(x, ids, R * S + 1)[:-1]
         return total / (jnp.maximum(count, 1e-9) if mode == "mean" else jnp.sqrt(jnp.maximum(count, 1e-9)))
 

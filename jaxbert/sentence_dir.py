@@ -4,13 +4,13 @@ older name of it).
 
 A directory is a pipeline of modules: the Transformer (BERT at the directory's root, or in the subfolder that
 modules.json names for it: transformer_dir), then Pooling (cls / mean / max / mean of the square root of the
-length, concatenated in the configured order when several), then any number of Dense projections and Dropouts
-(sentence_dense.py: LaBSE's kind), then optionally Normalize. `max_seq_length` truncates the tokens (special tokens
-included), capped at the model's positions, and `do_lower_case` lower-cases the texts first
-(tokenizer.WordPiece.lowercased, as sentence-transformers 6 does). A module jaxbert does not run (a Dense of another
-feature or after Normalize, weighted-mean pooling, a class from outside sentence_transformers, ...) or a pipeline
-not starting with the Transformer is kept as `unsupported`, so `embed` refuses to pretend to be the pipeline
-instead of silently returning something else.
+length / weighted mean / last token, concatenated in the configured order when several), then any number of
+Dense projections and Dropouts (sentence_dense.py: LaBSE's kind), then optionally Normalize. `max_seq_length`
+truncates the tokens (special tokens included), capped at the model's positions, and `do_lower_case` lower-cases
+the texts first (tokenizer.WordPiece.lowercased, as sentence-transformers 6 does). A module jaxbert does not run (a
+Dense of another feature or after Normalize, a class from outside sentence_transformers, ...) or a pipeline not
+starting with the Transformer is kept as `unsupported`, so `embed` refuses to pretend to be the pipeline instead of
+silently returning something else.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ _LEGACY_MODES = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
-POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens")  # the ones jaxbert computes
+POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")  # jaxbert computes them
 # sentence-transformers' SimilarityFunction names (a model's similarity_fn_name); its distances are negated.
 SIMILARITIES = ("cosine", "dot", "euclidean", "manhattan")
 _STEPS = {"Dense": sentence_dense.read_dense, "Dropout": sentence_dense.read_dropout}  # modules after the Pooling

@@ -469,3 +469,24 @@ def test_an_unreadable_modules_json_is_named_by_embed_and_leaves_the_model_reada
     assert bert.config.hidden_size == 32 and bert.tokenizer is not None
     with pytest.raises(ValueError, match=r"modules.json: invalid JSON"):
         bert.embed(TEXTS)
+
+
+@pytest.mark.parametrize(
+    "pooling", [{"pooling_mode": ["weightedmean", "cls", "lasttoken"]}, {"pooling_mode_lasttoken": True}]
+)
+def test_weighted_mean_and_last_token_pooling_embed_as_sentence_transformers(tmp_path, pooling):
+    """sentence-transformers' other two modes: the mean weighted by each token's place in its text (1, 2, ...) and
+    the last token attended to. Directories pooling so were refused ('pooling mode 'weightedmean' is not
+    implemented by jaxbert'); packed rows and padded batches now embed them as encode (an empty text too)."""
+    directory = _st_dir(tmp_path, pooling, max_seq_length=30)
+    texts = [*TEXTS, "", "one"]
+    want = st.SentenceTransformer(directory, device="cpu").encode(texts, convert_to_numpy=True)
+    bert = jaxbert.load(directory)
+    for packing in (True, False):
+        _assert_same(bert.embed(texts, packing=packing), want)
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    out = str(tmp_path / "e.npy")
+    args = ["embed", directory, "--input", str(tmp_path / "in.txt"), "--output", out, "--pooling", "lasttoken"]
+    assert main(args) == 0
+    modes = pooling.get("pooling_mode", ["lasttoken"])
+    np.testing.assert_allclose(np.load(out), want[:, 32 * modes.index("lasttoken") :][:, :32], atol=1e-5)
