@@ -490,3 +490,30 @@ def test_weighted_mean_and_last_token_pooling_embed_as_sentence_transformers(tmp
     assert main(args) == 0
     modes = pooling.get("pooling_mode", ["lasttoken"])
     np.testing.assert_allclose(np.load(out), want[:, 32 * modes.index("lasttoken") :][:, :32], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "pooling", [{"pooling_mode": "mean_sqrt_len_tokens"}, {"pooling_mode": ["weightedmean", "cls", "lasttoken"]}]
+)
+def test_evaluate_scores_every_pooling_embed_runs(tmp_path, pooling):
+    """`evaluate --task embedding` refused a directory pooling otherwise than by one of cls, mean and max ('pooling
+    mean_sqrt_len_tokens; --task embedding evaluates cls, mean or max') though embed runs its pipeline. It now
+    scores those vectors: the loss and accuracy@1 of SentenceTransformer.encode's."""
+    directory = _st_dir(tmp_path, pooling, max_seq_length=30)
+    rng = np.random.default_rng(0)
+    words = "the quick brown fox jumps over lazy dogs while researchers contemplate paris weather".split()
+    rows = [{"anchor": " ".join(rng.choice(words, 5)), "positive": " ".join(rng.choice(words, 7))} for _ in range(6)]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model = st.SentenceTransformer(directory, device="cpu")
+    a, p = (
+        model.encode([r[c] for r in rows], convert_to_numpy=True).astype(np.float64) for c in ("anchor", "positive")
+    )
+    s = 20 * (a / np.linalg.norm(a, axis=1, keepdims=True)) @ (p / np.linalg.norm(p, axis=1, keepdims=True)).T
+    loss = np.mean(np.log(np.exp(s).sum(1)) - np.diagonal(s))
+    out = str(tmp_path / "m.json")
+    assert (
+        main(["evaluate", directory, "--task", "embedding", "--file", str(tmp_path / "pairs.jsonl"), "--output", out])
+        == 0
+    )
+    got = json.load(open(out))
+    assert abs(got["loss"] - loss) <= 1e-5 and got["accuracy@1"] == np.mean(s.argmax(1) == np.arange(6))

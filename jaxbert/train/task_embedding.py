@@ -91,7 +91,16 @@ def ranking_loss(
 
 
 def embed_batch(
-    params, config, batch: dict, *, pooling: str, normalize: bool, steps=(), rng=None, dtype=jnp.float32, remat=False
+    params,
+    config,
+    batch: dict,
+    *,
+    pooling: str | tuple[str, ...],
+    normalize: bool,
+    steps=(),
+    rng=None,
+    dtype=jnp.float32,
+    remat=False,
 ):
     """[B, C, E] float32 sentence embeddings of a [B, C, L] batch; rows without tokens (padding) are zeros.
     `steps`: the directory's Dense / Dropout modules after the pooling, the Dense parameters under DENSE in
@@ -159,12 +168,10 @@ def directory_eval(directory: str, config, limit: int | None):
     from jaxbert.sentence_dir import embedding_options, read
 
     found = read(directory)
-    modes, normalize, length, lower = embedding_options(found, None, None, None)
-    if len(modes) != 1 or modes[0] not in ("cls", "mean", "max"):
-        raise ValueError(f"{directory}: pooling {'+'.join(modes)}; --task embedding evaluates cls, mean or max")
+    modes, normalize, length, lower = embedding_options(found, None, None, None)  # every mode embed pools
     steps = found.steps if found else ()
     dense = dense_tree(sentence_dense.load_steps(directory, steps))
-    step = functools.partial(eval_step, config=config, pooling=modes[0], normalize=normalize, steps=steps)
+    step = functools.partial(eval_step, config=config, pooling=modes, normalize=normalize, steps=steps)
     scorer = with_similarity(found.similarity if found else "cosine")
     with_dense = lambda params, batch: step({**params, **dense}, batch)  # noqa: E731 - the Dense: constants
     return cpu.onednn_jit(with_dense, tokens=cpu.batch_tokens), limit or length, lower, scorer
