@@ -63,7 +63,13 @@ def embeddings(
     def rows(name: str, ids) -> Float[Array, "L D"]:
         return take_rows(whole_vectors(p[name]["embedding"]), ids)
 
-    x = rows("word_embeddings", input_ids) if inputs_embeds is None else inputs_embeds
+    if inputs_embeds is None:
+        x = rows("word_embeddings", input_ids)
+        # PyTorch's nn.Embedding(padding_idx=pad_token_id): the [PAD] row gets no gradient from its lookups (the
+        # tied MLM decoder still trains it), though padded positions reach a loss (QA's span softmax, labels).
+        x = jnp.where((input_ids == config.pad_token_id)[:, None], jax.lax.stop_gradient(x), x)
+    else:
+        x = inputs_embeds
     x = x.astype(jnp.float32) + rows("token_type_embeddings", token_type_ids).astype(jnp.float32)
     # Relative-position models still store absolute position embeddings but never add them (as transformers).
     if config.position_embedding_type == "absolute":

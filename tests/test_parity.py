@@ -174,3 +174,26 @@ def test_cross_entropy_matches_torch_with_label_smoothing_and_ignore_index(smoot
     )
     got = jaxbert.losses.cross_entropy(jnp.asarray(logits), jnp.asarray(labels), label_smoothing=smoothing)
     assert_close(got, expected.numpy(), f"smoothing={smoothing}")
+
+
+@pytest.mark.parametrize("head", [h for h in jaxbert.HEADS if h != "BertModel"])
+def test_gradients_of_every_head_match_torch_autograd(head):
+    """jax.grad of forward's loss equals PyTorch's backward for every parameter. The labels also score padded
+    positions (and QA's span softmax runs over them), so the [PAD] lookups reach the loss: nn.Embedding's
+    padding_idx gives that row no gradient from them, and neither may jaxbert."""
+    import jax
+
+    hf = hf_model(
+        head,
+        **({"num_labels": 2} if head == "BertForQuestionAnswering" else {}),
+        **({"is_decoder": True} if head == "BertLMHeadModel" else {}),
+    )
+    config = jax_config(hf)
+    params = jaxbert.torch_to_flax(state_dict(hf), config, head)[0]
+    feed, labels = _feed(head), _labels(head, _feed(head))
+    hf(**{k: torch.as_tensor(v) for k, v in {**feed, **labels}.items()}).loss.backward()
+    jfeed = {k: jnp.asarray(v) for k, v in feed.items()}
+    grads = jax.grad(lambda p: jaxbert.forward(p, config, head, **jfeed, **_jax_labels(head, labels)).loss)(params)
+    got = jaxbert.flax_to_torch(grads, config, head)
+    for name, p in hf.named_parameters():
+        assert_close(got[name], p.grad.numpy(), name)

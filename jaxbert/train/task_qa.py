@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import json
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -223,21 +222,8 @@ def _forward(params, batch, *, config, head, rng=None, dtype=jnp.float32, remat=
     return out, labels
 
 
-def _frozen_pad_row(params, pad: int):
-    """The [PAD] word embedding without gradient, as PyTorch's nn.Embedding(padding_idx=pad) has it: the span
-    softmax runs over padding positions too (as transformers' does), so their embedding would otherwise learn."""
-    emb = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
-    emb = emb.at[pad].set(jax.lax.stop_gradient(emb[pad]))
-    words = {**params["bert"]["embeddings"]["word_embeddings"], "embedding": emb}
-    return {
-        **params,
-        "bert": {**params["bert"], "embeddings": {**params["bert"]["embeddings"], "word_embeddings": words}},
-    }
-
-
 def train_loss(params, batch, rng, dtype, remat, *, config, head, smoothing):
     """The step's loss hook: (logits [B, 2, L], loss, labels [B, 2]): accuracy counts exact start/end tokens."""
-    params = _frozen_pad_row(params, config.pad_token_id)
     out, labels = _forward(
         params, batch, config=config, head=head, rng=rng, dtype=dtype, remat=remat, smoothing=smoothing
     )
