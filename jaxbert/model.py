@@ -422,6 +422,13 @@ def bert(
     cache = past_key_values
     if cache is None and use_cache:
         cache = init_cache(config, B, L, compute_dtype(params["embeddings"]))
+    if cache is None and position_ids is None and L > config.max_position_embeddings:
+        # Positions 0 … L-1 by default: JAX's gather would give those past the table its last row (transformers:
+        # IndexError). Explicit position_ids (packed rows restart them) are the caller's to keep in range.
+        raise ValueError(
+            f"sequence length {L} exceeds max_position_embeddings {config.max_position_embeddings} "
+            "(the default position ids run 0 … L-1)"
+        )
     mask = jnp.ones((B, L), bool) if attention_mask is None else jnp.asarray(attention_mask).astype(bool)[:, -L:]
     types = jnp.zeros((B, L), jnp.int32) if token_type_ids is None else token_type_ids
     start = jnp.zeros((B,), jnp.int32) if cache is None else cache.index

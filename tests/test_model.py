@@ -160,3 +160,17 @@ def test_remat_lowers_compiled_memory():
         return jax.jit(jax.grad(loss)).lower(params).compile().memory_analysis().temp_size_in_bytes
 
     assert temp(True) < 0.6 * temp(False)
+
+
+def test_a_sequence_longer_than_the_position_table_is_refused(mlm_params):
+    """transformers' position embedding raises IndexError for positions past its table; JAX's gather would give
+    them the table's last row. Positions given explicitly (packed rows restart them) may be longer."""
+    base, n = mlm_params["bert"], CONFIG.max_position_embeddings
+    ids = jnp.ones((2, n + 1), jnp.int32)
+    with pytest.raises(ValueError, match=f"sequence length {n + 1} exceeds max_position_embeddings {n}"):
+        M.bert(base, CONFIG, ids)
+    with pytest.raises(ValueError, match="exceeds max_position_embeddings"):
+        jaxbert.forward(mlm_params, CONFIG, "mlm", ids)
+    restarted = jnp.broadcast_to(jnp.arange(n + 1) % 8, ids.shape)
+    assert M.bert(base, CONFIG, ids, position_ids=restarted).last_hidden_state.shape == (2, n + 1, 32)
+    assert M.bert(base, CONFIG, ids[:, :n]).last_hidden_state.shape == (2, n, 32)
