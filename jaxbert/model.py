@@ -372,6 +372,31 @@ def row_groups(B: int, L: int) -> int:
     return max(n, 1)
 
 
+def _batch_shape(input_ids, inputs_embeds, config: BertConfig) -> tuple[int, int]:
+    """(B, L) of input_ids [B, L] or inputs_embeds [B, L, D], or a ValueError naming the one of another shape (JAX's
+    own errors name neither)."""
+    name, given, want = "input_ids", input_ids, 2
+    if inputs_embeds is not None:
+        name, given, want = "inputs_embeds", inputs_embeds, 3
+    shape = jnp.shape(given)
+    if len(shape) != want or (want == 3 and shape[2] != config.hidden_size):
+        layout = "[batch, length]" if want == 2 else f"[batch, length, hidden_size={config.hidden_size}]"
+        raise ValueError(f"{name} shape {shape}: expected {layout}")
+    return shape[0], shape[1]
+
+
+def _per_token(name: str, a, B: int, L: int, past: bool = False) -> Array:
+    """`a` as [B, width] for B rows of L tokens: width L, or (a mask with a cache, covering past tokens too) more.
+    [width] and [1, width] are broadcast over the batch, as transformers broadcasts them. Any other shape is a
+    ValueError naming it: a wider mask's last L columns would otherwise be used silently."""
+    a = jnp.asarray(a)
+    rows_fit = a.ndim == 1 or (a.ndim == 2 and a.shape[0] in (1, B))
+    if not (rows_fit and (a.shape[-1] == L or (past and a.shape[-1] > L))):
+        width = "at least L" if past else "L"
+        raise ValueError(f"{name} shape {a.shape}: expected [batch, {width}] = ({B}, {L}) as input_ids")
+    return jnp.broadcast_to(a, (B, a.shape[-1]))
+
+
 def bert(
     params,
     config: BertConfig,
@@ -411,7 +436,8 @@ def bert(
         raise ValueError("segment_ids (packed sequences) cannot be combined with a cache")
     _check_decoder_inputs(config, encoder_hidden_states, past_key_values, use_cache)
     params = jax.tree_util.tree_map(jnp.asarray, params)  # host numpy trees (fresh from a checkpoint) too
-    B, L = input_ids.shape if inputs_embeds is None else inputs_embeds.shape[:2]
+    B, L = _batch_shape(input_ids, inputs_embeds, config)
+    input_ids = None if input_ids is None else jnp.asarray(input_ids)
     if config.position_embedding_type != "absolute" and L > config.max_position_embeddings:
         # Distances beyond the table would be gathered from its clamped or wrapped-around rows (transformers:
         # IndexError), whatever position_ids say: relative attention never reads them.
@@ -429,11 +455,17 @@ def bert(
             f"sequence length {L} exceeds max_position_embeddings {config.max_position_embeddings} "
             "(the default position ids run 0 … L-1)"
         )
-    mask = jnp.ones((B, L), bool) if attention_mask is None else jnp.asarray(attention_mask).astype(bool)[:, -L:]
-    types = jnp.zeros((B, L), jnp.int32) if token_type_ids is None else token_type_ids
+    mask = jnp.ones((B, L), bool)
+    if attention_mask is not None:
+        mask = _per_token("attention_mask", attention_mask, B, L, cache is not None).astype(bool)[:, -L:]
+    types = (
+        jnp.zeros((B, L), jnp.int32) if token_type_ids is None else _per_token("token_type_ids", token_type_ids, B, L)
+    )
     start = jnp.zeros((B,), jnp.int32) if cache is None else cache.index
     at = None if cache is None else cache.index[0]  # the same for every row (cache.KVCache)
-    positions = start[:, None] + jnp.arange(L) if position_ids is None else position_ids
+    positions = (
+        start[:, None] + jnp.arange(L) if position_ids is None else _per_token("position_ids", position_ids, B, L)
+    )
     encoder_mask = None
     if encoder_hidden_states is not None:
         S = encoder_hidden_states.shape[1]

@@ -174,3 +174,23 @@ def test_a_sequence_longer_than_the_position_table_is_refused(mlm_params):
     restarted = jnp.broadcast_to(jnp.arange(n + 1) % 8, ids.shape)
     assert M.bert(base, CONFIG, ids, position_ids=restarted).last_hidden_state.shape == (2, n + 1, 32)
     assert M.bert(base, CONFIG, ids[:, :n]).last_hidden_state.shape == (2, n, 32)
+
+
+def test_per_token_arguments_of_another_shape_are_named_and_a_batch_of_one_is_broadcast(mlm_params):
+    """A mask wider than input_ids (no cache) had its last L columns used silently; transformers refuses it. [L] and
+    [1, L] position / type ids (and masks) apply to every row, as transformers broadcasts them."""
+    base, feed = mlm_params["bert"], _feed(9)
+    ids, mask, types = feed["input_ids"], feed["attention_mask"], feed["token_type_ids"]
+    wider = jnp.concatenate([jnp.zeros((3, 1), mask.dtype), mask], 1)
+    for name, bad in (("attention_mask", wider), ("attention_mask", mask[:, 1:]), ("token_type_ids", types[:2])):
+        with pytest.raises(ValueError, match=rf"{name} shape \({bad.shape[0]}, {bad.shape[1]}\): expected"):
+            M.bert(base, CONFIG, ids, **{"attention_mask": mask, "token_type_ids": types, name: bad})
+    with pytest.raises(ValueError, match=r"input_ids shape \(11,\): expected \[batch, length\]"):
+        M.bert(base, CONFIG, ids[0])
+    L = ids.shape[1]
+    full = M.bert(base, CONFIG, ids, mask, types, position_ids=jnp.broadcast_to(jnp.arange(L) + 2, (3, L)))
+    for positions in (jnp.arange(L) + 2, (jnp.arange(L) + 2)[None]):
+        got = M.bert(base, CONFIG, ids, mask, types, position_ids=positions)
+        assert_close(got.last_hidden_state, full.last_hidden_state, "broadcast positions")
+    one_type = M.bert(base, CONFIG, ids, mask, types[:1]).last_hidden_state
+    assert_close(one_type, M.bert(base, CONFIG, ids, mask, jnp.broadcast_to(types[:1], ids.shape)).last_hidden_state)
