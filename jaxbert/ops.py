@@ -376,12 +376,14 @@ def _gelu_erf(x):
     return x * 0.5 * (1.0 + jax.lax.erf(x / math.sqrt(2.0)))
 
 
-# transformers' ACT2FN names. Plain "gelu" is the exact erf form; jax.nn.gelu defaults to tanh, hence explicit.
+# transformers' ACT2FN names (but prelu and xielu, which have weights of their own). Plain "gelu" is the exact erf
+# form; jax.nn.gelu defaults to tanh, hence explicit.
 ACTIVATIONS = {
     "gelu": _gelu_erf,
     "gelu_python": _gelu_erf,
     "gelu_new": _gelu_tanh,
     "gelu_pytorch_tanh": _gelu_tanh,
+    "gelu_python_tanh": _gelu_tanh,
     "gelu_accurate": _gelu_tanh,
     "gelu_fast": _gelu_fast,
     "gelu_10": lambda x: jnp.clip(_gelu_erf(x), -10.0, 10.0),
@@ -397,6 +399,8 @@ ACTIVATIONS = {
     "sigmoid": jax.nn.sigmoid,
     "linear": lambda x: x,
     "laplace": lambda x: 0.5 * (1.0 + jax.lax.erf((x - 0.707107) / (0.282095 * math.sqrt(2.0)))),
+    "hardswish": jax.nn.hard_swish,
+    "sqrtsoftplus": lambda x: jnp.sqrt(jax.nn.softplus(x)),
 }
 
 

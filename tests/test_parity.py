@@ -127,6 +127,9 @@ ACTIVATIONS = [
     "sigmoid",
     "linear",
     "laplace",
+    "gelu_python_tanh",
+    "hardswish",
+    "sqrtsoftplus",
 ]
 
 
