@@ -218,6 +218,15 @@ def resolve_head(head: str | None, config: BertConfig) -> str:
     return name
 
 
+def check_tree(params, config: BertConfig, spec: Head) -> None:
+    """A ValueError naming the top-level key of the head's tree that `params` lacks (a tree of another head),
+    where indexing it would raise a bare KeyError. BertModel's tree is model.bert's to check."""
+    wanted = () if spec.name == "BertModel" else ("bert", *spec.spec(config))
+    missing = [k for k in wanted if k not in params]
+    if missing:
+        raise ValueError(f"params have no {missing[0]!r} for {spec.name}: top-level keys {sorted(params)}")
+
+
 def base_params(params, head: str):
     return params if head == "BertModel" else params["bert"]
 
@@ -291,6 +300,7 @@ def forward(
     if decoder_input_ids is not None:
         raise ValueError(f"decoder_input_ids: {head} is not an encoder-decoder model")
     spec = TABLE[head]
+    check_tree(params, config, spec)
     params = jax.tree_util.tree_map(jnp.asarray, params)
     r_bert, r_head = (None, None) if rng is None else jax.random.split(rng)
     targets = {

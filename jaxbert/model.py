@@ -435,6 +435,9 @@ def bert(
     if segment_ids is not None and (past_key_values is not None or use_cache):
         raise ValueError("segment_ids (packed sequences) cannot be combined with a cache")
     _check_decoder_inputs(config, encoder_hidden_states, past_key_values, use_cache)
+    if "embeddings" not in params:  # else a bare KeyError
+        hint = " (a head model's base model is its params['bert'])" if "bert" in params else ""
+        raise ValueError(f"params have no 'embeddings' for the base model: top-level keys {sorted(params)}{hint}")
     params = jax.tree_util.tree_map(jnp.asarray, params)  # host numpy trees (fresh from a checkpoint) too
     B, L = _batch_shape(input_ids, inputs_embeds, config)
     input_ids = None if input_ids is None else jnp.asarray(input_ids)

@@ -194,3 +194,14 @@ def test_per_token_arguments_of_another_shape_are_named_and_a_batch_of_one_is_br
         assert_close(got.last_hidden_state, full.last_hidden_state, "broadcast positions")
     one_type = M.bert(base, CONFIG, ids, mask, types[:1]).last_hidden_state
     assert_close(one_type, M.bert(base, CONFIG, ids, mask, jnp.broadcast_to(types[:1], ids.shape)).last_hidden_state)
+
+
+def test_a_tree_of_another_head_is_named(mlm_params):
+    """A head model's tree given where the base model's is read (or another head's) failed with a bare KeyError."""
+    ids = _feed(10)["input_ids"]
+    with pytest.raises(ValueError, match=r"no 'embeddings' .* \['bert', 'cls'\] \(a head model's base model is its"):
+        M.bert(mlm_params, CONFIG, ids)
+    with pytest.raises(ValueError, match=r"no 'embeddings'"):
+        jaxbert.forward(mlm_params, CONFIG, "BertModel", ids)
+    with pytest.raises(ValueError, match=r"no 'classifier' for BertForSequenceClassification: top-level keys"):
+        jaxbert.forward(mlm_params, CONFIG, "BertForSequenceClassification", ids)
