@@ -86,9 +86,10 @@ def span_loss(
     end: Int[Array, " B"],
     label_smoothing: float = 0.0,
 ) -> Float[Array, ""]:
-    """QA loss: positions outside the sequence are clamped to L and ignored, as in transformers."""
+    """QA loss: positions outside the sequence are clamped to L and ignored, as in transformers, which also takes
+    positions [B, 1] (squeezed)."""
     L = start_logits.shape[-1]
-    start, end = jnp.clip(start, 0, L), jnp.clip(end, 0, L)
+    start, end = (jnp.clip(jnp.reshape(p, start_logits.shape[:-1]), 0, L) for p in (start, end))
     return (
         cross_entropy(start_logits, start, L, label_smoothing) + cross_entropy(end_logits, end, L, label_smoothing)
     ) / 2

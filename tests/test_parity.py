@@ -200,3 +200,18 @@ def test_gradients_of_every_head_match_torch_autograd(head):
     got = jaxbert.flax_to_torch(grads, config, head)
     for name, p in hf.named_parameters():
         assert_close(got[name], p.grad.numpy(), name)
+
+
+def test_question_answering_positions_of_shape_batch_by_one_are_squeezed():
+    """transformers squeezes start/end positions [B, 1] (as a DataParallel gather gives them); jaxbert failed in
+    take_along_axis ('indices and arr must have the same number of dimensions')."""
+    head = "BertForQuestionAnswering"
+    hf = hf_model(head, num_labels=2)
+    config = jax_config(hf)
+    params = jaxbert.torch_to_flax(state_dict(hf), config, head)[0]
+    feed, labels = _feed(head), {k: v[:, None] for k, v in _labels(head, _feed(head)).items()}
+    expected = torch_run(hf, {**feed, **labels}).loss.numpy()
+    got = jaxbert.forward(
+        params, config, head, **{k: jnp.asarray(v) for k, v in feed.items()}, **_jax_labels(head, labels)
+    )
+    assert_close(got.loss, expected, "loss")
