@@ -379,19 +379,25 @@ def test_answer_handles_impossible_answers_as_the_pipeline(qa_model, tokenizers,
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(want))
 
 
+def _with_tokenizer_setting(qa_model, tmp_path, **setting):
+    """A copy of the QA model whose tokenizer_config.json has `setting`, and transformers' tokenizer of it."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(qa_model, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, **setting}))
+    hf = transformers.BertTokenizerFast.from_pretrained(model)
+    assert all(getattr(hf, k) == v for k, v in setting.items())
+    return model, hf
+
+
 def test_windows_are_cut_from_the_side_the_tokenizer_truncates(qa_model, tmp_path):
     """tokenizer_config.json's truncation_side "left": transformers' tokenizer (the pipeline's, run_qa's) cuts the
     context's windows from its end, the first window ending the context. jaxbert cut them from the start, so
     answer() read other windows than the pipeline (other answers and scores) and training labelled other windows
     than run_qa."""
-    import shutil
-
-    model = tmp_path / "left"
-    shutil.copytree(qa_model, model)
-    config = json.loads((model / "tokenizer_config.json").read_text())
-    (model / "tokenizer_config.json").write_text(json.dumps({**config, "truncation_side": "left"}))
-    hf = transformers.BertTokenizerFast.from_pretrained(model)
-    assert hf.truncation_side == "left"
+    model, hf = _with_tokenizer_setting(qa_model, tmp_path, truncation_side="left")
     question = "Where does Anna Schmidt live?"
     ref = hf(question, CONTEXT, truncation="only_second", max_length=MAX_LEN, stride=STRIDE,
              return_overflowing_tokens=True)  # fmt: skip
@@ -409,14 +415,7 @@ def test_a_tokenizer_padding_on_the_left_puts_the_context_first(qa_model, tmp_pa
     False) read [CLS] context [SEP] question [SEP], the context cut (only_first) and its tokens those of sequence 0.
     jaxbert put the question first whatever the side: training labelled other windows than run_qa, and answer() ran
     a model trained that way on windows it never saw (other answers, other scores)."""
-    import shutil
-
-    model = tmp_path / "left"
-    shutil.copytree(qa_model, model)
-    config = json.loads((model / "tokenizer_config.json").read_text())
-    (model / "tokenizer_config.json").write_text(json.dumps({**config, "padding_side": "left"}))
-    hf = transformers.BertTokenizerFast.from_pretrained(model)
-    assert hf.padding_side == "left"
+    model, hf = _with_tokenizer_setting(qa_model, tmp_path, padding_side="left")
     questions, contexts, answers = _examples(hf)
     ref, starts, ends = _reference_train_features(hf, questions, contexts, answers, padding="do_not_pad")
     w = qa.windows(WordPiece.from_dir(str(model)), questions, contexts, MAX_LEN, STRIDE)
