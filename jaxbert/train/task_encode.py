@@ -208,8 +208,6 @@ def encode_choices(tok, rows, columns, labels: Labels, max_len: int):
     def build():
         enc = tok.encode(firsts, seconds, max_length=max_len)
         n = max(len(opts) for opts in lists)
-        if all(len(opts) == n for opts in lists):
-            return _pack(enc, n, targets)
         # option k of example e is sequence e * n + k; the sequences after an example's last option stay empty
         place = np.concatenate([e * n + np.arange(len(opts)) for e, opts in enumerate(lists)])
         lengths = np.zeros(len(lists) * n, np.int64)
