@@ -8,6 +8,8 @@ import argparse
 import dataclasses
 import sys
 
+from jaxbert.entities import STRATEGIES
+
 SCALE_HELP = {  # the mesh and multi-process flags (see README "Running on many machines")
     "mesh": ("data=N,fsdp=N,tensor=N", "device mesh (-1: the rest; default all devices on data)"),
     "coordinator_address": ("HOST:PORT", "multi-process: process 0's address (with --num-processes, --process-id)"),
@@ -116,6 +118,7 @@ def _predict(args) -> int:
         max_length=args.max_seq_length,
         version_2_with_negative=args.version_2_with_negative,
         null_score_diff_threshold=args.null_score_diff_threshold,
+        aggregation_strategy=args.aggregation_strategy,
     )
     print(f"predicted {n} inputs -> {args.output}")
     return 0
@@ -175,6 +178,12 @@ def add_parsers(sub) -> None:
     predict.add_argument("--text-pair-column", default=None)
     predict.add_argument(
         "--max-seq-length", type=int, default=None, help="tokens a text is read at (default: as trained, as evaluate)"
+    )
+    predict.add_argument(
+        "--aggregation-strategy",
+        choices=STRATEGIES,
+        default=None,
+        help="a tagger's entities as transformers' token-classification pipeline groups them (default: tag's words)",
     )
     _add_qa_flags(predict)
     predict.set_defaults(func=_predict)

@@ -133,10 +133,12 @@ def predict(
     max_length: int | None = None,
     version_2_with_negative: bool | None = None,
     null_score_diff_threshold: float | None = None,
+    aggregation_strategy: str | None = None,
 ) -> int:
     """Predictions of the model in `directory` for every input, written to `output` (.jsonl) atomically:
-    classify's dicts (sequence classification), {"words": tag's list} (token classification), {label, scores}
-    (multiple choice), {answer, score, start, end} (question answering: _answers). Returns the number of inputs.
+    classify's dicts (sequence classification), {"words": tag's list} (token classification; {"entities": ...}
+    with an `aggregation_strategy`, tag's), {label, scores} (multiple choice), {answer, score, start, end}
+    (question answering: _answers). Returns the number of inputs.
 
     Texts are read at `max_length` tokens (tag's windows; classify and multiple choice cut longer ones), by default
     the length the model was trained with, else the model's, as `evaluate` reads them: the predictions are the
@@ -151,6 +153,8 @@ def predict(
     directory = hub.resolve(directory)  # a hub id's snapshot: its files are the ones read
     check_not_read(output, [input_path, *model_files(directory)])
     bert = jaxbert.load(directory)
+    if aggregation_strategy is not None and bert.head != "BertForTokenClassification":
+        raise ValueError(f"--aggregation-strategy: groups a token classification model's tags; this is {bert.head}")
     task = "question-answering" if bert.head == "BertForQuestionAnswering" else bert.head
     trained_qa = qa_options(bert.config, task, version_2_with_negative, null_score_diff_threshold)
     if max_length is not None:
@@ -170,7 +174,8 @@ def predict(
         if pair_column is not None:  # a tagger reads one text: the pairs would go unread
             raise ValueError(f"--text-pair-column {pair_column}: a token classification model tags single texts")
         texts = _inputs(input_path, text_column or "text", None)[0]
-        results = [{"words": words} for words in bert.tag(texts, batch_size=batch_size, max_length=length)]
+        found = bert.tag(texts, batch_size=batch_size, max_length=length, aggregation_strategy=aggregation_strategy)
+        results = [{"words" if aggregation_strategy is None else "entities": x} for x in found]
     elif bert.head == "BertForMultipleChoice":
         text_column, pair_column = _trained_columns(bert.config, text_column, pair_column)
         results = _choose(bert, input_path, text_column or "context", pair_column or "choices", batch_size, length)

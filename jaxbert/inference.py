@@ -462,9 +462,19 @@ class Bert:
         """Per text (and pair), its label and scores; texts beyond max_length tokens cut (tasks.classify)."""
         return tasks.classify(self, texts, pairs, batch_size, max_length)
 
-    def tag(self, texts, batch_size: int = 32, max_length: int | None = None, stride: int | None = None):
-        """Per text, its words {word, label, score, start, end}; long texts in overlapping windows (tasks.tag)."""
-        return tasks.tag(self, texts, batch_size, max_length, stride)
+    def tag(
+        self,
+        texts,
+        batch_size: int = 32,
+        max_length: int | None = None,
+        stride: int | None = None,
+        aggregation_strategy: str | None = None,
+        ignore_labels=None,
+    ):
+        """Per text, its words {word, label, score, start, end}; long texts in overlapping windows (tasks.tag).
+        With `aggregation_strategy` (none, simple, first, average, max), the token-classification pipeline's
+        entities instead ({entity_group, score, word, start, end}; "none": {entity, score, index, word, start, end})."""
+        return tasks.tag(self, texts, batch_size, max_length, stride, aggregation_strategy, ignore_labels)
 
     def answer(self, question: str, context: str, top_k: int = 1, **options) -> list[dict]:
         """[{answer, score, start, end}] best first: the question-answering pipeline's answers (see qa.answer)."""

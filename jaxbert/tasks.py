@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxbert import sentence_dense, sentence_dir, windows
+from jaxbert import entities, sentence_dense, sentence_dir, windows
 from jaxbert.inputs import check_encoded, positive_int
 from jaxbert.tokenizer import NO_LIMIT
 
@@ -189,14 +189,29 @@ def classify(bert, texts, pairs=None, batch_size: int = 32, max_length: int | No
     return results
 
 
-def tag(bert, texts, batch_size: int = 32, max_length: int | None = None, stride: int | None = None):
+def tag(
+    bert,
+    texts,
+    batch_size: int = 32,
+    max_length: int | None = None,
+    stride: int | None = None,
+    aggregation_strategy: str | None = None,
+    ignore_labels=None,
+):
     """Token classification aligned to words: each word takes the label of its first word piece, and carries
     its character span {word, label, score, start, end} in the original text. A text longer than `max_length`
     tokens (default: the model's limit) is read in windows of that length overlapping by `stride` tokens
     (default: half a window, at most 128), each word labelled from the window where it has the most context
-    (windows.py): every word of every text is tagged."""
+    (windows.py): every word of every text is tagged.
+
+    With `aggregation_strategy` (none, simple, first, average, max) each text gives the token-classification
+    pipeline's entities instead, `ignore_labels` (default ["O"]) left out (entities.py); a long text as the
+    pipeline's `stride` reads it: grouped per window, overlaps resolved ("none": each token from its window of
+    most context, where the pipeline refuses a stride)."""
     _require(bert, ("BertForTokenClassification",), "tag")
     batch_size = positive_int("batch_size", batch_size)
+    how = None if aggregation_strategy is None else entities.strategy(aggregation_strategy)
+    ignore = entities.ignored(ignore_labels, how)
     texts = texts if isinstance(texts, str) else list(texts)  # read twice: by the tokenizer, then for the words
     length = bert.max_length(max_length)
     enc = bert.tokenizer.encode(texts, max_length=NO_LIMIT, truncation=False)
@@ -204,8 +219,11 @@ def tag(bert, texts, batch_size: int = 32, max_length: int | None = None, stride
     check_encoded(bert.config, enc)  # named by text and position in it, not by window
     pieces, home = windows.split(enc, length, stride)
     names = [bert.config.id2label[i] for i in range(bert.config.num_labels)]
+    per_window = _logits(bert, pieces, batch_size)
+    if how is not None:
+        return _entities(bert.tokenizer, names, texts, enc, pieces, home, per_window, how, ignore)
     results = []
-    for t, logits in enumerate(windows.join(enc, pieces, home, _logits(bert, pieces, batch_size))):
+    for t, logits in enumerate(windows.join(enc, pieces, home, per_window)):
         probs = _softmax(logits)
         words: dict[int, dict] = {}
         for pos, word in enumerate(enc.word_ids[t]):
@@ -225,6 +243,22 @@ def tag(bert, texts, batch_size: int = 32, max_length: int | None = None, stride
                 w["end"] += 1
         results.append([{"word": text[w["start"] : w["end"]], **w} for w in words.values()])
     return results
+
+
+def _entities(tok, names, texts, enc, pieces, home, logits, how: str, ignore) -> list[list[dict]]:
+    """tag's entities per text, from each window's own probabilities as the pipeline's chunks (entities.py); for
+    "none", which the pipeline reads in one window only, each token once, from its window of most context."""
+    if how == "none":
+        parts = [(t, enc, t, x) for t, x in enumerate(windows.join(enc, pieces, home, logits))]
+    else:
+        parts = [(t, pieces, w, logits[w]) for w, (t, _) in enumerate(home)]
+    out: list[list[dict]] = [[] for _ in texts]
+    for t, source, i, x in parts:
+        ids, offsets, special = source.ids[i], source.offsets[i], source.special[i]
+        pre = entities.tokens(tok, texts[t], ids, offsets, special, entities.softmax(x), how not in ("none", "simple"))
+        out[t] += entities.aggregate(tok, names, pre, how, ignore)
+    several = np.bincount(np.asarray([t for t, _ in home], int), minlength=len(texts)) > 1
+    return [entities.merge_overlapping(e) if many and how != "none" else e for e, many in zip(out, several)]
 
 
 def _stride(stride, length: int, tok) -> int:
