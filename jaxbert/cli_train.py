@@ -77,6 +77,9 @@ def _add_config_flags(parser, skip: tuple[str, ...] = ()) -> None:
         elif field.name == "symmetric":
             what = "--task embedding: also positives -> anchors in the loss"
             parser.add_argument(flag, action="store_true", help=what)
+        elif field.name == "label_all_tokens":
+            what = "--task token-classification: label a word's later sub-tokens too (B- as I-), as run_ner.py's"
+            parser.add_argument(flag, action="store_true", help=what)
         elif field.type == "bool":
             parser.add_argument(flag, action="store_true")
         elif field.default is dataclasses.MISSING:

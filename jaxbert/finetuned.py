@@ -226,7 +226,7 @@ def evaluate(
     from jaxbert.train.task_encode import IGNORE, check_tables
     from jaxbert.train.task_labels import check_scorable, model_labels
     from jaxbert.train.task_plan import evaluate_examples
-    from jaxbert.train.task_table import TASKS, columns, trained_label, trained_length
+    from jaxbert.train.task_table import TASKS, columns, trained_all_tokens, trained_label, trained_length
 
     if not output.endswith(".json"):
         raise ValueError(f"--output {output}: expected a .json file")
@@ -265,7 +265,7 @@ def evaluate(
         # The directory's max_seq_length replaces the tokenizer's own length, as sentence-transformers does.
         limit = min(limit or tok.model_max_length, config.max_position_embeddings)
         tok = tok.lowercased() if lower else tok
-    opts = {}
+    opts = {"label_all_tokens": trained_all_tokens(config)} if task_name == "token-classification" else {}
     if task_name == "question-answering":  # the options it was trained with (task_qa.QARun.final_config)
         opts = qa.check_options(trained_qa or {})
         trained = opts.pop("max_seq_length", 384)

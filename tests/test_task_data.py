@@ -409,6 +409,13 @@ BAD = {  # name: (task, training records or raw text, validation records, flags,
         ["--mlm-probability", "0.2"],
         "--mlm-probability applies to --task mlm only",
     ),
+    "tagging flag": (
+        "sequence-classification",
+        GOOD,
+        GOOD,
+        ["--label-all-tokens"],
+        "--label-all-tokens applies to --task token-classification only, not sequence-classification",
+    ),
     # One column in two roles: the label read as the text was learned as itself (accuracy 1.0, nothing learned).
     "the label column as the text": (
         "sequence-classification",

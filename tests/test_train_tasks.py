@@ -34,6 +34,7 @@ LR, DECAY, CLIP, EPS = 5e-5, 0.1, 0.05, 1e-8  # EPS: Adam's
 # them equally), and the softmax over the options ignores the multiple-choice classifier's bias. Their computed
 # gradients are rounding noise, which Adam's first step scales up to ±lr in either framework: compared at that bound.
 ZERO_GRADIENT = ("attention.self.key.bias", "classifier.bias")
+TAGS = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC")
 
 
 def _words(rng, lo=2, hi=9):
@@ -42,6 +43,8 @@ def _words(rng, lo=2, hi=9):
 
 def _records(kind: str, n: int = 8) -> list[dict]:
     options = (lambda i: 2 + i % 3) if kind == "choice-varying" else (lambda i: 3)  # ARC-like: 2 to 4 options
+    # --label-all-tokens: named B-/I- tags, the long words (several word pieces) B-PER, whose later pieces are I-PER
+    tag = (lambda t, w: "B-PER" if len(w) > 10 else TAGS[t]) if kind == "tokens-all" else (lambda t, w: int(t))
     kind = kind.split("-")[0]  # the variants' data are their base case's
     rng = np.random.default_rng(7)
     out = []
@@ -54,7 +57,10 @@ def _records(kind: str, n: int = 8) -> list[dict]:
                 "single": {"text": text, "text_pair": pair, "label": i % 3},
                 "regression": {"text": text, "label": round(float(rng.normal()), 3)},
                 "multi": {"text": text, "label": [j for j in range(4) if rng.random() < 0.4]},
-                "tokens": {"tokens": words, "ner_tags": [int(t) for t in rng.integers(0, 5, len(words))]},
+                "tokens": {
+                    "tokens": words,
+                    "ner_tags": [tag(t, w) for t, w in zip(rng.integers(0, 5, len(words)), words)],
+                },
                 "choice": {"context": text, "choices": choices, "label": (i + i // 3) % len(choices)},
             }[kind]
         )
@@ -91,19 +97,43 @@ CASES = {
         dict(num_labels=5),
         ["--grad-accum-steps", 2, "--global-batch-size", 4],
     ),
+    # run_ner.py's --label_all_tokens: a word's later sub-tokens labelled too, B-X as I-X.
+    "tokens-all": (
+        "token-classification",
+        "BertForTokenClassification",
+        dict(num_labels=5, id2label=dict(enumerate(TAGS)), label2id={t: i for i, t in enumerate(TAGS)}),
+        ["--label-all-tokens"],
+    ),
 }
 
 
-def _torch_batch(kind, records, tok):
+def _torch_batch(kind, records, tok, label_all_tokens=False, id2label=None):
     """The batch as transformers' own examples (run_glue / run_ner / run_swag) build it."""
     pt = dict(padding=True, truncation=True, max_length=32, return_tensors="pt")
     if kind == "tokens":
         enc = tok([r["tokens"] for r in records], is_split_into_words=True, **pt)
+        # run_ner.py: tags get the model's ids where its labels are the data's, else ids in sorted order; with
+        # label_all_tokens a later sub-token takes b_to_i_label of its word's label.
+        label_list = sorted({t for r in records for t in r["ner_tags"]}, key=str)
+        model_list = [id2label[i] for i in range(len(id2label or {}))]
+        label_list = model_list if sorted(model_list) == label_list else label_list
+        label_to_id = {name: i for i, name in enumerate(label_list)}
+        b_to_i_label = []
+        for idx, label in enumerate(label_list):
+            if isinstance(label, str) and label.startswith("B-") and label.replace("B-", "I-") in label_list:
+                b_to_i_label.append(label_list.index(label.replace("B-", "I-")))
+            else:
+                b_to_i_label.append(idx)
         labels = []
         for i, r in enumerate(records):
             previous, row = None, []
             for w in enc.word_ids(i):
-                row.append(-100 if w is None or w == previous else r["ner_tags"][w])
+                if w is None:
+                    row.append(-100)
+                elif w != previous:
+                    row.append(label_to_id[r["ner_tags"][w]])
+                else:
+                    row.append(b_to_i_label[label_to_id[r["ner_tags"][w]]] if label_all_tokens else -100)
                 previous = w
             labels.append(row)
         return dict(enc), torch.tensor(labels)
@@ -218,8 +248,9 @@ def _one_step_equals_pytorch(kind, tmp_path, capsys, examples: int = 8, length: 
 
     pt = getattr(transformers, head).from_pretrained(model)
     tok = transformers.AutoTokenizer.from_pretrained(model)
-    loss, norm = _torch_step(pt, *_torch_batch(kind.split("-")[0], records, tok))
-    diff, theirs, _, _ = after_one_step(out, pt, head, loss, norm)
+    batch, labels = _torch_batch(kind.split("-")[0], records, tok, "--label-all-tokens" in flags, pt.config.id2label)
+    loss, norm = _torch_step(pt, batch, labels)
+    diff, theirs, final_config, _ = after_one_step(out, pt, head, loss, norm)
     noise = [k for k in diff if k.endswith(ZERO_GRADIENT) and (head == "BertForMultipleChoice" or "key" in k)]
     strict = {k: d for k, d in diff.items() if k not in noise}
     assert max(strict.values()) <= 1e-6, sorted(strict.items(), key=lambda kv: -kv[1])[:3]
@@ -231,6 +262,22 @@ def _one_step_equals_pytorch(kind, tmp_path, capsys, examples: int = 8, length: 
         _pairs_stay_pairs(out / "final", records, data, tmp_path, capsys, length)
     if kind == "choice-varying":
         _varying_options_scored_as_predicted(out / "final", records, data, tmp_path, capsys)
+    if kind == "tokens-all":
+        _all_tokens_labelled(out / "final", final_config, pt, batch, labels, data, tmp_path, records, tok)
+
+
+def _all_tokens_labelled(final, config, pt, batch, labels, data, tmp_path, records, tok):
+    """The labels are the model's (sub-tokens labelled, B- as I- there), and `evaluate` of OUT/final scores the
+    sub-tokens as trained: its loss is the stepped PyTorch model's over the same labels."""
+    assert config.label2id == {name: i for i, name in enumerate(TAGS)}
+    assert (labels != -100).sum() > sum(len(r["tokens"]) for r in records)  # sub-tokens labelled
+    pairs = [(w, t) for r in records for w, t in zip(r["tokens"], r["ner_tags"])]
+    assert any(t.startswith("B-") and len(tok.tokenize(w)) > 1 for w, t in pairs)  # B- mapped to I- somewhere
+    assert main(["evaluate", str(final), "--task", "token-classification", "--file", str(data),
+                 "--output", str(tmp_path / "m.json")]) == 0  # fmt: skip
+    with torch.no_grad():
+        want = float(pt.eval()(**batch, labels=labels).loss)
+    assert abs(json.load(open(tmp_path / "m.json"))["loss"] - want) <= 1e-5, want
 
 
 def _varying_options_scored_as_predicted(final, records, data, tmp_path, capsys):

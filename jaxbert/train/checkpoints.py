@@ -187,6 +187,7 @@ RUN_OUTPUTS = ("final", "best", "best.json", "metrics.jsonl")  # what a run writ
 # Meta keys that checkpoints of earlier jaxbert versions lack: checked only where stored.
 LATER_KEYS = (
     "train_file_sha256",
+    "label_all_tokens",
     "n_best_size",
     "max_answer_length",
     "null_score_diff_threshold",

@@ -66,6 +66,7 @@ class TrainConfig:
     metric_for_best_model: str | None = None
     early_stopping_patience: int | None = None
     pack: bool = True  # line-by-line MLM, sequence / token classification: examples share rows (--no-pack)
+    label_all_tokens: bool = False  # token classification: run_ner.py's, a word's later sub-tokens labelled too
     # --task embedding's pipeline; None: the model's sentence-transformers one, else mean, not normalized
     # (task_embedding.with_pipeline, which also takes max_seq_length from there)
     pooling: str | None = None
@@ -128,6 +129,9 @@ class TrainConfig:
         for name in QA_FIELDS:
             if self.task != "question-answering" and getattr(self, name) != defaults[name]:
                 raise ValueError(f"{_flag(name)} applies to --task question-answering only, not {self.task}")
+        for name in TAG_FIELDS:
+            if self.task != "token-classification" and getattr(self, name) != defaults[name]:
+                raise ValueError(f"{_flag(name)} applies to --task token-classification only, not {self.task}")
         if self.task == "question-answering" and self.doc_stride >= self.max_seq_length:
             raise ValueError(f"--doc-stride {self.doc_stride}: must be below --max-seq-length {self.max_seq_length}")
 
@@ -139,6 +143,7 @@ class TrainConfig:
             # The windows, and the evaluation's post-processing: OUT/best compares evaluations across the run,
             # and OUT/final records the options `evaluate` and `predict` then use.
             + (QA_FIELDS if self.task == "question-answering" else ())
+            + (TAG_FIELDS if self.task == "token-classification" else ())  # which tokens the loss reads
         )
 
     # Fields that decide which data and masking each step sees: a resumed run must agree on them.
@@ -167,6 +172,7 @@ MLM_FIELDS = ("line_by_line", "mlm_probability", "whole_word_mask", "max_predict
 EMBEDDING_FIELDS = ("pooling", "normalize", "symmetric")  # the embedding task's: its model's pipeline and loss
 # Question answering's windows (run_qa.py's flags) and post-processing (utils_qa.py's).
 QA_FIELDS = ("doc_stride", "n_best_size", "max_answer_length", "version_2_with_negative", "null_score_diff_threshold")
+TAG_FIELDS = ("label_all_tokens",)
 # Options of task fine-tuning (not flags of train-mlm, whose interface predates them).
 TASK_FIELDS = (
     "text_column",
@@ -178,6 +184,7 @@ TASK_FIELDS = (
     "early_stopping_patience",
     *EMBEDDING_FIELDS,
     *QA_FIELDS,
+    *TAG_FIELDS,
 )
 
 

@@ -159,10 +159,18 @@ def encode_sequences(tok, rows, columns, labels: Labels, max_len: int):
     return [texts, pairs, targets.tolist()], lambda: _pack(tok.encode(texts, pairs, max_length=max_len), 1, targets)
 
 
-def encode_tags(tok, rows, columns, labels: Labels, max_len: int):
-    """Each word's label on its first sub-token, -100 on the rest (transformers' default); words cut off by
-    --max-seq-length (or without any token) are counted in `truncated`."""
+def _b_to_i(names: tuple[str, ...]) -> list[int]:
+    """Per label id, the id a word's later sub-tokens take: I-X's for B-X where the labels have it, else its own."""
+    inside = [n.replace("B-", "I-") if n.startswith("B-") else n for n in names]  # run_ner.py's str.replace
+    return [names.index(x) if x in names else i for i, x in enumerate(inside)]
+
+
+def encode_tags(tok, rows, columns, labels: Labels, max_len: int, label_all_tokens: bool = False):
+    """Each word's label on its first sub-token, -100 on the rest (transformers' default); with
+    `label_all_tokens`, the rest take it too, a B-X as I-X where there is one (run_ner.py's b_to_i_label). Words cut
+    off by --max-seq-length (or without any token) are counted in `truncated`."""
     words_col, _, tags_col = columns
+    later = _b_to_i(labels.names) if label_all_tokens else None
     tagged = tag_lists(rows, words_col, tags_col)
     words = [w for _, w, _ in tagged]
     if not any(words):  # the metrics need a word; found here, not at the first evaluation after compiling
@@ -175,13 +183,14 @@ def encode_tags(tok, rows, columns, labels: Labels, max_len: int):
         for word_ids, word_labels in zip(enc.word_ids, ids):
             seen, out = set(), []
             for w in word_ids:
-                out.append(word_labels[w] if w >= 0 and w not in seen else IGNORE)
+                first = w >= 0 and w not in seen
+                out.append(word_labels[w] if first else IGNORE if later is None or w < 0 else later[word_labels[w]])
                 seen.add(w)
             truncated += len(word_labels) - len(seen - {-1})
             tags.append(out)
         return _pack(enc, 1, np.zeros(0, np.int32), tags, truncated)
 
-    return [words, ids], build
+    return [words, ids, *(["label_all_tokens"] if label_all_tokens else [])], build
 
 
 def encode_choices(tok, rows, columns, labels: Labels, max_len: int):

@@ -88,6 +88,8 @@ class TaskRun:
         # the training log's.
         text, pair, label = columns(self.task, self.cfg)
         trained = {"text": text, "pair": pair, "label": label, "max_seq_length": self.cfg.max_seq_length}
+        if self.cfg.label_all_tokens:  # evaluate labels the sub-tokens as trained: its numbers stay the log's
+            trained["label_all_tokens"] = True
         extra = {"num_labels": self.config.num_labels, COLUMNS_KEY: trained}
         return self.config.replace(extra={**self.config.extra, **extra})
 

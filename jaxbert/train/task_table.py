@@ -50,8 +50,8 @@ def _tag_metrics(labels: Labels) -> tuple[str, ...]:
 
 
 def _score_tags(logits, data: E.Encodedset, labels: Labels) -> dict:
-    """Entity-level P/R/F1 (seqeval's default mode) and token accuracy over the labelled first sub-tokens (see
-    _tag_metrics)."""
+    """Entity-level P/R/F1 (seqeval's default mode) and token accuracy over the labelled sub-tokens (each word's
+    first; all of them with --label-all-tokens, as run_ner.py scores them; see _tag_metrics)."""
     pred, gold = [], []
     for e, x in enumerate(logits):
         a, b = data.starts[e], data.starts[e + 1]
@@ -125,6 +125,7 @@ TASKS: dict[str, Task] = {
             E.encode_tags,
             _score_tags,
             _tag_metrics,
+            lambda cfg: {"label_all_tokens": cfg.label_all_tokens},
         ),
         # The head scores each (context, option) sequence with one output: no label names.
         Task(
@@ -189,6 +190,12 @@ def trained_length(config) -> int | None:
     saved = (config.extra or {}).get(COLUMNS_KEY)
     length = saved.get("max_seq_length") if isinstance(saved, dict) else None
     return length if type(length) is int and length > 0 else None
+
+
+def trained_all_tokens(config) -> bool:
+    """Whether a tagger was trained with --label-all-tokens (see COLUMNS_KEY): `evaluate` scores its sub-tokens."""
+    saved = (config.extra or {}).get(COLUMNS_KEY)
+    return isinstance(saved, dict) and saved.get("label_all_tokens") is True
 
 
 def trained_label(config) -> str | None:
