@@ -55,6 +55,26 @@ def tagger(tmp_path_factory):
     return hf, pipe, jaxbert.load(directory)
 
 
+@pytest.mark.parametrize("setting", ["vocab.txt only", "cased, accents kept"])
+def test_entities_of_other_tokenizer_settings_are_the_pipelines(tagger, tmp_path, setting):
+    """The same with a vocab.txt tokenizer (no tokenizer.json) and with a cased one keeping accents, whose word
+    pieces cover accented characters one to one (the pipeline tells words by the length of piece and text)."""
+    hf, _, _ = tagger
+    hf.save_pretrained(tmp_path)
+    names = ["vocab.txt", "tokenizer_config.json", "special_tokens_map.json"]
+    for name in names + (["tokenizer.json"] if setting.startswith("cased") else []):
+        shutil.copy(os.path.join(MINILM, name), tmp_path)
+    if setting.startswith("cased"):
+        path = tmp_path / "tokenizer_config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "do_lower_case": False, "strip_accents": False}))
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    pipe = transformers.pipeline("token-classification", model=hf, tokenizer=tok)
+    bert = jaxbert.load(tmp_path)
+    for strategy in STRATEGIES:
+        for text, got in zip(TEXTS, bert.tag(TEXTS, aggregation_strategy=strategy), strict=True):
+            _assert_same(got, pipe(text, aggregation_strategy=strategy), (setting, strategy, text))
+
+
 def _assert_same(got, want, where):
     assert len(got) == len(want), (where, got, want)
     for g, w in zip(got, want):
