@@ -168,7 +168,8 @@ def add_parsers(sub) -> None:
     mlm.set_defaults(func=_train, task="mlm")
     train = sub.add_parser(
         "train",
-        help="fine-tune on a task: classification, regression, NER, multiple choice, MLM (resumable, multi-device)",
+        help="fine-tune on a task: classification, regression, NER, multiple choice, QA, embeddings, MLM, causal LM "
+        "(resumable, multi-device)",
     )
     _add_config_flags(train)
     train.set_defaults(func=_train)

@@ -43,6 +43,7 @@ GREATER_IS_BETTER = {
     "accuracy@1": True,
     "mrr@10": True,
     "loss": False,
+    "perplexity": False,
 }
 
 

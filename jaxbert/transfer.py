@@ -121,16 +121,25 @@ def write_jaxbert_dir(
     tokenizer_from: str | None = None,
     force: bool = False,
     check: Callable[[str], None] | None = None,
+    safetensors: bool = False,
 ) -> dict[str, int]:
     """A jaxbert directory: config.json, flax_model.msgpack, tokenizer files; written atomically.
 
     `check(directory)` runs on the complete directory before it becomes `dst`: whatever it raises leaves `dst` as
     it was (convert --verify: a conversion that fails its comparison is not left behind looking like a good one).
+    `safetensors`: also the weights as transformers 5 reads them (model.safetensors, PyTorch names; it reads no
+    Flax file), so the directory is a transformers checkpoint as well.
     """
     with atomic_directory(dst, force, sources=(tokenizer_from,) if tokenizer_from else ()) as tmp:
         _write_config(config, head, _stored_dtype(params), tmp)
         with open(os.path.join(tmp, FLAX_MSGPACK), "wb") as f:
             write_msgpack(params, f)
+        if safetensors:
+            from safetensors.numpy import save_file
+
+            state = flax_to_torch(params, config, head, include_tied=False)
+            arrays = {k: np.ascontiguousarray(v) for k, v in state.items()}
+            save_file(arrays, os.path.join(tmp, SAFETENSORS), metadata={"format": "pt"})
         if tokenizer_from:
             copy_companion_files(tokenizer_from, tmp)
         files = _listing(tmp)

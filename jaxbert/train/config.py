@@ -166,7 +166,15 @@ class TrainConfig:
     )
 
 
-TASKS = ("mlm", "sequence-classification", "token-classification", "multiple-choice", "embedding", "question-answering")
+TASKS = (
+    "mlm",
+    "sequence-classification",
+    "token-classification",
+    "multiple-choice",
+    "embedding",
+    "question-answering",
+    "causal-lm",
+)
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 MLM_FIELDS = ("line_by_line", "mlm_probability", "whole_word_mask", "max_predictions_per_seq")
 EMBEDDING_FIELDS = ("pooling", "normalize", "symmetric")  # the embedding task's: its model's pipeline and loss

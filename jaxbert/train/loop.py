@@ -238,6 +238,10 @@ def _train(cfg: TrainConfig) -> dict:
         from jaxbert.train.task_qa import prepare as qa_prepare
 
         run = qa_prepare(cfg)
+    elif cfg.task == "causal-lm":
+        from jaxbert.train.task_causal_lm import prepare as causal_prepare
+
+        run = causal_prepare(cfg)
     else:
         run = (plan.prepare if cfg.task == "mlm" else task_plan.prepare)(cfg)
     params = run.initial_params()

@@ -19,7 +19,7 @@ import os
 
 from jaxbert.files import json_line
 from jaxbert.inputs import lone_surrogate
-from jaxbert.texts import check_input_file, utf8_lines
+from jaxbert.texts import check_input_file, text_lines, utf8_lines
 
 _MAX_CELL = 2**31 - 1  # characters of a CSV cell (the whole file is in memory anyway)
 FORMATS = {".jsonl": "json", ".csv": ",", ".tsv": "\t", ".json": "squad"}  # .json: SQuAD JSON (task_qa.py)
@@ -136,9 +136,19 @@ def parse_cell(row: Row, column: str, cell: str, want_list: bool = False):
     return cell
 
 
-def read_rows(path: str, flag: str = "--train-file") -> list[Row]:
-    """Every row of a .jsonl / .csv / .tsv file, in order; blank lines skipped. An empty file is an error."""
+def read_rows(path: str, flag: str = "--train-file", lines: str | None = None) -> list[Row]:
+    """Every row of a .jsonl / .csv / .tsv file, in order; blank lines skipped. An empty file is an error.
+    `lines`: a task of plain texts (causal LM) also reads a .txt file, each non-blank line the row's column
+    `lines` (SQuAD .json is question answering's alone)."""
     ext = os.path.splitext(path)[1].lower()
+    if lines is not None and ext in (".txt", ".json"):
+        if ext == ".json":
+            raise ValueError(f"{flag} {path}: expected a .txt (one text per line), .jsonl, .csv or .tsv file")
+        check_input_file(path)
+        rows = [Row(path, n, {lines: text}, True) for n, text in text_lines(path) if text.strip()]
+        if not rows:
+            raise ValueError(f"{path}: no examples (empty file)")
+        return rows
     if ext not in FORMATS:
         raise ValueError(f"{flag} {path}: expected a .jsonl, .csv or .tsv file (or SQuAD .json)")
     check_input_file(path)

@@ -42,12 +42,13 @@ def _mismatch(name: str, have: tuple, want: tuple, head: str) -> str:
 
 
 def task_params(
-    directory: str, config: BertConfig, head: str, seed: int, renew: str | None = None
+    directory: str, config: BertConfig, head: str, seed: int, renew: str | None = None, unused: bool = False
 ) -> tuple[dict, list[str]]:
     """The checkpoint in `directory` as `head` with `config`'s labels, float32, and what was initialized.
 
     `renew` (why) re-initializes the classifier even when its shape fits: the data's labels are not the
-    checkpoint's. Fresh parameters come from `init_params(config, key(seed), head)`.
+    checkpoint's. Fresh parameters come from `init_params(config, key(seed), head)`. `unused`: also name the
+    checkpoint's weights `head` has no place for (transformers' UNEXPECTED keys), which are dropped.
     """
     state = _state_dict(directory)
     # The config against the weights before anything is built from it: a config.json declaring a billion layers
@@ -91,5 +92,8 @@ def task_params(
             state.pop(source.get(name, name), None)
             path = expected[name][0]
             state[name] = np.asarray(init[path].T if path[-1] == "kernel" else init[path])
-    params, _ = torch_to_flax(state, config, head)
+    params, report = torch_to_flax(state, config, head)
+    dropped = sorted(k for k, why in report.ignored.items() if why == f"not used by {head}")
+    if unused and dropped:
+        notes.append(f"the checkpoint's {', '.join(dropped)}: not used by {head} (dropped)")
     return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params), notes

@@ -134,6 +134,9 @@ def labelled_config(config: BertConfig, task: Task, labels: Labels) -> BertConfi
 
 
 def _per_example(data: E.Encodedset, task: Task) -> str:
+    if task.name == "causal-lm":
+        lengths = data.lengths()
+        return f"texts of {int(lengths.min())} to {int(lengths.max())} tokens" if len(lengths) else "no texts"
     counts = data.options()
     lo, hi = int(counts.min(initial=data.choices)), int(counts.max(initial=data.choices))
     return f"{lo if lo == hi else f'{lo} to {hi}'} {'texts' if task.name == 'embedding' else 'options'} each"
@@ -166,7 +169,8 @@ def task_labels(task: Task, rows, cols, problem_type, fixed) -> tuple[Labels, st
     return labels, f"the checkpoint's labels ({_names(fixed)}) are not the data's ({_names(labels.names)})"
 
 
-PACKED_TASKS = ("sequence-classification", "token-classification")  # --pack: examples share rows
+# --pack: examples share rows (a causal LM's too: each attends causally within itself, task_causal_lm.py)
+PACKED_TASKS = ("sequence-classification", "token-classification", "causal-lm")
 
 
 def embedding_lower_case(directory: str) -> bool:
@@ -185,9 +189,11 @@ def prepare(cfg: TrainConfig) -> TaskRun:
     task = TASKS[cfg.task]
     config, batch = model_and_batch(cfg)
     n = jax.device_count()
-    train_rows = read_rows(cfg.train_file, "--train-file")
+    cols = columns(task, cfg)
+    lines = cols[0] if task.lines else None
+    train_rows = read_rows(cfg.train_file, "--train-file", lines)
     if cfg.validation_file:
-        val_rows = read_rows(cfg.validation_file, "--validation-file")
+        val_rows = read_rows(cfg.validation_file, "--validation-file", lines)
     else:
         cut = len(train_rows) * cfg.validation_split_percentage // 100
         if cut == 0:
@@ -196,7 +202,6 @@ def prepare(cfg: TrainConfig) -> TaskRun:
                 f"{cfg.validation_split_percentage}%: pass --validation-file"
             )
         val_rows, train_rows = train_rows[:cut], train_rows[cut:]
-    cols = columns(task, cfg)
     labels, renew = task_labels(task, train_rows, cols, cfg.problem_type, model_labels(config, task.head))
     if renew is None and (other := other_classifier(config, task.head)):  # its names and shapes, not its outputs
         renew = f"the checkpoint's classifier is a {other}'s, not a {task.head}'s"

