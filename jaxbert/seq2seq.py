@@ -9,6 +9,7 @@ Parameters: {"encoder": BertModel tree, "decoder": {"bert", "cls"}, ["enc_to_dec
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any
 
@@ -61,6 +62,11 @@ class EncoderDecoderConfig:
                 raise ValueError(
                     f"EncoderDecoderConfig.{key}={value!r}: must be a token id in [0, {self.decoder.vocab_size})"
                 )
+
+    @property
+    def num_attention_heads(self) -> int:
+        """What a tensor-parallel mesh axis must divide: both sides' heads (sharding.mesh_shape)."""
+        return math.gcd(self.encoder.num_attention_heads, self.decoder.num_attention_heads)
 
     @property
     def projects(self) -> bool:

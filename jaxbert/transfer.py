@@ -137,7 +137,10 @@ def write_jaxbert_dir(
         if safetensors:
             from safetensors.numpy import save_file
 
-            state = flax_to_torch(params, config, head, include_tied=False)
+            if head == "EncoderDecoderModel":
+                state = seq2seq.flax_to_torch(params, config, include_tied=False)
+            else:
+                state = flax_to_torch(params, config, head, include_tied=False)
             arrays = {k: np.ascontiguousarray(v) for k, v in state.items()}
             save_file(arrays, os.path.join(tmp, SAFETENSORS), metadata={"format": "pt"})
         if tokenizer_from:

@@ -174,6 +174,7 @@ TASKS = (
     "embedding",
     "question-answering",
     "causal-lm",
+    "seq2seq",
 )
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 MLM_FIELDS = ("line_by_line", "mlm_probability", "whole_word_mask", "max_predictions_per_seq")

@@ -242,6 +242,10 @@ def _train(cfg: TrainConfig) -> dict:
         from jaxbert.train.task_causal_lm import prepare as causal_prepare
 
         run = causal_prepare(cfg)
+    elif cfg.task == "seq2seq":
+        from jaxbert.train.task_seq2seq import prepare as seq2seq_prepare
+
+        run = seq2seq_prepare(cfg)
     else:
         run = (plan.prepare if cfg.task == "mlm" else task_plan.prepare)(cfg)
     params = run.initial_params()

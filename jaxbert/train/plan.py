@@ -148,12 +148,18 @@ class Run:
 
 def model_and_batch(cfg: TrainConfig) -> tuple[BertConfig, int]:
     """The model's config and the global batch size, checked against each other and the devices."""
-    config = BertConfig.from_pretrained(cfg.model)
-    if cfg.max_seq_length > config.max_position_embeddings:
-        raise ValueError(
-            f"--max-seq-length {cfg.max_seq_length} exceeds the model's max_position_embeddings "
-            f"{config.max_position_embeddings}"
-        )
+    from jaxbert.seq2seq import load_config
+
+    config = load_config(cfg.model)  # a BertConfig, or a bert2bert's EncoderDecoderConfig
+    pair = getattr(config, "is_encoder_decoder", False)
+    if pair and cfg.task != "seq2seq":
+        raise ValueError(f"{cfg.model}: an EncoderDecoderModel (bert2bert); --task seq2seq trains it, not {cfg.task}")
+    for side, part in (("encoder", config.encoder), ("decoder", config.decoder)) if pair else (("model", config),):
+        if cfg.max_seq_length > part.max_position_embeddings:
+            raise ValueError(
+                f"--max-seq-length {cfg.max_seq_length} exceeds the {side}'s max_position_embeddings "
+                f"{part.max_position_embeddings}"
+            )
     shape = sharding.mesh_shape(cfg.mesh, jax.device_count(), config.num_attention_heads, cfg.fsdp)
     n = shape["data"] * shape["fsdp"]  # the batch is split over these (tensor-parallel devices share rows)
     batch = cfg.global_batch_size or cfg.per_device_batch_size * n

@@ -58,10 +58,15 @@ def train_loss(params, batch, rng, dtype, remat, *, config, smoothing):
 
 
 def eval_step(params, batch, *, config, dtype=jnp.float32):
-    """([B, 3] per row: summed negative log-likelihood, correct next tokens, predicted tokens), the batch's mean
-    loss. Per row, not the [B, L, V] logits, which evaluate_examples would keep for the whole validation set."""
+    """token_stats of the next-token predictions."""
     logits = _forward(params, {k: v for k, v in batch.items() if k != "labels"}, config=config, dtype=dtype).logits
-    logits, labels = logits[:, :-1].astype(jnp.float32), batch["labels"][:, 1:]
+    return token_stats(logits[:, :-1], batch["labels"][:, 1:])
+
+
+def token_stats(logits, labels):
+    """([B, 3] per row: summed negative log-likelihood, correct predictions, predicted tokens), the batch's mean
+    loss. Per row, not the [B, L, V] logits, which evaluate_examples would keep for the whole validation set."""
+    logits = logits.astype(jnp.float32)
     valid = labels != E.IGNORE
     logp = jax.nn.log_softmax(logits, -1)
     nll = -jnp.take_along_axis(logp, jnp.where(valid, labels, 0)[..., None], -1)[..., 0]

@@ -8,9 +8,10 @@ the head, so both happen without a flag, by name in the "model:" line:
 - no task head (a sentence encoder, an MLM checkpoint): a new head;
 - no pooler (BertForMaskedLM / BertLMHeadModel checkpoints) for a head that pools: a new pooler;
 - a classifier for other labels (a different count, names the data do not fit, another task's): a new classifier. The
-  whole classifier is renewed, bias included: a bias learned for other labels means nothing for these.
+  whole classifier is renewed, bias included: a bias learned for other labels means nothing for these;
+- no cross-attention for a decoder that has it (a bert2bert's decoder warm-started from BERT): new cross-attention.
 
-Only the pooler and the head are ever initialized: any other missing or mismatched parameter is the
+Only these are ever initialized: any other missing or mismatched parameter is the
 converter's one-line error, as for every load.
 """
 
@@ -63,14 +64,18 @@ def task_params(
         if name not in head_names and have is not None and have != tuple(shape):
             raise ValueError(f"{source[name]}: shape {have} in the checkpoint, expected {tuple(shape)} from the config")
     pooler = sorted(n for n in expected if n.startswith("bert.pooler.") and n not in source)
+    # A decoder given cross-attention (a bert2bert warm-started from BERT, as from_encoder_decoder_pretrained)
+    cross = sorted(n for n in expected if ".crossattention." in n and n not in source)
     shapes = {n: tuple(np.shape(state[source[n]])) for n in head_names if n in source}
     # The weight first: its shape says how many labels the checkpoint has.
     wrong = sorted(
         (n for n, shape in shapes.items() if shape != tuple(expected[n][1])), key=lambda n: not n.endswith(".weight")
     )
-    notes, fresh = [], list(pooler)
+    notes, fresh = [], pooler + cross
     if pooler:
         notes.append(f"the checkpoint has no pooler; initialized a new one ({', '.join(pooler)})")
+    if cross:
+        notes.append(f"the checkpoint has no cross-attention; initialized it ({', '.join(cross)})")
     if not shapes:
         notes.append(f"the checkpoint has no {head} head; initialized a new one ({', '.join(head_names)})")
     elif renew or wrong:

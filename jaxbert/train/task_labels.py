@@ -53,7 +53,7 @@ def other_classifier(config, head: str) -> str | None:
 def model_labels(config, head: str) -> tuple[str, ...] | None:
     """The model's own label names, or None when the data should decide them (always for another task's
     classifier: an NER tagger's B-PER, I-PER are no sentence classes)."""
-    if other_classifier(config, head):
+    if other_classifier(config, head) or getattr(config, "is_encoder_decoder", False):  # a bert2bert has no labels
         return None
     names = tuple(config.id2label[i] for i in range(config.num_labels))
     named = any(name != f"LABEL_{i}" for i, name in enumerate(names))

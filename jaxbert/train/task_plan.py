@@ -134,8 +134,8 @@ def labelled_config(config: BertConfig, task: Task, labels: Labels) -> BertConfi
 
 
 def _per_example(data: E.Encodedset, task: Task) -> str:
-    if task.name == "causal-lm":
-        lengths = data.lengths()
+    if task.name in ("causal-lm", "seq2seq"):
+        lengths = data.lengths()  # a seq2seq example's: the longer of its source and target
         return f"texts of {int(lengths.min())} to {int(lengths.max())} tokens" if len(lengths) else "no texts"
     counts = data.options()
     lo, hi = int(counts.min(initial=data.choices)), int(counts.max(initial=data.choices))
@@ -234,8 +234,9 @@ def prepare(cfg: TrainConfig) -> TaskRun:
     ]
     (train, _), (val, _) = sets
     # Token ids and types inside the model's tables (JAX would clamp them: a wrong model, no error), before OUT/cache.
-    E.check_tables(train, config, train_rows)
-    E.check_tables(val, config, val_rows)
+    for side in (config.encoder, config.decoder) if getattr(config, "is_encoder_decoder", False) else (config,):
+        E.check_tables(train, side, train_rows)
+        E.check_tables(val, side, val_rows)
     for _, write in sets:
         write()
     buckets = batching.length_buckets(cfg.max_seq_length)

