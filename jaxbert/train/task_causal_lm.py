@@ -22,6 +22,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 
 from jaxbert.train import task_encode as E
 from jaxbert.train import task_plan
@@ -89,11 +90,17 @@ def score(outputs, data: E.Encodedset, labels) -> dict:
 class CausalLMRun(task_plan.TaskRun):
     """task_plan.TaskRun with the next-token loss and evaluation; OUT/final also a transformers checkpoint."""
 
+    # A decoder with cross-attention (add_cross_attention) runs none without encoder states: PyTorch gives those
+    # weights no gradient, so AdamW never touches them (weight decay included). Kept out of training, written back.
+    idle: dict = dataclasses.field(default_factory=dict)
+
     def initial_params(self):
         params, notes = task_params(self.cfg.model, self.config, HEAD, self.cfg.seed, unused=True)
         for note in notes:
             self.say(f"model: {note}")
-        return params
+        flat = traverse_util.flatten_dict(params)
+        self.idle = {path: x for path, x in flat.items() if "crossattention" in path}
+        return traverse_util.unflatten_dict({path: x for path, x in flat.items() if path not in self.idle})
 
     @property
     def loss_fn(self):
@@ -112,6 +119,7 @@ class CausalLMRun(task_plan.TaskRun):
         from jaxbert.transfer import write_jaxbert_dir
 
         config = self.final_config()
+        params = traverse_util.unflatten_dict({**traverse_util.flatten_dict(params), **self.idle})
         write_jaxbert_dir(params, config, HEAD, directory, tokenizer_from=self.cfg.model, force=True, safetensors=True)
 
 
