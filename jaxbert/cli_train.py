@@ -202,6 +202,7 @@ def add_parsers(sub) -> None:
             "multiple-choice",
             "embedding",
             "question-answering",
+            "causal-lm",
         ),
     )
     evaluate.add_argument("--file", required=True, help=".jsonl, .csv or .tsv with the training file's columns")

@@ -241,13 +241,14 @@ def evaluate(
         raise ValueError(f"{directory}: a {head} checkpoint; --task {task_name} needs a {task.head}")
     if head in ("BertForSequenceClassification", "BertForTokenClassification"):
         config.label_names("the file's labels are matched to the model's by name")
-    rows = read_rows(path, "--file")
-    if head in ("BertForSequenceClassification", "BertForMultipleChoice", "BertForTokenClassification"):
+    trained_heads = ("BertForSequenceClassification", "BertForMultipleChoice", "BertForTokenClassification")
+    if head in (*trained_heads, "BertLMHeadModel"):
         text_column, pair_column = _trained_columns(config, text_column, pair_column)
         label_column = label_column or trained_label(config)
     cols = columns(
         task, SimpleNamespace(text_column=text_column, text_pair_column=pair_column, label_column=label_column)
     )
+    rows = read_rows(path, "--file", cols[0] if task.lines else None)  # a causal LM's .txt: a text a line
     # One output without a problem_type is a regressor, as transformers' loss reads it (and classify's raw score):
     # its integer scores (STS-B's 0..5) are scores, not class ids outside [0, 1).
     one_output = head == "BertForSequenceClassification" and config.num_labels == 1
@@ -282,7 +283,11 @@ def evaluate(
         raise ValueError(f"{path}: no word fits in {limit} tokens beside [CLS] and [SEP]: nothing to score")
     check_tables(data, config, rows)  # JAX would clamp an id outside them: a wrong score, no error
     params, _ = load_params(directory, config, head)
-    if task_name != "embedding":
+    if task_name == "causal-lm":  # loss, perplexity, accuracy of the next tokens, as training's validation
+        from jaxbert.train import task_causal_lm
+
+        eval_fn = cpu.onednn_jit(functools.partial(task_causal_lm.eval_step, config=config), tokens=cpu.batch_tokens)
+    elif task_name != "embedding":
         step = task_qa.eval_step if task_name == "question-answering" else task_eval_step
         eval_fn = cpu.onednn_jit(functools.partial(step, config=config, head=head), tokens=cpu.batch_tokens)
     # QA windows are padded to their length, as training pads them (task_qa.prepare: the span loss counts padding).

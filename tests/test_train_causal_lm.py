@@ -123,6 +123,12 @@ def test_a_plain_bert_becomes_a_decoder_and_its_model_loads_in_transformers(tmp_
     last = [json.loads(line) for line in open(out / "metrics.jsonl")][-1]
     assert abs(last["eval_loss"] - float(reference.loss)) < 1e-5
     assert abs(last["eval_perplexity"] - np.exp(last["eval_loss"])) < 1e-6 * last["eval_perplexity"]
+    scored = tmp_path / "eval.json"  # evaluate reads the .txt at the trained length: the log's last evaluation
+    assert main(["evaluate", str(final), "--task", "causal-lm", "--file", str(val), "--output", str(scored)]) == 0
+    result = json.load(open(scored))
+    assert all(abs(result[k] - last[f"eval_{k}"]) <= 1e-6 * last[f"eval_{k}"] for k in ("loss", "perplexity"))
+    assert result["accuracy"] == last["eval_accuracy"] and result["examples"] == 6
+    capsys.readouterr()
 
     assert main(["generate", str(final), "the quick", "--max-new-tokens", "6"]) == 0
     prompt = tok("the quick", return_tensors="pt")["input_ids"][:, :-1]  # [CLS] + the prompt, no closing [SEP]
