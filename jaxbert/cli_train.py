@@ -203,6 +203,7 @@ def add_parsers(sub) -> None:
             "embedding",
             "question-answering",
             "causal-lm",
+            "seq2seq",
         ),
     )
     evaluate.add_argument("--file", required=True, help=".jsonl, .csv or .tsv with the training file's columns")

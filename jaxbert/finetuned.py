@@ -242,7 +242,7 @@ def evaluate(
     if head in ("BertForSequenceClassification", "BertForTokenClassification"):
         config.label_names("the file's labels are matched to the model's by name")
     trained_heads = ("BertForSequenceClassification", "BertForMultipleChoice", "BertForTokenClassification")
-    if head in (*trained_heads, "BertLMHeadModel"):
+    if head in (*trained_heads, "BertLMHeadModel", "EncoderDecoderModel"):
         text_column, pair_column = _trained_columns(config, text_column, pair_column)
         label_column = label_column or trained_label(config)
     cols = columns(
@@ -252,13 +252,15 @@ def evaluate(
     # One output without a problem_type is a regressor, as transformers' loss reads it (and classify's raw score):
     # its integer scores (STS-B's 0..5) are scores, not class ids outside [0, 1).
     one_output = head == "BertForSequenceClassification" and config.num_labels == 1
-    problem = config.problem_type or ("regression" if one_output else None)
+    problem = getattr(config, "problem_type", None) or ("regression" if one_output else None)  # a bert2bert: none
     labels = task.labels(rows, cols, problem, model_labels(config, head))
     check_scorable(rows, labels)
     tok = WordPiece.from_dir(directory)
+    sides = (config.encoder, config.decoder) if head == "EncoderDecoderModel" else (config,)
+    positions = min(side.max_position_embeddings for side in sides)
     if max_length is not None:  # beyond the positions, JAX would clamp their ids: a wrong score, no error
-        positive_int("--max-seq-length", max_length, config.max_position_embeddings)
-    limit = max_length or min(config.max_position_embeddings, trained_length(config) or tok.model_max_length)
+        positive_int("--max-seq-length", max_length, positions)
+    limit = max_length or min(positions, trained_length(config) or tok.model_max_length)
     if task_name == "embedding":  # the directory's own pooling, normalization and length (sentence_dir.py)
         from jaxbert.train.task_embedding import directory_eval
 
@@ -281,12 +283,14 @@ def evaluate(
     data = task.encode(tok, rows, cols, labels, limit, **opts)[1]()
     if task_name == "token-classification" and not (data.tags != IGNORE).any():  # [CLS] and [SEP] alone
         raise ValueError(f"{path}: no word fits in {limit} tokens beside [CLS] and [SEP]: nothing to score")
-    check_tables(data, config, rows)  # JAX would clamp an id outside them: a wrong score, no error
+    for side in sides:
+        check_tables(data, side, rows)  # JAX would clamp an id outside them: a wrong score, no error
     params, _ = load_params(directory, config, head)
-    if task_name == "causal-lm":  # loss, perplexity, accuracy of the next tokens, as training's validation
-        from jaxbert.train import task_causal_lm
+    if task_name in ("causal-lm", "seq2seq"):  # loss, perplexity, token accuracy, as training's validation
+        from jaxbert.train import task_causal_lm, task_seq2seq
 
-        eval_fn = cpu.onednn_jit(functools.partial(task_causal_lm.eval_step, config=config), tokens=cpu.batch_tokens)
+        step = (task_causal_lm if task_name == "causal-lm" else task_seq2seq).eval_step
+        eval_fn = cpu.onednn_jit(functools.partial(step, config=config), tokens=cpu.batch_tokens)
     elif task_name != "embedding":
         step = task_qa.eval_step if task_name == "question-answering" else task_eval_step
         eval_fn = cpu.onednn_jit(functools.partial(step, config=config, head=head), tokens=cpu.batch_tokens)

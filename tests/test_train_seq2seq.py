@@ -112,6 +112,12 @@ def test_a_bert_directory_is_warm_started_and_the_model_loads_in_transformers(tm
         reference = pt(**batch, labels=labels)
     last = [json.loads(line) for line in open(out / "metrics.jsonl")][-1]
     assert abs(last["eval_loss"] - float(reference.loss)) < 1e-5
+    scored = tmp_path / "eval.json"  # evaluate reads the trained columns at the trained length: the log's numbers
+    assert main(["evaluate", str(final), "--task", "seq2seq", "--file", str(val), "--output", str(scored)]) == 0
+    result = json.load(open(scored))
+    assert all(abs(result[k] - last[f"eval_{k}"]) <= 1e-6 * last[f"eval_{k}"] for k in ("loss", "perplexity"))
+    assert result["accuracy"] == last["eval_accuracy"] and result["examples"] == 4
+    capsys.readouterr()
     assert jaxbert.load(final).head == "EncoderDecoderModel"
     assert main(["generate", str(final), records[0]["source"], "--max-new-tokens", "6"]) == 0
     generated = pt.generate(**tok(records[0]["source"], return_tensors="pt"), max_new_tokens=6, do_sample=False)
