@@ -140,3 +140,23 @@ def test_bad_rows_are_one_line_naming_file_and_line(content, match, tmp_path, ca
     out = tmp_path / "out"
     cli_fails(capsys, tmp_path, *train_args("seq2seq", model, data, out, "--max-seq-length", 16), match=match)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "task, pad, match",
+    [
+        ("mlm", 0, "an EncoderDecoderModel (bert2bert); --task seq2seq trains it, not mlm"),
+        ("sequence-classification", 0, "--task seq2seq trains it, not sequence-classification"),
+        ("seq2seq", None, "config.json: pad_token_id is not set; the decoder inputs are made from it"),
+    ],
+)
+def test_a_bert2bert_is_refused_by_name_where_it_cannot_train(task, pad, match, tmp_path, capsys):
+    """Another task's run read a bert2bert's config.json as a BERT's ('BertConfig.pad_token_id=None: must be an
+    integer'); seq2seq needs the ids EncoderDecoderModel makes decoder inputs with."""
+    model = bert2bert_dir(tmp_path / "model")
+    config = json.load(open(tmp_path / "model" / "config.json"))
+    json.dump({**config, "pad_token_id": pad}, open(tmp_path / "model" / "config.json", "w"))
+    capsys.readouterr()
+    data = _write(tmp_path / "data.jsonl", [{"source": "a b", "target": "b", "text": "a b", "label": 0}] * 4)
+    args = train_args(task, model, data, tmp_path / "out", "--max-seq-length", 16)
+    cli_fails(capsys, tmp_path, *args, match=match)
