@@ -156,7 +156,7 @@ def _relative_positions(directory: str) -> str | None:
 def _embed(args) -> int:
     import jaxbert
     from jaxbert.files import atomic_file, check_output_file
-    from jaxbert.sentence_dir import embedding_options
+    from jaxbert.sentence_dir import embedding_options, resolve_prompt
     from jaxbert.texts import is_jsonl, read_text_file
 
     if not args.output.endswith(".npy"):
@@ -166,18 +166,19 @@ def _embed(args) -> int:
     texts, blank = read.texts, 0 if is_jsonl(args.input) else read.empty_lines
     blanks = f" ({blank} of them blank lines, as empty texts)" if blank else ""
     bert = jaxbert.load(args.dir, dtype=args.dtype)
-    emb = bert.embed(
-        texts, pooling=args.pooling, normalize=args.normalize, batch_size=args.batch_size, max_length=args.max_length
-    )
+    options = dict(pooling=args.pooling, normalize=args.normalize, batch_size=args.batch_size)
+    prompted = dict(prompt=args.prompt, prompt_name=args.prompt_name)
+    emb = bert.embed(texts, max_length=args.max_length, **options, **prompted)
     with atomic_file(args.output, ".npy") as tmp:  # never a half-written output
         np.save(tmp, emb)
     found = bert.sentence_defaults
     modes, normalize, _, _ = embedding_options(found, args.pooling, args.normalize, None)
     dense = sum(type(s).__name__ == "DenseSpec" for s in found.steps) if found and args.pooling is None else 0
+    prompt = resolve_prompt(found, args.prompt, args.prompt_name)
     print(
         f"embedded {len(texts)} texts{blanks} -> {args.output} {emb.shape} ({'+'.join(modes)} pooling"
-        f"{f', {dense} Dense' if dense else ''}{', normalized' if normalize else ''}; {bert.compile_count} compiled "
-        "programs)"
+        f"{f', {dense} Dense' if dense else ''}{', normalized' if normalize else ''}"
+        f"{f', prompt {prompt!r}' if prompt else ''}; {bert.compile_count} compiled programs)"
     )
     return 0
 
@@ -329,6 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     embed.add_argument("--batch-size", type=int, default=32)
     embed.add_argument("--max-length", type=int, default=None, help="truncate texts to N tokens")
+    prompts = embed.add_mutually_exclusive_group()  # encode takes both and ignores the name: a mistake here
+    prompts.add_argument("--prompt", default=None, help='text put before every text (e.g. "query: ")')
+    prompts.add_argument(
+        "--prompt-name",
+        default=None,
+        help="one of the directory's prompts (config_sentence_transformers.json); default: its default prompt",
+    )
     _add_dtype(embed)
     embed.set_defaults(func=_embed)
     fill = sub.add_parser("fill-mask", help="top-k predictions for each [MASK] of one or more texts")

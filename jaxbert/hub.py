@@ -36,7 +36,7 @@ _FILES = [
     *(_IN_SUBFOLDER + name for name in _MODEL_FILES),
     "*.safetensors",  # in a subfolder too: huggingface_hub's patterns match "/" with "*"
     "*.safetensors.index.json",  # model.safetensors.index.json, or the one config.json's transformers_weights names
-    *sentence_dir.FILES,  # all of them: config_sentence_transformers.json can hold a default prompt embed refuses
+    *sentence_dir.FILES,  # all of them: config_sentence_transformers.json holds the prompts embed applies
     "1_Pooling/config.json",
     "*_Normalize/*",  # LaBSE's is 3_Normalize, after its Dense
     "*_Dense/config.json",  # the Dense modules' weights: *.safetensors above, or the older .bin (small)

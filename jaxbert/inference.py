@@ -207,17 +207,18 @@ class Bert:
             attention_dtype=self._attention,
         )
 
-    def _embed_impl(self, weights, input_ids, attention_mask, token_type_ids, *, pooling, normalize):
+    def _embed_impl(self, weights, input_ids, attention_mask, token_type_ids, skip, *, pooling, normalize):
         params = base_params(self._unbits(weights), self.head)
         out = bert(params, self.config, input_ids, attention_mask, token_type_ids, attention_dtype=self._attention)
-        return pool(out, attention_mask, pooling, normalize)
+        return pool(out, attention_mask, pooling, normalize, skip)
 
-    def _embed_packed_impl(self, weights, ids, mask, types, positions, segments, starts, *, pooling, normalize):
+    def _embed_packed_impl(self, weights, ids, mask, types, positions, segments, starts, skip, *, pooling, normalize):
         params = base_params(self._unbits(weights), self.head)
         out = bert(
             params, self.config, ids, mask, types, positions, segment_ids=segments, attention_dtype=self._attention
         )
-        return pool_segments(out.last_hidden_state, segments, starts, pooling, normalize, params.get("pooler"))
+        hidden = out.last_hidden_state
+        return pool_segments(hidden, segments, starts, pooling, normalize, params.get("pooler"), skip)
 
     def _mask_top_k_impl(self, weights, ids, mask, types, positions, segments, asked, targets, *, k):
         """The k most likely tokens [R, P, k] and their probabilities (float32) at the positions `asked`
@@ -425,16 +426,24 @@ class Bert:
         max_length: int | None = None,
         progress: bool | None = None,
         packing: bool = True,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
     ) -> np.ndarray:
         """Sentence embeddings [N, hidden × pooling modes] (float32) in input order. Unset options come from a
         sentence-transformers directory (its pooling, Dense modules, Normalize, max_seq_length:
         SentenceTransformer(dir)'s vectors, [N, the last Dense's outputs] with Dense modules), else [CLS] pooling,
         not normalized, the model's length (see sentence_dir.py). A `pooling` given embeds without the Dense.
 
+        `prompt` (text) or `prompt_name` (one of the directory's prompts) goes before every text, as in
+        SentenceTransformer.encode (`prompt` wins); with neither, the directory's default prompt, if any.
+        Truncation cuts prompt and text as one text, and a Pooling with include_prompt false leaves the prompt's
+        tokens out (whatever the pooling; never the pooler's [CLS]).
+
         With `packing` (the default) short texts share rows (packing.py), `batch_size` rows a call, and padding
         is not computed; each text's vector is what it gets alone. `packing=False` pads each text to its
         batch's length bucket, `batch_size` texts a call."""
-        return tasks.embed(self, texts, pooling, normalize, batch_size, max_length, progress, packing)
+        prompted = (prompt, prompt_name)
+        return tasks.embed(self, texts, pooling, normalize, batch_size, max_length, progress, packing, prompted)
 
     @functools.cached_property
     def sentence_defaults(self) -> sentence_dir.SentenceDefaults | None:

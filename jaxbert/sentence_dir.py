@@ -7,7 +7,9 @@ modules.json names for it: transformer_dir), then Pooling (cls / mean / max / me
 length / weighted mean / last token, concatenated in the configured order when several), then any number of
 Dense projections and Dropouts (sentence_dense.py: LaBSE's kind), then optionally Normalize. `max_seq_length`
 truncates the tokens (special tokens included), capped at the model's positions, and `do_lower_case` lower-cases
-the texts first (tokenizer.WordPiece.lowercased, as sentence-transformers 6 does). A module jaxbert does not run (a
+the texts first (tokenizer.WordPiece.lowercased, as sentence-transformers 6 does). Its prompts
+(config_sentence_transformers.json) go before the texts as encode puts them (resolve_prompt), and a Pooling with
+include_prompt false leaves their tokens out (prompt_length). A module jaxbert does not run (a
 Dense of another feature or after Normalize, a class from outside sentence_transformers, ...) or a pipeline not
 starting with the Transformer is kept as `unsupported`, so `embed` refuses to pretend to be the pipeline instead of
 silently returning something else.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 
 from jaxbert import sentence_dense
 from jaxbert.files import checkpoint_file, existing_file, read_json
@@ -30,6 +33,8 @@ _LEGACY_MODES = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
+# SentenceTransformer's own prompts, "" unless a directory gives them (null is "" too).
+_NO_PROMPTS = (("query", ""), ("document", ""))
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")  # jaxbert computes them
 # sentence-transformers' SimilarityFunction names (a model's similarity_fn_name); its distances are negated.
 SIMILARITIES = ("cosine", "dot", "euclidean", "manhattan")
@@ -45,6 +50,10 @@ class SentenceDefaults:
     unsupported: str | None = None  # why the pipeline cannot be reproduced, naming the file and module
     similarity: str = "cosine"  # similarity_fn_name of config_sentence_transformers.json
     steps: tuple = ()  # the Dense and Dropout modules after the Pooling, in order (sentence_dense.py)
+    prompts: tuple = _NO_PROMPTS  # (name, text) of config_sentence_transformers.json's prompts (_prompts)
+    default_prompt_name: str | None = None  # the prompt encode puts before every text when none is asked for
+    include_prompt: bool = True  # false: the Pooling leaves a prompt's tokens out (pooling.keep)
+    prompts_path: str | None = None  # the file the prompts come from, for messages
 
 
 def _modes(path: str, config: dict) -> tuple[str, ...]:
@@ -62,8 +71,8 @@ def _modes(path: str, config: dict) -> tuple[str, ...]:
 _POOLING_KEYS = {"word_embedding_dimension", "embedding_dimension", "pooling_mode", "include_prompt", *_LEGACY_MODES}
 
 
-def _pooling(directory: str, modules_path: str, sub: str) -> tuple[tuple[str, ...], str | None]:
-    """(modes, why jaxbert cannot run them or None) of the Pooling module at `sub`."""
+def _pooling(directory: str, modules_path: str, sub: str) -> tuple[tuple[str, ...], str | None, bool]:
+    """(modes, why jaxbert cannot run them or None, include_prompt) of the Pooling module at `sub`."""
     name = os.path.join(sub, "config.json")
     config_path = existing_file(directory, name)
     if config_path is None:
@@ -72,15 +81,14 @@ def _pooling(directory: str, modules_path: str, sub: str) -> tuple[tuple[str, ..
     modes = _modes(config_path, config)
     unknown = [key for key in config if key not in _POOLING_KEYS]  # sentence-transformers: a TypeError
     bad = [m for m in modes if m not in POOLING_MODES]
+    include = config.get("include_prompt", True)  # false: a prompt's tokens are left out of the pooling
     if unknown:
-        return modes, f"{config_path}: {unknown[0]!r} is not a setting of sentence-transformers' Pooling"
+        return modes, f"{config_path}: {unknown[0]!r} is not a setting of sentence-transformers' Pooling", True
     if bad:
-        return modes, f"{config_path}: pooling mode {bad[0]!r} is not implemented by jaxbert"
-    if not isinstance(config.get("include_prompt", True), bool):
-        return modes, f"{config_path}: include_prompt must be true or false"
-    # include_prompt=false leaves a prompt's tokens out of the pooling: jaxbert applies no prompt (a default prompt
-    # is refused), so every token pools, as in sentence-transformers' encode without one.
-    return modes, None
+        return modes, f"{config_path}: pooling mode {bad[0]!r} is not implemented by jaxbert", True
+    if not isinstance(include, bool):
+        return modes, f"{config_path}: include_prompt must be true or false", True
+    return modes, None, include
 
 
 def _module_type(path: str, module: dict) -> tuple[str, str]:
@@ -189,17 +197,54 @@ def _settings(directory: str) -> tuple[str | None, dict]:
     return existing_file(directory, SETTINGS_FILES[0]), {}
 
 
-def _default_prompt(model: dict):
-    """The prompt SentenceTransformer.encode puts before every text, by config_sentence_transformers.json: its
-    default_prompt_name's (any name, "" too) among its prompts, where "query" and "document" are "" unless given
-    (null is "" too); encode adds a prompt only when it is not empty. A name it lacks (sentence-transformers
-    refuses the directory) is True."""
-    name, prompts = model.get("default_prompt_name"), model.get("prompts") or {}
+def _prompts(path: str | None, model: dict) -> tuple[tuple, str | None, str | None]:
+    """(prompts, default_prompt_name, why SentenceTransformer(dir) refuses them or None) of
+    config_sentence_transformers.json: its prompts over encode's own "query" and "document" ("" unless given; null
+    is "" too), and the default name, any string ("" too), which must be among them."""
+    given, name = model.get("prompts", {}), model.get("default_prompt_name")
+    if not isinstance(given, dict):  # sentence-transformers fails on it (AttributeError)
+        return _NO_PROMPTS, None, f"{path}: prompts must be an object of name: text"
+    prompts = {**dict(_NO_PROMPTS), **{str(k): "" if v is None else v for k, v in given.items()}}
+    if name is not None and name not in prompts:
+        return tuple(prompts.items()), None, f"{path}: default_prompt_name {name!r} is not among its prompts"
+    return tuple(prompts.items()), name, None
+
+
+def resolve_prompt(defaults: SentenceDefaults | None, prompt: str | None, prompt_name: str | None) -> str:
+    """The text put before every text, as SentenceTransformer.encode resolves it: `prompt` if given (`prompt_name`
+    then ignored, as encode ignores it, with a warning), else the directory's prompt named `prompt_name`, else its
+    default prompt; "" for none. A name the directory lacks is an error naming the names it has."""
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
+        if prompt_name is not None:
+            note = f"prompt and prompt_name {prompt_name!r} given: prompt_name ignored, as encode ignores it"
+            warnings.warn(note, stacklevel=2)
+        return prompt
+    prompts = dict(defaults.prompts if defaults else _NO_PROMPTS)
+    key, name = "prompt_name", prompt_name
     if name is None:
-        return None
-    if not isinstance(name, str) or not isinstance(prompts, dict):
-        return True
-    return {"query": None, "document": None, **prompts}.get(name, True)
+        key, name = "default_prompt_name", defaults.default_prompt_name if defaults else None
+    where = (defaults and defaults.prompts_path) or "the model"
+    if name is None:
+        return ""
+    if name not in prompts:
+        raise ValueError(f"{key} {name!r}: {where} has no such prompt (its prompts: {', '.join(map(repr, prompts))})")
+    if not isinstance(prompts[name], str):
+        raise ValueError(f"{where}: prompts[{name!r}] is {prompts[name]!r}, not a string")
+    return prompts[name]
+
+
+def prompt_length(tok, prompt: str, max_length: int) -> int:
+    """The tokens of `prompt` that sentence-transformers' Pooling leaves out with include_prompt false: the prompt
+    tokenized alone (truncated as the texts are), [CLS] included, less a special token at its end ([SEP]); 0 for
+    no prompt. They are the first that many of each prompted text, whether or not its own tokens are the prompt's
+    (a prompt without a space before the text may join its first word)."""
+    if not prompt:
+        return 0
+    ids = tok.encode([prompt], max_length=max_length).ids[0]
+    special = {tok.token_to_id(t) for t in (*tok.special_tokens.values(), *tok.additional_special)}
+    return len(ids) - (bool(ids) and ids[-1] in special)
 
 
 def _transformer_sub(directory: str) -> str | None:
@@ -232,7 +277,7 @@ def read(directory: str) -> SentenceDefaults | None:
     modules_path = existing_file(directory, "modules.json")
     if modules_path is None:
         return None
-    pooling, normalize, unsupported, steps = None, False, None, []
+    pooling, normalize, unsupported, steps, include = None, False, None, [], True
     listed = read_json(modules_path, list)
     modules = [_module_type(modules_path, module) for module in listed]
     names = [str(module.get("name")) for module in listed]
@@ -246,7 +291,7 @@ def read(directory: str) -> SentenceDefaults | None:
         unsupported = f"{modules_path}: two modules are named {twice!r}"
     for kind, sub in modules[1:]:
         if kind == "Pooling" and pooling is None:
-            pooling, why = _pooling(directory, modules_path, sub)
+            pooling, why, include = _pooling(directory, modules_path, sub)
             unsupported = unsupported or why
         elif kind == "Normalize" and pooling is not None:
             elsewhere = _normalizes_elsewhere(directory, sub)
@@ -267,14 +312,17 @@ def read(directory: str) -> SentenceDefaults | None:
     unsupported = unsupported or _transformer_unsupported(settings_path, settings)
     model_path = existing_file(directory, "config_sentence_transformers.json")
     model = read_json(model_path) if model_path else {}
-    if _default_prompt(model) and unsupported is None:
-        unsupported = f"{model_path}: a default prompt is not implemented by jaxbert"
+    prompts, default_name, refused = _prompts(model_path, model)
+    unsupported = unsupported or refused
     if model.get("truncate_dim") is not None and unsupported is None:  # encode keeps that many dimensions
         unsupported = f"{model_path}: truncate_dim {model['truncate_dim']!r} is not implemented by jaxbert"
     similarity = model.get("similarity_fn_name")  # sentence-transformers 6 takes a name it knows, else cosine
     similarity = similarity if similarity in SIMILARITIES else "cosine"
     lower = bool(settings.get("do_lower_case"))
-    return SentenceDefaults(pooling or ("mean",), normalize, length, lower, unsupported, similarity, tuple(steps))
+    return SentenceDefaults(
+        pooling or ("mean",), normalize, length, lower, unsupported, similarity, tuple(steps), prompts, default_name,
+        include, model_path,
+    )  # fmt: skip
 
 
 def _chain(directory: str, modules_path: str, pooling, steps: list) -> str | None:

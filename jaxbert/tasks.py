@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from jaxbert import entities, sentence_dense, sentence_dir, windows
 from jaxbert.inputs import check_encoded, positive_int
-from jaxbert.tokenizer import NO_LIMIT
+from jaxbert.tokenizer import NO_LIMIT, _check_texts
 
 _MLM_HEADS = ("BertForMaskedLM", "BertForPreTraining")
 
@@ -296,10 +296,12 @@ def generate_text(model, prompt: str, **options) -> list[str]:
     return [model.tokenizer.decode(row, skip_special_tokens=True) for row in rows]
 
 
-def embed(bert, texts, pooling, normalize, batch_size: int, max_length, show, packing: bool) -> np.ndarray:
-    """Bert.embed: sentence embeddings in input order, from packed rows or bucketed batches."""
+def embed(bert, texts, pooling, normalize, batch_size: int, max_length, show, packing: bool, prompted=(None, None)):
+    """Bert.embed: sentence embeddings in input order, from packed rows or bucketed batches; `prompted` its
+    (prompt, prompt_name)."""
     defaults = bert.sentence_defaults
     modes, normalize, max_length, lower = sentence_dir.embedding_options(defaults, pooling, normalize, max_length)
+    prompt = sentence_dir.resolve_prompt(defaults, *prompted)
     # The directory's Dense modules belong to its pooling: a pooling= given is jaxbert's own, without them.
     steps = defaults.steps if defaults is not None and pooling is None else ()
     pipeline = dict(pooling=modes, normalize=normalize and not steps)
@@ -311,19 +313,22 @@ def embed(bert, texts, pooling, normalize, batch_size: int, max_length, show, pa
         raise ValueError(f"pooling='pooler': this {bert.head} checkpoint has no pooler")
     batch_size = positive_int("batch_size", batch_size)
     tok = bert.tokenizer.lowercased() if lower else bert.tokenizer
-    enc = tok.encode(texts, max_length=bert.max_length(max_length))
+    limit = bert.max_length(max_length)
+    # The prompt is part of each text, as encode puts it: truncated with it, lower-cased with it.
+    enc = tok.encode([prompt + text for text in _check_texts(texts)] if prompt else texts, max_length=limit)
+    include = defaults is None or defaults.include_prompt
+    skip = np.int32(0 if include else sentence_dir.prompt_length(tok, prompt, limit))  # traced: one program
     out = np.zeros((len(enc), sentence_dense.out_features(steps, bert.config.hidden_size * len(modes))), np.float32)
     if packing:
         for rows, b in packed(bert, enc, batch_size, show):
             keys = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "segment_ids", "starts")
-            emb = np.asarray(finish(bert._embed_packed(bert.weights, *(b[k] for k in keys), **pipeline)))
+            emb = np.asarray(finish(bert._embed_packed(bert.weights, *(b[k] for k in keys), skip, **pipeline)))
             for r, members in enumerate(rows):
                 out[members] = emb[r, : len(members)]
         return out
     check_encoded(bert.config, enc)  # named by text, not by a length-sorted row
     for idx, batch in progress(bert.batches(enc, batch_size), len(enc), batch_size, show):
-        emb = finish(
-            bert._embed(bert.weights, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], **pipeline)
-        )
+        arrays = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], skip)
+        emb = finish(bert._embed(bert.weights, *arrays, **pipeline))
         out[idx] = np.asarray(emb)[: len(idx)]
     return out

