@@ -142,6 +142,7 @@ def _evaluate(args) -> int:
         max_length=args.max_seq_length,
         version_2_with_negative=args.version_2_with_negative,
         null_score_diff_threshold=args.null_score_diff_threshold,
+        prompts=((args.query_prompt, args.query_prompt_name), (args.corpus_prompt, args.corpus_prompt_name)),
     )
     for name, value in result.items():
         print(f"  {name:<12} {value}" if isinstance(value, int) else f"  {name:<12} {value:.4f}")
@@ -213,5 +214,11 @@ def add_parsers(sub) -> None:
     evaluate.add_argument("--label-column", default=None)
     evaluate.add_argument("--batch-size", type=int, default=32)
     evaluate.add_argument("--max-seq-length", type=int, default=None)
+    for side, what in (("query", "anchors"), ("corpus", "positives and negatives")):  # --task embedding
+        prompt = evaluate.add_mutually_exclusive_group()
+        prompt.add_argument(f"--{side}-prompt", default=None, help=f"text put before the {what} (embedding)")
+        prompt.add_argument(
+            f"--{side}-prompt-name", default=None, help=f"the model's prompt put before the {what} (embedding)"
+        )
     _add_qa_flags(evaluate)
     evaluate.set_defaults(func=_evaluate)

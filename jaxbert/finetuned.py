@@ -207,12 +207,15 @@ def evaluate(
     max_length: int | None = None,
     version_2_with_negative: bool | None = None,
     null_score_diff_threshold: float | None = None,
+    prompts=((None, None), (None, None)),
 ) -> dict:
     """The task's metrics of the model in `directory` on the labelled file `path` (labels named through the
     model's label2id) at `max_length` tokens (default: the length it was trained with, else the model's), written
     to `output` (.json) atomically and returned. Token classification also counts the words beyond that length,
     which are not scored (words_not_scored). Question answering reads with the options it was trained with, or
-    with `version_2_with_negative` and `null_score_diff_threshold` where given (qa_options)."""
+    with `version_2_with_negative` and `null_score_diff_threshold` where given (qa_options). Embedding reads the
+    anchors and the others with `prompts`: ((prompt, prompt_name) of the queries, of the corpus), as
+    sentence-transformers' InformationRetrievalEvaluator's query_prompt(_name) / corpus_prompt(_name)."""
     from types import SimpleNamespace
 
     from jaxbert import qa
@@ -234,6 +237,8 @@ def evaluate(
     directory = hub.resolve(directory)  # a hub id's snapshot, as every command reads one
     check_not_read(output, [path, *model_files(directory)])
     task = TASKS[task_name]
+    if task_name != "embedding" and prompts != ((None, None), (None, None)):
+        raise ValueError(f"--task {task_name}: query and corpus prompts are for --task embedding")
     config = load_config(directory)
     trained_qa = qa_options(config, task_name, version_2_with_negative, null_score_diff_threshold)
     head = resolve_head(None, config)
@@ -261,14 +266,11 @@ def evaluate(
     if max_length is not None:  # beyond the positions, JAX would clamp their ids: a wrong score, no error
         positive_int("--max-seq-length", max_length, positions)
     limit = max_length or min(positions, trained_length(config) or tok.model_max_length)
-    if task_name == "embedding":  # the directory's own pooling, normalization and length (sentence_dir.py)
+    opts = {"label_all_tokens": trained_all_tokens(config)} if task_name == "token-classification" else {}
+    if task_name == "embedding":  # the directory's own pooling, normalization, length and prompts (sentence_dir.py)
         from jaxbert.train.task_embedding import directory_eval
 
-        eval_fn, limit, lower, task = directory_eval(directory, config, max_length or None)
-        # The directory's max_seq_length replaces the tokenizer's own length, as sentence-transformers does.
-        limit = min(limit or tok.model_max_length, config.max_position_embeddings)
-        tok = tok.lowercased() if lower else tok
-    opts = {"label_all_tokens": trained_all_tokens(config)} if task_name == "token-classification" else {}
+        eval_fn, limit, tok, task, opts["prompts"] = directory_eval(directory, config, tok, max_length, prompts)
     if task_name == "question-answering":  # the options it was trained with (task_qa.QARun.final_config)
         opts = qa.check_options(trained_qa or {})
         trained = opts.pop("max_seq_length", 384)

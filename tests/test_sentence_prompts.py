@@ -165,3 +165,36 @@ def test_training_refuses_a_default_prompt_it_would_not_put_before_the_texts(tmp
     capsys.readouterr()  # transformers' progress bars
     cli_fails(capsys, tmp_path, *train_args("embedding", directory, data, tmp_path / "out"),
               match="config_sentence_transformers.json: default prompt 'query': training puts no prompt")  # fmt: skip
+
+
+def test_evaluate_reads_queries_and_corpus_with_their_prompts(tmp_path, capsys):
+    """`evaluate --task embedding` as sentence-transformers' InformationRetrievalEvaluator with query_prompt_name /
+    corpus_prompt (or neither: the default prompt on both sides): the loss and accuracy@1 of encode's vectors of
+    the anchors and of the positives with their prompts. A directory with a default prompt was refused."""
+    settings = {"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": "query"}
+    pooling = {"pooling_mode": ["cls", "weightedmean"], "include_prompt": False}
+    directory = _prompted(model_dir(tmp_path / "m"), pooling, settings)
+    rng = np.random.default_rng(0)
+    words = "the quick brown fox jumps over lazy dogs while researchers contemplate paris weather".split()
+    rows = [{"anchor": " ".join(rng.choice(words, 5)), "positive": " ".join(rng.choice(words, 7))} for _ in range(6)]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = str(tmp_path / "m.json")
+    args = ["evaluate", directory, "--task", "embedding", "--file", str(tmp_path / "pairs.jsonl"), "--output", out]
+    sides = [({}, {}), ({"prompt_name": "query"}, {"prompt": "passage: "})]
+    for query, corpus in [*sides, ({"prompt": ""}, {"prompt_name": "passage"})]:
+        a = _encode(directory, [r["anchor"] for r in rows], **query).astype(np.float64)
+        p = _encode(directory, [r["positive"] for r in rows], **corpus).astype(np.float64)
+        s = 20 * (a / np.linalg.norm(a, axis=1, keepdims=True)) @ (p / np.linalg.norm(p, axis=1, keepdims=True)).T
+        loss = np.mean(np.log(np.exp(s).sum(1)) - np.diagonal(s))
+        given = (("query", query), ("corpus", corpus))
+        flags = [f"--{side}-{key.replace('_', '-')}={value}" for side, kw in given for key, value in kw.items()]
+        assert main(args + flags) == 0
+        got = json.load(open(out))
+        assert abs(got["loss"] - loss) <= 1e-5 and got["accuracy@1"] == np.mean(s.argmax(1) == np.arange(6))
+    os.remove(out)
+    classifier = model_dir(tmp_path / "c", "BertForSequenceClassification")
+    (tmp_path / "c.jsonl").write_text(json.dumps({"text": "a b", "label": 0}) + "\n")
+    capsys.readouterr()  # transformers' progress bars
+    args = ["evaluate", classifier, "--task", "sequence-classification", "--file", tmp_path / "c.jsonl"]
+    match = "--task sequence-classification: query and corpus prompts are for --task embedding"
+    cli_fails(capsys, tmp_path, *args, "--output", out, "--query-prompt", "q: ", match=match)

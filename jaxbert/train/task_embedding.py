@@ -44,8 +44,9 @@ def _text(row, column: str) -> str:
     return value
 
 
-def encode_pairs(tok, rows, columns, labels, max_len: int):
-    """(anchor, positive) or, when the first row has a negative, (anchor, positive, negative) for every row."""
+def encode_pairs(tok, rows, columns, labels, max_len: int, prompts: tuple[str, str] = ("", "")):
+    """(anchor, positive) or, when the first row has a negative, (anchor, positive, negative) for every row;
+    `prompts` (query, corpus) put before the anchors and before the others (evaluate's, as encode puts them)."""
     anchor, positive, negative = columns
     has = lambda row: row.values.get(negative) not in (None, "")  # noqa: E731
     cols = (anchor, positive, negative) if has(rows[0]) else (anchor, positive)
@@ -55,7 +56,7 @@ def encode_pairs(tok, rows, columns, labels, max_len: int):
             first = f"{rows[0].path}:{rows[0].line}"
             want = f"a {negative!r} like the first row ({first})" if len(cols) == 3 else f"none, as {first} has none"
             raise ValueError(f"{row.where(negative)}: every example needs {want}")
-        texts.append([_text(row, c) for c in cols])
+        texts.append([prompts[i > 0] + _text(row, c) for i, c in enumerate(cols)])
     flat = [t for group in texts for t in group]
     targets = np.zeros(len(rows), np.int32)  # no labels: the batch's own rows are the answers
     return [texts], lambda: E._pack(tok.encode(flat, None, max_length=max_len), len(cols), targets)
@@ -101,10 +102,12 @@ def embed_batch(
     rng=None,
     dtype=jnp.float32,
     remat=False,
+    skip: tuple[int, int] = (0, 0),
 ):
     """[B, C, E] float32 sentence embeddings of a [B, C, L] batch; rows without tokens (padding) are zeros.
     `steps`: the directory's Dense / Dropout modules after the pooling, the Dense parameters under DENSE in
-    `params` (in float32 whatever `dtype`, as sentence-transformers' own Dense in a float32 model)."""
+    `params` (in float32 whatever `dtype`, as sentence-transformers' own Dense in a float32 model). `skip`: the
+    first tokens of the anchors and of the others left out of the pooling (their prompts: pooling.keep)."""
     params, layers = split_dense(params)
     params = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
     ids = batch["input_ids"]
@@ -113,7 +116,8 @@ def embed_batch(
     mask = flat(batch["attention_mask"])
     out = bert(params, config, flat(ids), mask, flat(batch["token_type_ids"]), rng=rng, remat=remat)
     # Zeroed before normalizing: max pooling of an empty row is -inf, whose gradient would be NaN even unselected.
-    emb = jnp.where(mask.any(-1)[:, None], pool(out, mask, pooling, False), 0.0)
+    skips = jnp.tile(jnp.where(jnp.arange(C) == 0, *skip), B)  # [B * C]: choice 0 is the anchor
+    emb = jnp.where(mask.any(-1)[:, None], pool(out, mask, pooling, False, skips), 0.0)
     if steps:
         emb = sentence_dense.apply(layers, steps, emb, rng=None if rng is None else jax.random.fold_in(rng, DENSE_RNG))
         emb = jnp.where(mask.any(-1)[:, None], emb, 0.0)
@@ -156,25 +160,33 @@ def score(outputs, data: E.Encodedset, labels, similarity: str = "cosine") -> di
     return {"loss": loss, **found}
 
 
-def eval_step(params, batch, *, config, pooling, normalize, steps=(), dtype=jnp.float32):
+def eval_step(params, batch, *, config, pooling, normalize, steps=(), dtype=jnp.float32, skip=(0, 0)):
     """Embeddings per example ([B, C, E]) and a placeholder mean loss (score computes the set's loss)."""
-    emb = embed_batch(params, config, batch, pooling=pooling, normalize=normalize, steps=steps, dtype=dtype)
+    emb = embed_batch(params, config, batch, pooling=pooling, normalize=normalize, steps=steps, dtype=dtype, skip=skip)
     return emb, jnp.zeros((), jnp.float32)
 
 
-def directory_eval(directory: str, config, limit: int | None):
+def directory_eval(directory: str, config, tok, limit: int | None, asked=((None, None), (None, None))):
     """`jaxbert evaluate --task embedding`: the directory's own pipeline (sentence_dir.py) -> (jitted eval step,
-    max length, lower-case the texts, its score function)."""
-    from jaxbert.sentence_dir import embedding_options, read
+    max length, tokenizer (lower-casing if it does), its score function, the (query, corpus) prompts). `asked`:
+    the (prompt, prompt_name) of the queries and of the corpus, each resolved as encode resolves it (neither: the
+    directory's default prompt), as sentence-transformers' InformationRetrievalEvaluator passes them."""
+    from jaxbert.sentence_dir import embedding_options, prompt_length, read, resolve_prompt
 
     found = read(directory)
     modes, normalize, length, lower = embedding_options(found, None, None, None)  # every mode embed pools
+    # The directory's max_seq_length replaces the tokenizer's own length, as sentence-transformers does.
+    limit = min(limit or length or tok.model_max_length, config.max_position_embeddings)
+    tok = tok.lowercased() if lower else tok
+    prompts = tuple(resolve_prompt(found, *pair) for pair in asked)
+    include = found is None or found.include_prompt
+    skip = (0, 0) if include else tuple(prompt_length(tok, p, limit) for p in prompts)
     steps = found.steps if found else ()
     dense = dense_tree(sentence_dense.load_steps(directory, steps))
-    step = functools.partial(eval_step, config=config, pooling=modes, normalize=normalize, steps=steps)
+    step = functools.partial(eval_step, config=config, pooling=modes, normalize=normalize, steps=steps, skip=skip)
     scorer = with_similarity(found.similarity if found else "cosine")
     with_dense = lambda params, batch: step({**params, **dense}, batch)  # noqa: E731 - the Dense: constants
-    return cpu.onednn_jit(with_dense, tokens=cpu.batch_tokens), limit or length, lower, scorer
+    return cpu.onednn_jit(with_dense, tokens=cpu.batch_tokens), limit, tok, scorer, prompts
 
 
 def dense_tree(layers: tuple[dict, ...]) -> dict:

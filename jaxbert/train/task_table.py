@@ -83,10 +83,10 @@ def _no_labels(rows, cols, problem, fixed) -> Labels:
 def _embedding(name: str) -> Callable:
     """task_embedding's function `name`, imported on call (that module builds on task_plan, which reads this)."""
 
-    def call(*args):
+    def call(*args, **kwargs):
         from jaxbert.train import task_embedding
 
-        return getattr(task_embedding, name)(*args)
+        return getattr(task_embedding, name)(*args, **kwargs)
 
     return call
 
