@@ -40,9 +40,11 @@ def write_sentence_files(
     lower_case: bool = False,
     steps: tuple = (),
     dense: tuple = (),
+    include_prompt: bool = True,
 ) -> None:
     """The pipeline files of a sentence-transformers directory (the model and tokenizer are written apart);
-    `steps` the Dense / Dropout modules after the Pooling (sentence_dense.py), `dense` each Dense's parameters."""
+    `steps` the Dense / Dropout modules after the Pooling (sentence_dense.py), `dense` each Dense's parameters,
+    `include_prompt` the Pooling's (false: a prompt's tokens are not pooled)."""
     if pooling not in MODES:
         raise ValueError(f"pooling {pooling!r}: expected one of {', '.join(MODES)}")
     kinds = ["Transformer", "Pooling", *(type(s).__name__.removesuffix("Spec") for s in steps)]
@@ -62,7 +64,7 @@ def write_sentence_files(
     _json(os.path.join(directory, "modules.json"), modules)
     pool = {"word_embedding_dimension": hidden, **{key: mode == pooling for mode, key in _KEYS.items()}}
     pool.update(pooling_mode_mean_sqrt_len_tokens=False, pooling_mode_weightedmean_tokens=False)
-    pool.update(pooling_mode_lasttoken=False, include_prompt=True)
+    pool.update(pooling_mode_lasttoken=False, include_prompt=include_prompt)
     _json(os.path.join(directory, "1_Pooling", "config.json"), pool)
     _json(
         os.path.join(directory, "sentence_bert_config.json"),
@@ -138,6 +140,7 @@ def write_sentence_model(
     from jaxbert.checkpoint import FLAX_MSGPACK, SAFETENSORS, copy_companion_files, write_msgpack
     from jaxbert.convert import flax_to_torch
     from jaxbert.files import atomic_directory
+    from jaxbert.sentence_dir import read
     from jaxbert.transfer import _stored_dtype, _write_config
 
     config = config.replace(architectures=("BertModel",))
@@ -152,8 +155,11 @@ def write_sentence_model(
             metadata={"format": "pt"},
         )
         copy_companion_files(tokenizer_from, tmp)
-        kept = _kept_settings(tmp)
+        kept, source = _kept_settings(tmp), read(tokenizer_from)  # read by training before
+        # The named prompts are kept, and so is how their tokens pool (include_prompt true would pool them).
+        include = source is None or source.include_prompt
         _drop_sentence_files(tmp)
-        write_sentence_files(tmp, config.hidden_size, pooling, normalize, max_seq_length, lower_case, steps, dense)
+        files = (config.hidden_size, pooling, normalize, max_seq_length, lower_case, steps, dense, include)
+        write_sentence_files(tmp, *files)
         if kept:
             _json(os.path.join(tmp, "config_sentence_transformers.json"), kept)

@@ -365,6 +365,8 @@ def test_a_sentence_transformers_model_is_trained_in_its_own_pipeline(tiny, tmp_
     json.dump(spec, open(model / "tokenizer.json", "w"))
     settings = {"prompts": {"query": "query: "}, "default_prompt_name": None, "similarity_fn_name": "dot"}
     json.dump(settings, open(model / "config_sentence_transformers.json", "w"))
+    pooling = json.load(open(model / "1_Pooling" / "config.json"))
+    json.dump({**pooling, "include_prompt": False}, open(model / "1_Pooling" / "config.json", "w"))
     rng = np.random.default_rng(5)
     text = lambda: " ".join(w.upper() if rng.random() < 0.5 else w for w in rng.choice(WORDS, 30))  # noqa: E731
     data = tmp_path / "pairs.jsonl"
@@ -383,6 +385,11 @@ def test_a_sentence_transformers_model_is_trained_in_its_own_pipeline(tiny, tmp_
     # its similarity function and named prompts too (they were dropped: SentenceTransformer.similarity was cosine)
     assert st.SentenceTransformer(str(final), device="cpu").similarity_fn_name == "dot"
     assert json.load(open(final / "config_sentence_transformers.json"))["prompts"] == {"query": "query: "}
+    # and how their tokens pool: include_prompt false was written true, so the prompt's tokens pooled (cls: [CLS]).
+    assert json.load(open(final / "1_Pooling" / "config.json"))["include_prompt"] is False
+    texts = ["hello there", "a b c"]
+    want = st.SentenceTransformer(str(final), device="cpu").encode(texts, prompt_name="query", convert_to_numpy=True)
+    np.testing.assert_allclose(jaxbert.load(str(final)).embed(texts, prompt_name="query"), want, atol=1e-5)
 
 
 def test_pipeline_flags_replace_the_models_and_an_unrunnable_one_needs_pooling(tiny, tmp_path):
