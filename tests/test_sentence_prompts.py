@@ -21,6 +21,7 @@ TEXTS = [
     "",
     "北京是中国的首都",
     "x",  # "un" + "x": a prompt without a space joins the text's first word
+    "☃",  # "xylophonequ☃" is one [UNK], fewer tokens than the prompt alone: nothing is pooled
     " ".join(f"word{i} and more text" for i in range(40)),  # beyond every max_seq_length here: truncated
 ]
 PROMPTS = {"query": "query: ", "long": "represent this sentence for searching relevant passages : " * 3, "empty": None}
@@ -69,8 +70,10 @@ def test_prompts_embed_as_sentence_transformers_in_every_pooling_mode(tmp_path, 
     directory = _prompted(model_dir(tmp_path / "m"), {"pooling_mode": modes, "include_prompt": include}, settings)
     bert, model = jaxbert.load(directory), st.SentenceTransformer(directory, device="cpu")
     # The default prompt; one by name; one given (no space: it joins "x"); "" (none, the default too); a prompt
-    # longer than max_seq_length (truncated with the text); a name naming an empty prompt.
-    for asked in ({}, {"prompt_name": "long"}, {"prompt": "un"}, {"prompt": ""}, {"prompt_name": "empty"}):
+    # longer than max_seq_length (truncated with the text); a name naming an empty prompt; one that swallows "☃"
+    # (without its tokens: cls is [CLS], max -inf, the others zeros, as encode's).
+    asked_for = ({"prompt_name": "long"}, {"prompt": "un"}, {"prompt": ""}, {"prompt_name": "empty"})
+    for asked in ({}, *asked_for, {"prompt": "xylophonequ"}):
         want = model.encode(TEXTS, convert_to_numpy=True, **asked)
         for packing in (True, False):
             _assert_same(bert.embed(TEXTS, packing=packing, **asked), want)
