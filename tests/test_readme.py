@@ -38,3 +38,33 @@ def test_readme_commands_name_real_subcommands_and_flags(line, capsys):
     helptext = capsys.readouterr().out
     for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", line):
         assert flag in helptext, f"{flag} of README line {line!r} is not an option of jaxbert {sub}"
+
+
+def _options(sub: str) -> set[str]:
+    return {o for a in SUBCOMMANDS[sub]._actions for o in a.option_strings}
+
+
+# Flags the README names of other programs: ruff, the benchmark script, Slurm's #SBATCH, gcloud.
+FOREIGN = {"--check", "--fix", "--section", "--shape", "--repeats", "--mix-texts"}
+FOREIGN |= {"--nodes", "--ntasks-per-node", "--gpus-per-node", "--zone", "--worker", "--command"}
+
+
+def test_every_flag_the_readme_names_is_an_option_of_some_subcommand():
+    """Prose names flags too (`--targets`, `--handle-impossible-answer`, `--dtype int8` on embed ...): each must be
+    an option of a jaxbert subcommand (XLA's `--xla_...` flags aside)."""
+    known = set().union(*(_options(sub) for sub in SUBCOMMANDS)) | FOREIGN
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*(?![\w])", README))
+    assert named - known == set()
+    benchmark = open(os.path.join(os.path.dirname(__file__), "..", "scripts", "benchmark.py"), encoding="utf-8").read()
+    assert all(f'"{flag}"' in benchmark for flag in ("--section", "--shape", "--repeats", "--mix-texts"))
+
+
+def test_inline_commands_name_their_subcommands_options():
+    """An inline `jaxbert SUB ... --flag` (or `SUB --flag`) in the prose names an option of SUB itself."""
+    names = "|".join(map(re.escape, sorted(SUBCOMMANDS, key=len, reverse=True)))
+    spans = re.findall(rf"`(?:jaxbert )?((?:{names}) [^`]*)`", README)
+    assert len(spans) > 10
+    for span in spans:
+        sub = span.split()[0]
+        for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*(?![\w])", span):
+            assert flag in _options(sub), f"{flag} of README's `{span}` is not an option of jaxbert {sub}"
