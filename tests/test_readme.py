@@ -68,3 +68,14 @@ def test_inline_commands_name_their_subcommands_options():
         sub = span.split()[0]
         for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*(?![\w])", span):
             assert flag in _options(sub), f"{flag} of README's `{span}` is not an option of jaxbert {sub}"
+
+
+def test_the_layout_section_names_every_module():
+    """README's Layout lists jaxbert/'s modules and train/'s: a module added without a line there is caught."""
+    layout = README.split("\n## Layout\n", 1)[1]
+    package = os.path.join(os.path.dirname(__file__), "..", "jaxbert")
+    top = {f for f in os.listdir(package) if f.endswith(".py") and not f.startswith("__")}
+    assert {f for f in top if f"`{f}`" not in layout} == set()
+    train_list = layout.split("`train/` (", 1)[1].split(")", 1)[0]
+    train = {f[:-3] for f in os.listdir(os.path.join(package, "train")) if f.endswith(".py") and f != "__init__.py"}
+    assert train - set(re.findall(r"\w+", train_list)) == set()
