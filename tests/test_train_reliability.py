@@ -619,6 +619,15 @@ def test_train_config_refuses_bad_values(field, value, error, match):
         TrainConfig(**{**GOOD, field: value})
 
 
+def test_per_device_and_global_batch_sizes_are_alternatives():
+    """The README's `[--per-device-batch-size 8 | --global-batch-size N]`: the global batch decides the step, so a
+    per-device size given beside it (`--per-device-batch-size 4 --global-batch-size 64`) would be ignored."""
+    with pytest.raises(ValueError, match="^pass --per-device-batch-size or --global-batch-size, not both$"):
+        TrainConfig(**GOOD, per_device_batch_size=4, global_batch_size=64)
+    assert TrainConfig(**GOOD, global_batch_size=64).global_batch_size == 64
+    assert TrainConfig(**GOOD, per_device_batch_size=4).per_device_batch_size == 4
+
+
 def test_more_epochs_than_the_step_counter_holds_are_refused(tiny, tmp_path, capsys):
     """int32 steps: 1e30 epochs had the run evaluate step 0, then fail in the schedule with OverflowError's
     traceback (not an expected error: no one line, exit status of an uncaught exception)."""

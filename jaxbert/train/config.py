@@ -17,6 +17,9 @@ import numpy as np
 OPTIMIZER_KEYS = ("weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "label_smoothing")
 
 
+_PER_DEVICE_DEFAULT = 8
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     model: str
@@ -29,7 +32,7 @@ class TrainConfig:
     mlm_probability: float = 0.15
     whole_word_mask: bool = False
     max_predictions_per_seq: int | None = None
-    per_device_batch_size: int = 8
+    per_device_batch_size: int = _PER_DEVICE_DEFAULT
     global_batch_size: int | None = None
     grad_accum_steps: int = 1
     learning_rate: float = 5e-5
@@ -96,6 +99,9 @@ class TrainConfig:
             )
         if self.warmup_steps and self.warmup_ratio:
             raise ValueError("pass --warmup-steps or --warmup-ratio, not both")
+        # The global batch decides alone (plan.py); a per-device size beside it would be dropped without a word.
+        if self.global_batch_size is not None and self.per_device_batch_size != _PER_DEVICE_DEFAULT:
+            raise ValueError("pass --per-device-batch-size or --global-batch-size, not both")
         self._check_task_fields()
         self._check_scale_fields()
 
