@@ -27,6 +27,28 @@ def _inputs(path: str, text_column: str, pair_column: str | None):
     return [r.text(text_column) for r in rows], [r.text(pair_column) for r in rows] if pair_column else None
 
 
+def _tag_inputs(path: str, column: str | None, config) -> tuple[list, bool]:
+    """A tagger's inputs and whether they are word lists: a .txt file's lines, or a column of texts or of word lists
+    as its training data hold them (a JSON array; in CSV/TSV, one in a cell or numbered columns), told by the first
+    row. The column: --text-column, else the one it was trained on where the file has it, else "text"."""
+    if path.endswith(".txt"):
+        return _inputs(path, "text", None)[0], False
+    from jaxbert.train.task_data import read_rows
+
+    rows = read_rows(path, "--input")
+    trained = _trained_columns(config, None, None)[0]
+    has = lambda row, name: name in row.values or f"{name}0" in row.values  # noqa: E731
+    column = column or (trained if trained and has(rows[0], trained) else "text")
+    value = rows[0].get(column)
+    if not rows[0].typed and isinstance(value, str) and value.strip().startswith("["):
+        try:  # a cell holding a JSON array of words, as training reads it; else a text starting with "["
+            value = json.loads(value)
+        except ValueError:
+            pass
+    words = isinstance(value, list)
+    return [r.texts(column) if words else r.text(column) for r in rows], words
+
+
 def _trained_columns(config, text: str | None, pair: str | None) -> tuple[str | None, str | None]:
     """--text-column and --text-pair-column, else those a sequence classifier or multiple-choice model (or, for
     evaluate, a tagger: its words) was trained with (task_table.COLUMNS_KEY): fed its first texts alone, a pair
@@ -173,8 +195,9 @@ def predict(
     elif bert.head == "BertForTokenClassification":
         if pair_column is not None:  # a tagger reads one text: the pairs would go unread
             raise ValueError(f"--text-pair-column {pair_column}: a token classification model tags single texts")
-        texts = _inputs(input_path, text_column or "text", None)[0]
-        found = bert.tag(texts, batch_size=batch_size, max_length=length, aggregation_strategy=aggregation_strategy)
+        texts, words = _tag_inputs(input_path, text_column, bert.config)
+        options = dict(aggregation_strategy=aggregation_strategy, is_split_into_words=words)
+        found = bert.tag(texts, batch_size=batch_size, max_length=length, **options)
         results = [{"words" if aggregation_strategy is None else "entities": x} for x in found]
     elif bert.head == "BertForMultipleChoice":
         text_column, pair_column = _trained_columns(bert.config, text_column, pair_column)

@@ -479,11 +479,15 @@ class Bert:
         stride: int | None = None,
         aggregation_strategy: str | None = None,
         ignore_labels=None,
+        is_split_into_words: bool = False,
+        delimiter: str = " ",
     ):
         """Per text, its words {word, label, score, start, end}; long texts in overlapping windows (tasks.tag).
         With `aggregation_strategy` (none, simple, first, average, max), the token-classification pipeline's
-        entities instead ({entity_group, score, word, start, end}; "none": {entity, score, index, word, start, end})."""
-        return tasks.tag(self, texts, batch_size, max_length, stride, aggregation_strategy, ignore_labels)
+        entities instead ({entity_group, score, word, start, end}; "none": {entity, score, index, word, start, end}).
+        With `is_split_into_words`, texts are lists of words (CoNLL's), joined by `delimiter` as the pipeline does."""
+        options = (aggregation_strategy, ignore_labels, is_split_into_words, delimiter)
+        return tasks.tag(self, texts, batch_size, max_length, stride, *options)
 
     def answer(self, question: str, context: str, top_k: int = 1, **options) -> list[dict]:
         """[{answer, score, start, end}] best first: the question-answering pipeline's answers (see qa.answer)."""

@@ -197,6 +197,8 @@ def tag(
     stride: int | None = None,
     aggregation_strategy: str | None = None,
     ignore_labels=None,
+    is_split_into_words: bool = False,
+    delimiter: str = " ",
 ):
     """Token classification aligned to words: each word takes the label of its first word piece, and carries
     its character span {word, label, score, start, end} in the original text. A text longer than `max_length`
@@ -207,14 +209,20 @@ def tag(
     With `aggregation_strategy` (none, simple, first, average, max) each text gives the token-classification
     pipeline's entities instead, `ignore_labels` (default ["O"]) left out (entities.py); a long text as the
     pipeline's `stride` reads it: grouped per window, overlaps resolved ("none": each token from its window of
-    most context, where the pipeline refuses a stride)."""
+    most context, where the pipeline refuses a stride).
+
+    With `is_split_into_words`, each text is a list of words (one list alone is one text), read as the pipeline
+    reads them: the text is the words joined by `delimiter`, and start / end are characters of that text."""
     _require(bert, ("BertForTokenClassification",), "tag")
     batch_size = positive_int("batch_size", batch_size)
     how = None if aggregation_strategy is None else entities.strategy(aggregation_strategy)
     ignore = entities.ignored(ignore_labels, how)
-    texts = texts if isinstance(texts, str) else list(texts)  # read twice: by the tokenizer, then for the words
     length = bert.max_length(max_length)
-    enc = bert.tokenizer.encode(texts, max_length=NO_LIMIT, truncation=False)
+    if is_split_into_words:
+        texts, enc = _joined(bert.tokenizer, texts, delimiter)
+    else:
+        texts = texts if isinstance(texts, str) else list(texts)  # read twice: by the tokenizer, then for the words
+        enc = bert.tokenizer.encode(texts, max_length=NO_LIMIT, truncation=False)
     stride = _stride(stride, length, bert.tokenizer)
     check_encoded(bert.config, enc)  # named by text and position in it, not by window
     pieces, home = windows.split(enc, length, stride)
@@ -243,6 +251,33 @@ def tag(
                 w["end"] += 1
         results.append([{"word": text[w["start"] : w["end"]], **w} for w in words.values()])
     return results
+
+
+def _joined(tok, texts, delimiter: str):
+    """Pre-split words as the token-classification pipeline's is_split_into_words reads them: a list of word lists
+    (a list of strings alone is one text's words), each text its words joined by `delimiter`, each token's
+    characters those of its word moved to where the word starts in that text. Returns (texts, their Encoded)."""
+    if not isinstance(delimiter, str):
+        raise TypeError(f"delimiter must be a string, got {type(delimiter).__name__}")
+    if isinstance(texts, str):
+        raise TypeError("is_split_into_words: texts must be lists of words, got a single string")
+    texts = list(texts)
+    lists = [isinstance(t, (list, tuple)) for t in texts]
+    if any(lists) and not all(lists):
+        i = lists.index(False)
+        raise TypeError(f"is_split_into_words: texts[{i}] is {type(texts[i]).__name__}, not a list of words")
+    words = [list(w) for w in texts] if any(lists) or not texts else [texts]
+    enc = tok.encode_words(words, max_length=NO_LIMIT)
+    joined = []
+    for t, w in enumerate(words):
+        starts = [0]
+        for word in w[:-1]:
+            starts.append(starts[-1] + len(word) + len(delimiter))
+        enc.offsets[t] = [
+            (a + starts[i], b + starts[i]) if i >= 0 else (a, b) for (a, b), i in zip(enc.offsets[t], enc.word_ids[t])
+        ]
+        joined.append(delimiter.join(w))
+    return joined, enc
 
 
 def _entities(tok, names, texts, enc, pieces, home, logits, how: str, ignore) -> list[list[dict]]:

@@ -171,3 +171,83 @@ def test_predict_writes_the_entities_of_a_tagger_with_aggregation_strategy(tagge
     capsys.readouterr()
     cli_fails(capsys, tmp_path, *args, "first", match="--aggregation-strategy: groups a token classification model")
     assert not (tmp_path / "other.jsonl").exists()
+
+
+# CoNLL-style pre-split words: accents composed and combining, [UNK] (☃), an empty word, CJK, a [MASK] written out
+WORDS = [
+    ["Zoë", "Ångström-Müller", "", "visited", "U.S.", "unbelievably", "Köln", "[MASK]", "☃", "Jose\u0301", "北京是"],
+    ["EU", "rejects", "German", "call", "to", "boycott", "British", "lamb", "."],
+]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_pre_split_words_are_the_pipelines_is_split_into_words(tagger, strategy):
+    """tag(words, is_split_into_words=True): the pipeline's entities of the same word lists (start / end in the
+    words joined by the delimiter), a batch of lists and one list alone, with another delimiter too. Before, tag
+    refused a list of words ("texts[0] is list, not a string") and had no such option."""
+    _, pipe, bert = tagger
+    got = bert.tag(WORDS, is_split_into_words=True, aggregation_strategy=strategy)
+    for words, g in zip(WORDS, got, strict=True):
+        _assert_same(g, pipe(words, is_split_into_words=True, aggregation_strategy=strategy)[0], (strategy, words))
+    alone = bert.tag(WORDS[0], is_split_into_words=True, aggregation_strategy=strategy, delimiter="\t")
+    want = pipe(WORDS[0], is_split_into_words=True, aggregation_strategy=strategy, delimiter="\t")
+    _assert_same(alone[0], want[0], (strategy, "delimiter"))
+    assert len(alone) == 1
+
+
+@pytest.mark.parametrize("stride", [None, 7])
+def test_a_long_list_of_words_is_grouped_as_the_pipeline_reads_it_with_a_stride(tagger, stride):
+    _, pipe, bert = tagger
+    vocabulary = "Ada Lovelace wrote in London, Zoë visited Ångström's lab".split()
+    words = list(np.random.default_rng(1).choice(vocabulary, 160))
+    for strategy in STRATEGIES[1:]:
+        got = bert.tag([words], is_split_into_words=True, stride=stride, aggregation_strategy=strategy)[0]
+        options = dict(is_split_into_words=True, aggregation_strategy=strategy)
+        want = pipe(words, **options, stride=31 if stride is None else stride)
+        _assert_same(got, want[0], (strategy, stride))
+
+
+def test_tag_labels_each_given_word_by_its_first_token(tagger):
+    """Without aggregation each given word (one that has tokens: not the empty one) is one entry, labelled by its
+    first token as the pipeline labels that token, start / end its place in the joined text."""
+    _, pipe, bert = tagger
+    for words, got in zip(WORDS, bert.tag(WORDS, is_split_into_words=True), strict=True):
+        tokens = pipe(words, is_split_into_words=True, ignore_labels=[])[0]
+        starts = np.cumsum([0] + [len(w) + 1 for w in words])
+        want = []
+        for i, word in enumerate(words):
+            first = next((t for t in tokens if t["start"] == starts[i]), None)
+            if word and first is not None:
+                want.append(dict(word=word, label=first["entity"], score=first["score"], start=starts[i]))
+        assert [{k: g[k] for k in ("word", "label", "start")} for g in got] == [
+            {k: w[k] for k in ("word", "label", "start")} for w in want
+        ]
+        assert np.allclose([g["score"] for g in got], [w["score"] for w in want], atol=1e-5)
+        assert all(g["end"] == g["start"] + len(g["word"]) for g in got)
+    with pytest.raises(TypeError, match=r"^is_split_into_words: texts\[1\] is str, not a list of words$"):
+        bert.tag([["EU"], "rejects"], is_split_into_words=True)
+    with pytest.raises(TypeError, match="is_split_into_words: texts must be lists of words, got a single string"):
+        bert.tag("EU rejects", is_split_into_words=True)
+
+
+def test_predict_tags_a_column_of_word_lists_as_pre_split_words(tagger, tmp_path):
+    """`jaxbert predict` on .jsonl rows whose text column holds word lists (CoNLL's tokens, the column a tagger
+    trained here read) tags them as tag(is_split_into_words=True): the pipeline's entities. Before: 'expected a
+    string, got a list'."""
+    from jaxbert.cli import main
+
+    _, pipe, bert = tagger
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps({"tokens": w}, ensure_ascii=False) + "\n" for w in WORDS), encoding="utf-8")
+    for strategy in ("first", None):
+        out = tmp_path / f"{strategy}.jsonl"
+        flags = ["--aggregation-strategy", strategy] if strategy else []
+        args = ["predict", bert.directory, "--input", data, "--output", out, "--text-column", "tokens", *flags]
+        assert main([str(a) for a in args]) == 0
+        lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+        if strategy:
+            for words, line in zip(WORDS, lines, strict=True):
+                want = pipe(words, is_split_into_words=True, aggregation_strategy=strategy)[0]
+                _assert_same(line["entities"], want, words)
+        else:
+            assert [line["words"] for line in lines] == bert.tag(WORDS, is_split_into_words=True)
