@@ -122,6 +122,7 @@ def _predict(args) -> int:
         version_2_with_negative=args.version_2_with_negative,
         null_score_diff_threshold=args.null_score_diff_threshold,
         aggregation_strategy=args.aggregation_strategy,
+        ignore_labels=None if args.ignore_labels is None else [x for x in args.ignore_labels.split(",") if x],
     )
     print(f"predicted {n} inputs -> {args.output}")
     return 0
@@ -189,6 +190,12 @@ def add_parsers(sub) -> None:
         choices=STRATEGIES,
         default=None,
         help="a tagger's entities as transformers' token-classification pipeline groups them (default: tag's words)",
+    )
+    predict.add_argument(
+        "--ignore-labels",
+        default=None,
+        metavar="A,B",
+        help="labels left out of the entities, comma-separated ('' keeps all; default O), as the pipeline's",
     )
     _add_qa_flags(predict)
     predict.set_defaults(func=_predict)

@@ -156,11 +156,12 @@ def predict(
     version_2_with_negative: bool | None = None,
     null_score_diff_threshold: float | None = None,
     aggregation_strategy: str | None = None,
+    ignore_labels: list[str] | None = None,
 ) -> int:
     """Predictions of the model in `directory` for every input, written to `output` (.jsonl) atomically:
     classify's dicts (sequence classification), {"words": tag's list} (token classification; {"entities": ...}
-    with an `aggregation_strategy`, tag's), {label, scores} (multiple choice), {answer, score, start, end}
-    (question answering: _answers). Returns the number of inputs.
+    with an `aggregation_strategy`, tag's, `ignore_labels` left out), {label, scores} (multiple choice),
+    {answer, score, start, end} (question answering: _answers). Returns the number of inputs.
 
     Texts are read at `max_length` tokens (tag's windows; classify and multiple choice cut longer ones), by default
     the length the model was trained with, else the model's, as `evaluate` reads them: the predictions are the
@@ -177,6 +178,8 @@ def predict(
     bert = jaxbert.load(directory)
     if aggregation_strategy is not None and bert.head != "BertForTokenClassification":
         raise ValueError(f"--aggregation-strategy: groups a token classification model's tags; this is {bert.head}")
+    if ignore_labels is not None and aggregation_strategy is None:  # before any work, as tag would refuse it
+        raise ValueError("--ignore-labels: labels left out of the entities; give --aggregation-strategy too")
     task = "question-answering" if bert.head == "BertForQuestionAnswering" else bert.head
     trained_qa = qa_options(bert.config, task, version_2_with_negative, null_score_diff_threshold)
     if max_length is not None:
@@ -196,8 +199,8 @@ def predict(
         if pair_column is not None:  # a tagger reads one text: the pairs would go unread
             raise ValueError(f"--text-pair-column {pair_column}: a token classification model tags single texts")
         texts, words = _tag_inputs(input_path, text_column, bert.config)
-        options = dict(aggregation_strategy=aggregation_strategy, is_split_into_words=words)
-        found = bert.tag(texts, batch_size=batch_size, max_length=length, **options)
+        options = dict(aggregation_strategy=aggregation_strategy, ignore_labels=ignore_labels)
+        found = bert.tag(texts, batch_size=batch_size, max_length=length, is_split_into_words=words, **options)
         results = [{"words" if aggregation_strategy is None else "entities": x} for x in found]
     elif bert.head == "BertForMultipleChoice":
         text_column, pair_column = _trained_columns(bert.config, text_column, pair_column)

@@ -251,3 +251,25 @@ def test_predict_tags_a_column_of_word_lists_as_pre_split_words(tagger, tmp_path
                 _assert_same(line["entities"], want, words)
         else:
             assert [line["words"] for line in lines] == bert.tag(WORDS, is_split_into_words=True)
+
+
+def test_predict_leaves_out_the_labels_of_ignore_labels(tagger, tmp_path, capsys):
+    """`jaxbert predict --aggregation-strategy S --ignore-labels A,B` writes the pipeline's entities with
+    ignore_labels=[A, B] ('' keeps every label, O included); Bert.tag had ignore_labels and predict did not
+    ('unrecognized arguments'). Without --aggregation-strategy it is one line, nothing written."""
+    from jaxbert.cli import main
+
+    _, pipe, bert = tagger
+    texts = [t for t in TEXTS if t]
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    for given, ignore in (("PER,B-PER,I-PER", ["PER", "B-PER", "I-PER"]), ("", [])):
+        out = tmp_path / "out.jsonl"
+        args = ["predict", bert.directory, "--input", tmp_path / "in.txt", "--output", out]
+        assert main([str(a) for a in [*args, "--aggregation-strategy", "simple", "--ignore-labels", given]]) == 0
+        lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+        for text, line in zip(texts, lines, strict=True):
+            _assert_same(line["entities"], pipe(text, aggregation_strategy="simple", ignore_labels=ignore), text)
+    args[-1] = tmp_path / "other.jsonl"
+    capsys.readouterr()
+    cli_fails(capsys, tmp_path, *args, "--ignore-labels", "O", match="--ignore-labels: labels left out of the entities")
+    assert not (tmp_path / "other.jsonl").exists()
