@@ -57,6 +57,20 @@ def _integer_array(name: str, value, allow_bool: bool = False) -> np.ndarray:
     return arr
 
 
+def _mask_array(name: str, label: str, value) -> np.ndarray:
+    """An attention mask as integers: integers or booleans, or floats (transformers takes 0./1. masks, as a
+    tokenizer's output cast to float gives them) each exactly 0 or 1: the int32 cast on the way to the devices
+    would turn 0.5 into 0 and NaN into anything, so any other float is named by position."""
+    arr = np.asarray(value)
+    if not (np.issubdtype(arr.dtype, np.floating) or arr.dtype.name == "bfloat16"):
+        return _integer_array(name, arr, allow_bool=True).astype(np.int64)
+    bad = np.argwhere((arr != 0) & (arr != 1))
+    if bad.size:
+        pos = tuple(int(i) for i in bad[0])
+        raise ValueError(f"{label} {float(arr[pos])} at position {pos} is not 0 or 1")
+    return arr.astype(np.int64)
+
+
 def _check_range(name: str, values: np.ndarray, upper: int, what: str):
     bad = np.argwhere((values < 0) | (values >= upper))
     if bad.size:
@@ -68,7 +82,7 @@ def check_arrays(
     config: BertConfig, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, ndim: int = 2
 ) -> None:
     """input_ids [B, L] ([B, C, L] for multiple choice, ndim=3), non-empty, in the vocabulary; the others of the
-    same shape, integer-typed and in range (attention_mask 0/1, may be boolean)."""
+    same shape, integer-typed and in range (attention_mask 0/1, may be boolean or 0./1. floats)."""
     ids = _integer_array("input_ids", input_ids)
     layout = "[batch, choices, length]" if ndim == 3 else "[batch, length]"
     if ids.ndim != ndim:
@@ -85,7 +99,7 @@ def check_arrays(
     for name, arr, label, upper, what in others:
         if arr is None:
             continue
-        arr = _integer_array(name, arr, allow_bool=name == "attention_mask")
+        arr = _mask_array(name, label, arr) if name == "attention_mask" else _integer_array(name, arr)
         if arr.shape != ids.shape:
             raise ValueError(f"{name} shape {arr.shape} does not match input_ids shape {ids.shape}")
         _check_range(label, arr.astype(np.int64), upper, what)
@@ -135,7 +149,7 @@ def check_encoder_states(config: BertConfig, batch: int, states, mask):
     if not np.issubdtype(states.dtype, np.floating) or not np.isfinite(states).all():
         raise ValueError("encoder_hidden_states must be finite floating-point values")
     if mask is not None:
-        mask = _integer_array("encoder_attention_mask", mask, allow_bool=True)
+        mask = _mask_array("encoder_attention_mask", "encoder attention mask value", mask)
         if mask.shape != states.shape[:2]:
             raise ValueError(
                 f"encoder_attention_mask shape {mask.shape} does not match encoder_hidden_states {states.shape[:2]}"

@@ -133,9 +133,8 @@ def test_arrays_of_the_wrong_type_or_shape_are_refused(tiny):
     bert = jaxbert.load(tiny)
     feed = bert.tokenizer(["a short text", "a longer text than the first one"])
     ids, mask, types = feed["input_ids"], feed["attention_mask"], feed["token_type_ids"]
-    for name in ("attention_mask", "token_type_ids"):
-        with pytest.raises(TypeError, match=f"{name} must be integers"):
-            bert(ids, **{**{"attention_mask": mask, "token_type_ids": types}, name: feed[name].astype(np.float32)})
+    with pytest.raises(TypeError, match="token_type_ids must be integers"):
+        bert(ids, mask, types.astype(np.float32))
     with pytest.raises(TypeError, match="input_ids must be integers, got dtype float64"):
         bert(ids.astype(np.float64))
     with pytest.raises(ValueError, match=r"attention mask value 2 at position \(0, 1\) is outside \[0, 2\)"):
@@ -149,6 +148,28 @@ def test_arrays_of_the_wrong_type_or_shape_are_refused(tiny):
         bert(ids[:0, :7])
     with pytest.raises(ValueError, match=r"input_ids is empty: shape \(2, 0\)"):
         bert(ids[:, :0])
+
+
+def test_float_and_bool_attention_masks_are_read_as_transformers_reads_them(tiny):
+    """A 0./1. float mask (a tokenizer's mask cast to float, as many training loops feed it) and a bool one give
+    transformers' outputs for that mask; jaxbert refused any float mask ('attention_mask must be integers or
+    booleans, got dtype float32'). A float that is not exactly 0 or 1 (which the int cast would truncate) is one
+    line naming it and its position."""
+    import transformers
+
+    bert = jaxbert.load(tiny)
+    hf = transformers.BertModel.from_pretrained(tiny, attn_implementation="eager").eval()
+    feed = bert.tokenizer(["a short text", "a longer text than the first one"])
+    ids, mask = feed["input_ids"], feed["attention_mask"]
+    for given in (mask.astype(np.float32), mask.astype(np.float64), mask.astype(bool), torch.tensor(mask).float()):
+        with torch.no_grad():
+            want = hf(torch.tensor(ids), attention_mask=torch.as_tensor(np.asarray(given))).last_hidden_state
+        got = np.asarray(bert(ids, given).last_hidden_state)
+        np.testing.assert_allclose(got[mask == 1], want.numpy()[mask == 1], atol=1e-5)
+    for bad, shown in ((0.5, "0.5"), (np.nan, "nan"), (-1.0, "-1.0")):
+        wrong = np.where(np.arange(ids.shape[1]) == 2, bad, mask.astype(np.float32))
+        with pytest.raises(ValueError, match=rf"^attention mask value {shown} at position \(0, 2\) is not 0 or 1$"):
+            bert(ids, wrong)
 
 
 @pytest.mark.parametrize(
