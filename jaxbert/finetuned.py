@@ -139,6 +139,20 @@ def _answers(bert, path: str, question: str, context: str, batch_size: int, leng
     return [bert.answer(q, c, batch_size=batch_size, max_seq_len=length)[0] for q, c in pairs]
 
 
+def _prompts_used(directory: str, asked, texts: tuple[str, str]) -> dict:
+    """evaluate --task embedding's prompts for its output file: each side's text put before it (given, named, or
+    the directory's default; "" for none) and the name it came by (null for a text given or no prompt), so that the
+    numbers can be reproduced (--query-prompt TEXT gives them again, whatever the directory's defaults become)."""
+    from jaxbert.sentence_dir import read
+
+    default = getattr(read(directory), "default_prompt_name", None)
+    used = {}
+    for side, (prompt, name), text in zip(("query", "corpus"), asked, texts):
+        name = None if prompt is not None else name if name is not None else default
+        used |= {f"{side}_prompt": text, f"{side}_prompt_name": name}
+    return used
+
+
 def json_line(value) -> str:
     """`value` as one line of JSON, text kept readable (not \\u-escaped) except the line and paragraph separators
     U+2028 / U+2029: JSON allows them raw, but Python's `str.splitlines` and many readers of lines split there."""
@@ -297,6 +311,7 @@ def evaluate(
         from jaxbert.train.task_embedding import directory_eval
 
         eval_fn, limit, tok, task, opts["prompts"] = directory_eval(directory, config, tok, max_length, prompts)
+        used = _prompts_used(directory, prompts, opts["prompts"])
     if task_name == "question-answering":  # the options it was trained with (task_qa.QARun.final_config)
         opts = qa.check_options(trained_qa or {})
         trained = opts.pop("max_seq_length", 384)
@@ -337,6 +352,7 @@ def evaluate(
                     "file": os.path.abspath(path),
                     # QA's set holds windows, several per question when contexts are long
                     "examples": len(data) if task_name != "question-answering" else len(set(data.extra["example"])),
+                    **(used if task_name == "embedding" else {}),
                     **result,
                 },
                 f,

@@ -173,7 +173,8 @@ def test_training_refuses_a_default_prompt_it_would_not_put_before_the_texts(tmp
 def test_evaluate_reads_queries_and_corpus_with_their_prompts(tmp_path, capsys):
     """`evaluate --task embedding` as sentence-transformers' InformationRetrievalEvaluator with query_prompt_name /
     corpus_prompt (or neither: the default prompt on both sides): the loss and accuracy@1 of encode's vectors of
-    the anchors and of the positives with their prompts. A directory with a default prompt was refused."""
+    the anchors and of the positives with their prompts. A directory with a default prompt was refused. The output
+    file records each side's prompt (text and name), which it did not."""
     settings = {"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": "query"}
     pooling = {"pooling_mode": ["cls", "weightedmean"], "include_prompt": False}
     directory = _prompted(model_dir(tmp_path / "m"), pooling, settings)
@@ -184,6 +185,7 @@ def test_evaluate_reads_queries_and_corpus_with_their_prompts(tmp_path, capsys):
     out = str(tmp_path / "m.json")
     args = ["evaluate", directory, "--task", "embedding", "--file", str(tmp_path / "pairs.jsonl"), "--output", out]
     sides = [({}, {}), ({"prompt_name": "query"}, {"prompt": "passage: "})]
+    recorded = []
     for query, corpus in [*sides, ({"prompt": ""}, {"prompt_name": "passage"})]:
         a = _encode(directory, [r["anchor"] for r in rows], **query).astype(np.float64)
         p = _encode(directory, [r["positive"] for r in rows], **corpus).astype(np.float64)
@@ -194,6 +196,14 @@ def test_evaluate_reads_queries_and_corpus_with_their_prompts(tmp_path, capsys):
         assert main(args + flags) == 0
         got = json.load(open(out))
         assert abs(got["loss"] - loss) <= 1e-5 and got["accuracy@1"] == np.mean(s.argmax(1) == np.arange(6))
+        keys = ("query_prompt", "query_prompt_name", "corpus_prompt", "corpus_prompt_name")
+        recorded.append({k: got[k] for k in keys})
+    # Each run's prompts are in its output file (texts and the names they came by): the result can be reproduced.
+    assert recorded == [
+        dict(query_prompt="query: ", query_prompt_name="query", corpus_prompt="query: ", corpus_prompt_name="query"),
+        dict(query_prompt="query: ", query_prompt_name="query", corpus_prompt="passage: ", corpus_prompt_name=None),
+        dict(query_prompt="", query_prompt_name=None, corpus_prompt="passage: ", corpus_prompt_name="passage"),
+    ]
     os.remove(out)
     classifier = model_dir(tmp_path / "c", "BertForSequenceClassification")
     (tmp_path / "c.jsonl").write_text(json.dumps({"text": "a b", "label": 0}) + "\n")
