@@ -46,14 +46,14 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 def decode(tok, tokens: list[str]) -> str:
     """transformers' convert_tokens_to_string: the tokenizer's decoder ("##" joined, spaces cleaned) on strings."""
-    decoder = tok._tok.decoder
+    decoder = tok.backend.decoder
     return decoder.decode(tokens) if decoder is not None else " ".join(tokens)
 
 
 def tokens(tok, text: str, ids, offsets, special, probs: np.ndarray, warn: bool) -> list[dict]:
     """The pipeline's pre-entities of one window: per token not special, its string (the text it covers for [UNK]),
     probabilities, characters, index in the window and whether it continues a word."""
-    prefix = getattr(tok._tok.model, "continuing_subword_prefix", None)
+    prefix = getattr(tok.backend.model, "continuing_subword_prefix", None)
     if not prefix and warn:  # as the pipeline: without "##" a word is told by the spaces around it
         warnings.warn("Tokenizer does not support real words, using fallback heuristic", UserWarning, stacklevel=5)
     unk = tok.token_to_id(tok.special_tokens["unk_token"])

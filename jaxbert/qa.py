@@ -42,7 +42,7 @@ def _window_tokenizer(tok, max_length: int, stride: int):
     with _lock:
         cache = _tokenizers.setdefault(tok, {})
         if (max_length, stride) not in cache:
-            copy = copy_of(tok._tok)
+            copy = copy_of(tok.backend)
             strategy = "only_first" if _context_first(tok) else "only_second"
             copy.enable_truncation(max_length, stride=stride, strategy=strategy, direction=tok.truncation_side)
             cache[max_length, stride] = copy
@@ -82,7 +82,7 @@ def windows(tok, questions: list[str], contexts: list[str], max_length: int, str
             try:
                 wtok.encode(*pair)
             except Exception as e:  # noqa: BLE001
-                n = len(tok._tok.encode(pair[1 - context]).ids)
+                n = len(tok.backend.encode(pair[1 - context]).ids)
                 raise _no_room(i, n, max_length, stride, names, str(e).strip().splitlines()[0]) from None
         raise
     out = Windows([], [], [], [], [], context)
@@ -108,10 +108,10 @@ def _check_room(tok, pairs: list[tuple[str, str]], max_length: int, stride: int,
     """Refuse a question that leaves the context `stride` tokens or fewer of a window it has to be cut into: the
     tokenizers library panics there (a Rust backtrace on stderr, and a PanicException, which is no Exception)."""
     try:
-        questions = tok._tok.encode_batch([q for q, _ in pairs])
+        questions = tok.backend.encode_batch([q for q, _ in pairs])
         for i, (q, (question, context)) in enumerate(zip(questions, pairs)):
             room = max_length - len(q.ids) - 1  # [CLS] question [SEP] context [SEP]
-            if room <= stride and len(tok._tok.encode(question, context).ids) > max_length:
+            if room <= stride and len(tok.backend.encode(question, context).ids) > max_length:
                 why = f"room for {max(room, 0)} context tokens, not more than the stride"
                 raise _no_room(i, len(q.ids), max_length, stride, names, why)
     except TypeError:  # a lone surrogate: windows' own encoding names the text (before it encodes any)

@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from jaxbert import entities, sentence_dense, sentence_dir, windows
 from jaxbert.inputs import check_encoded, positive_int
-from jaxbert.tokenizer import NO_LIMIT, _check_texts
+from jaxbert.tokenizer import NO_LIMIT, check_texts
 
 _MLM_HEADS = ("BertForMaskedLM", "BertForPreTraining")
 
@@ -298,7 +298,7 @@ def _entities(tok, names, texts, enc, pieces, home, logits, how: str, ignore) ->
 
 def _stride(stride, length: int, tok) -> int:
     """tag's window overlap: an integer in [0, the window's room for text), by default half of it, at most 128."""
-    room = length - tok._tok.num_special_tokens_to_add(False)
+    room = length - tok.num_special_tokens_to_add(False)
     if room < 1:
         raise ValueError(f"max_length {length}: too short for the special tokens around a text")
     if stride is None:
@@ -350,7 +350,7 @@ def embed(bert, texts, pooling, normalize, batch_size: int, max_length, show, pa
     tok = bert.tokenizer.lowercased() if lower else bert.tokenizer
     limit = bert.max_length(max_length)
     # The prompt is part of each text, as encode puts it: truncated with it, lower-cased with it.
-    enc = tok.encode([prompt + text for text in _check_texts(texts)] if prompt else texts, max_length=limit)
+    enc = tok.encode([prompt + text for text in check_texts(texts)] if prompt else texts, max_length=limit)
     include = defaults is None or defaults.include_prompt
     skip = np.int32(0 if include else sentence_dir.prompt_length(tok, prompt, limit))  # traced: one program
     out = np.zeros((len(enc), sentence_dense.out_features(steps, bert.config.hidden_size * len(modes))), np.float32)

@@ -47,7 +47,8 @@ class Encoded:
         return np.array([len(x) for x in self.ids], dtype=np.int64)
 
 
-def _check_texts(texts, name="texts") -> list[str]:
+def check_texts(texts, name="texts") -> list[str]:
+    """`texts` as a list of strings, or a TypeError naming the first that is not (a single string: wrap it)."""
     if isinstance(texts, str):
         raise TypeError(f"{name} must be a list of strings, got a single string (wrap it in a list)")
     texts = list(texts)
@@ -444,6 +445,17 @@ class WordPiece:
                 self._truncating[limit] = tok
             return tok
 
+    # -- the tokenizers library's tokenizer, for modules that need more than encode (qa.py's windows, entities.py) -
+    @property
+    def backend(self) -> Tokenizer:
+        """The underlying `tokenizers.Tokenizer`, without padding or truncation. Shared by every caller (and thread):
+        read it, or `copy` it before setting truncation (qa.py does)."""
+        return self._tok
+
+    def num_special_tokens_to_add(self, pair: bool = False) -> int:
+        """Special tokens around one text ([CLS] [SEP]: 2) or a pair (3)."""
+        return self._tok.num_special_tokens_to_add(pair)
+
     # -- vocabulary ------------------------------------------------------------------------------------------
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
@@ -481,9 +493,9 @@ class WordPiece:
         Longer than `max_length` (default: the tokenizer's model_max_length): truncated (longest first), or a
         ValueError naming the text when `truncation=False` (ending with `hint`, for callers that cut nothing).
         """
-        texts = _check_texts(texts)
+        texts = check_texts(texts)
         if pairs is not None:
-            pairs = _check_texts(pairs, "pairs")
+            pairs = check_texts(pairs, "pairs")
             if len(pairs) != len(texts):
                 raise ValueError(f"{len(texts)} texts but {len(pairs)} pairs")
         limit = self.model_max_length if max_length is None else positive_int("max_length", max_length)
@@ -571,7 +583,7 @@ class WordPiece:
         """Tokenize texts given as words (token classification data): `word_ids` index each text's words, so
         labels align to them; longer sequences are truncated to `max_length` tokens."""
         for i, w in enumerate(words):
-            _check_texts(w, f"words[{i}]")
+            check_texts(w, f"words[{i}]")
         limit = positive_int("max_length", max_length)
         try:
             encs = self._truncated(limit).encode_batch(words, is_pretokenized=True)
