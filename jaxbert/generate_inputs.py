@@ -12,6 +12,7 @@ A row whose mask is all zeros is refused (`_check_rows`).
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -61,9 +62,13 @@ class Request:
         return np.concatenate([np.repeat(self.prompt, n, axis=0).astype(np.int32), tokens.astype(np.int32)], 1)
 
 
+def _padded(rows: int) -> int:
+    return 1 << (rows - 1).bit_length()
+
+
 def _rows(arrays, rows: int):
     """Rows padded to a power of two (few programs whatever the batch); extra rows repeat row 0 and are dead."""
-    R = 1 << (rows - 1).bit_length()
+    R = _padded(rows)
     pick = np.where(np.arange(R) < rows, np.arange(R), 0)
     return [a[pick] for a in arrays], jnp.asarray(np.arange(R) < rows)
 
@@ -73,6 +78,38 @@ def _columns(arrays, length_buckets):
     length = arrays[0].shape[1]
     P = batching.bucket(length, tuple(length_buckets))
     return [jnp.asarray(np.pad(a, ((0, 0), (0, P - length))).astype(np.int32)) for a in arrays]
+
+
+def device_memory() -> int | None:
+    """Bytes the local devices hold together: the host's physical memory on CPU, else the devices' own limits
+    (None where a device does not say)."""
+    devices = jax.local_devices()
+    if devices[0].platform == "cpu":
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limits = [(d.memory_stats() or {}).get("bytes_limit") for d in devices]
+    return sum(limits) if all(limits) else None
+
+
+def _check_size(config: BertConfig, rows: int, beams: int, positions: int) -> None:
+    """Refuse, before compiling, a search that can never run: num_beams × vocab_size continuations beyond XLA's
+    int32 top_k indices (JAX's own error named neither), or decoding state beyond the devices' memory. transformers
+    bounds neither; XLA would allocate until refused, or until the process is killed. The state counted is a lower
+    bound (each of `rows` × `beams` rows: its key/value cache of `positions` at 2 bytes a value, one row of float32
+    scores), so only what is clearly impossible is refused."""
+    V = config.vocab_size
+    if beams * V > 2**31 - 1:
+        raise ValueError(
+            f"num_beams {beams}: beam search ranks num_beams × vocab_size = {beams * V:,} continuations a prompt, "
+            f"more than XLA's top_k indexes (2**31 - 1)"
+        )
+    width = sum(len(config.kept_heads(i)) for i in range(config.num_hidden_layers)) * config.head_size
+    need, have = rows * beams * (2 * 2 * width * positions + 4 * V), device_memory()
+    if have is not None and need > have:
+        raise ValueError(
+            f"{rows} rows (prompts × num_return_sequences, to a power of two) × num_beams {beams}: decoding needs "
+            f"at least {need / 2**30:.1f} GiB (key/value cache "
+            f"of {positions} positions and scores over {V} tokens a row), more than the devices' {have / 2**30:.1f} GiB"
+        )
 
 
 def _loop_arguments(options: Options, n: int, live, limit: int, prompt_length: int) -> tuple:
@@ -102,6 +139,7 @@ def request(
     mask, positions = _mask_and_positions(ids, attention_mask, options.search)
     _check_rows(mask, options.search.pad if attention_mask is None else None)
     n = max_new_tokens(options, settings, config, ids.shape[1])
+    _check_size(config, _padded(ids.shape[0] * options.expand), options.search.num_beams, ids.shape[1] + n)
     ids, mask, positions = (np.repeat(a, options.expand, axis=0) for a in (ids, mask, positions))
     padded, live = _rows((ids, mask, positions), ids.shape[0])
     loop, bound = _loop_arguments(options, n, live, config.max_position_embeddings, ids.shape[1])
@@ -130,6 +168,7 @@ def seq2seq_request(config, length_buckets, settings: dict, input_ids, attention
             f"got {len(start)} for {ids.shape[0]} rows"
         )
     start = np.broadcast_to(start.reshape(-1, 1), (ids.shape[0], 1))
+    _check_size(config.decoder, _padded(ids.shape[0] * options.expand), options.search.num_beams, 1 + n)
     ids, mask, start = (np.repeat(a, options.expand, axis=0) for a in (ids, mask, start))
     (ids, mask, first), live = _rows((ids, mask, start), ids.shape[0])
     loop, bound = _loop_arguments(options, n, live, config.decoder.max_position_embeddings, 1)

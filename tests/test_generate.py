@@ -401,3 +401,24 @@ def test_bad_prompts_and_models_are_refused(models):
     encoder = jaxbert.Bert(lm.config.replace(is_decoder=False), lm.params, "BertLMHeadModel")
     with pytest.raises(ValueError, match="BertLMHeadModel with is_decoder=false"):
         encoder.generate(np.array([[1, 2]]))
+
+
+def test_a_search_that_cannot_fit_is_refused_before_compiling(models, monkeypatch):
+    """transformers bounds neither num_beams nor num_return_sequences; jaxbert's num_beams 2**25 failed in JAX's
+    top_k ('top_k returns int32 indices, which will overflow ...', naming no setting) and one whose decoding state
+    outgrew memory was allocated until XLA refused it or the process was killed. Both are one line now, before any
+    work: beams × vocab beyond top_k's int32 indices; rows × beams whose key/value cache and scores alone exceed the
+    devices' memory (the host's: 4 prompts × 2**22 samples; or a memory made small here)."""
+    from jaxbert import generate_inputs
+
+    _, lm, _ = models
+    ids, mask = _prompts()
+    with pytest.raises(ValueError, match=r"^num_beams 33554432: beam search ranks num_beams × vocab_size = "):
+        lm.generate(ids, attention_mask=mask, num_beams=2**25, max_new_tokens=NEW)
+    huge = dict(do_sample=True, num_return_sequences=2**22, max_new_tokens=NEW)
+    with pytest.raises(ValueError, match=r"^16777216 rows \(prompts × num_return_sequences, .* GiB \(key/value cache"):
+        lm.generate(ids, attention_mask=mask, **huge)
+    monkeypatch.setattr(generate_inputs, "device_memory", lambda: 2**20)
+    with pytest.raises(ValueError, match=r"^4 rows .* × num_beams 64: decoding needs at least 0\.0 GiB .* 0\.0 GiB$"):
+        lm.generate(ids, attention_mask=mask, num_beams=64, max_new_tokens=NEW)
+    assert lm.generate(ids, attention_mask=mask, num_beams=2, max_new_tokens=NEW).shape == (4, P + NEW)
