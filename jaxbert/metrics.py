@@ -13,7 +13,6 @@ import re
 from collections.abc import Sequence
 
 import numpy as np
-import scipy.stats
 from jaxtyping import ArrayLike, Bool, Num, Shaped
 
 from jaxbert.metrics_text import (  # noqa: F401  (re-exported: one namespace for every metric)
@@ -163,12 +162,16 @@ def _correlation(fn, pred, gold) -> float:
 
 def pearson(pred: Num[ArrayLike, " N"], gold: Num[ArrayLike, " N"]) -> float:
     """Pearson's r (scipy.stats.pearsonr); 0.0 when either side is constant, nan when any value is non-finite."""
+    import scipy.stats  # here, not at the top: a second of start-up for every `jaxbert train` that never needs it
+
     return _correlation(scipy.stats.pearsonr, pred, gold)
 
 
 def spearman(pred: Num[ArrayLike, " N"], gold: Num[ArrayLike, " N"]) -> float:
     """Spearman's rho (scipy.stats.spearmanr); 0.0 when either side is constant, nan when any value is
     non-finite."""
+    import scipy.stats
+
     return _correlation(scipy.stats.spearmanr, pred, gold)
 
 
