@@ -77,6 +77,15 @@ def _add_config_flags(parser, skip: tuple[str, ...] = ()) -> None:
         elif field.name == "symmetric":
             what = "--task embedding: also positives -> anchors in the loss"
             parser.add_argument(flag, action="store_true", help=what)
+        elif field.name == "prompts":
+            parser.add_argument(
+                flag,
+                nargs="+",
+                default=None,
+                metavar="PROMPT | COLUMN=PROMPT",
+                help="--task embedding: a prompt before every column's texts, or each named column's (e.g. "
+                "anchor='query: ' positive='passage: '), as sentence-transformers' trainer's prompts",
+            )
         elif field.name == "label_all_tokens":
             what = "--task token-classification: label a word's later sub-tokens too (B- as I-), as run_ner.py's"
             parser.add_argument(flag, action="store_true", help=what)

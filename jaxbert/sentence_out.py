@@ -93,16 +93,23 @@ def _write_step(path: str, step, params: dict | None) -> None:
     save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
 
 
-def _kept_settings(directory: str) -> dict:
+def _kept_settings(directory: str, trained: dict | None = None) -> dict:
     """What of a source's config_sentence_transformers.json holds for a model trained from it: the similarity
-    function (`SentenceTransformer.similarity`; "dot" for a model trained for dot products) and the named prompts,
-    which sentence-transformers applies only when asked for by name. A default prompt or truncate_dim would change
-    every vector, and jaxbert trains without them (sentence_dir refuses them unless --pooling is given)."""
+    function (`SentenceTransformer.similarity`; "dot" for a model trained for dot products), the named prompts,
+    with the `trained` ones ({name: prompt}) over them, and the default prompt name, which sentence-transformers'
+    trainer saves as it found it (it trains without that prompt too). truncate_dim would change every vector, and
+    jaxbert trains without it (sentence_dir refuses it unless --pooling is given)."""
     from jaxbert.files import existing_file, read_json
 
     path = existing_file(directory, "config_sentence_transformers.json")
     found = read_json(path) if path else {}
-    return {k: found[k] for k in ("similarity_fn_name", "prompts") if found.get(k) is not None}
+    kept = {k: found[k] for k in ("similarity_fn_name", "prompts") if found.get(k) is not None}
+    if trained:
+        kept["prompts"] = {**(kept.get("prompts") or {}), **trained}
+    named = ("query", "document", *(kept.get("prompts") or {}))  # encode's own two and the file's
+    if isinstance(found.get("default_prompt_name"), str) and found["default_prompt_name"] in named:
+        kept["default_prompt_name"] = found["default_prompt_name"]
+    return kept
 
 
 def _drop_sentence_files(directory: str) -> None:
@@ -132,9 +139,11 @@ def write_sentence_model(
     lower_case: bool = False,
     steps: tuple = (),
     dense: tuple = (),
+    prompts: dict | None = None,
 ) -> None:
     """A complete sentence-transformers directory of the base-model `params` (and of the Dense modules `steps`
-    with their parameters `dense`), written atomically (a failure leaves no `dst`; an existing one is replaced)."""
+    with their parameters `dense`; `prompts` {name: prompt} the trained ones, recorded beside the source's),
+    written atomically (a failure leaves no `dst`; an existing one is replaced)."""
     from safetensors.numpy import save_file
 
     from jaxbert.checkpoint import FLAX_MSGPACK, SAFETENSORS, copy_companion_files, write_msgpack
@@ -155,7 +164,7 @@ def write_sentence_model(
             metadata={"format": "pt"},
         )
         copy_companion_files(tokenizer_from, tmp)
-        kept, source = _kept_settings(tmp), read(tokenizer_from)  # read by training before
+        kept, source = _kept_settings(tmp, prompts), read(tokenizer_from)  # read by training before
         # The named prompts are kept, and so is how their tokens pool (include_prompt true would pool them).
         include = source is None or source.include_prompt
         _drop_sentence_files(tmp)

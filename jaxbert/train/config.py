@@ -8,8 +8,10 @@ API) fails with one line naming its flag before anything is read, written or com
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
+import re
 
 import numpy as np
 
@@ -75,6 +77,9 @@ class TrainConfig:
     pooling: str | None = None
     normalize: bool | None = None
     symmetric: bool = False
+    # sentence-transformers' `prompts`: one prompt (a str) before every column's texts, or (column, prompt) pairs
+    # (given as {column: prompt}, or as the flag's COLUMN=PROMPT values); _prompts
+    prompts: str | tuple | None = None
     doc_stride: int | None = None  # 128, or half of a shorter --max-seq-length (the QA pipeline's rule)
     n_best_size: int = 20
     max_answer_length: int = 30
@@ -83,7 +88,8 @@ class TrainConfig:
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
-            object.__setattr__(self, field.name, _check_type(field.name, str(field.type), getattr(self, field.name)))
+            check = _prompts if field.name == "prompts" else functools.partial(_check_type, field.name, str(field.type))
+            object.__setattr__(self, field.name, check(getattr(self, field.name)))
         if self.max_seq_length is None and self.task != "embedding":
             object.__setattr__(self, "max_seq_length", 384 if self.task == "question-answering" else 128)
         if self.doc_stride is None and self.task == "question-answering":
@@ -184,7 +190,8 @@ TASKS = (
 )
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 MLM_FIELDS = ("line_by_line", "mlm_probability", "whole_word_mask", "max_predictions_per_seq")
-EMBEDDING_FIELDS = ("pooling", "normalize", "symmetric")  # the embedding task's: its model's pipeline and loss
+# The embedding task's: its model's pipeline, its loss, and the prompts before its texts.
+EMBEDDING_FIELDS = ("pooling", "normalize", "symmetric", "prompts")
 # Question answering's windows (run_qa.py's flags) and post-processing (utils_qa.py's).
 QA_FIELDS = ("doc_stride", "n_best_size", "max_answer_length", "version_2_with_negative", "null_score_diff_threshold")
 TAG_FIELDS = ("label_all_tokens",)
@@ -205,6 +212,39 @@ TASK_FIELDS = (
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+_PAIR = re.compile(r"([^\s=]*)=(.*)", re.S)  # COLUMN=PROMPT; a prompt with a space before its "=" is one prompt
+
+
+def _prompts(value):
+    """--prompts as sentence-transformers' SentenceTransformerTrainingArguments(prompts=) reads it: a str is the
+    prompt of every column; {column: prompt} (or the flag's COLUMN=PROMPT values) each named column's. -> the str,
+    or ((column, prompt), ...) (hashable, as the frozen config). One flag value that is no pair is a str."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        pairs = list(value.items())
+    elif isinstance(value, (list, tuple)) and value and all(isinstance(v, (list, tuple)) for v in value):
+        pairs = [tuple(v) for v in value]  # already read (dataclasses.replace runs this again)
+    elif isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+        if len(value) == 1 and not _PAIR.fullmatch(value[0]):
+            return value[0]
+        pairs = []
+        for v in value:
+            found = _PAIR.fullmatch(v)
+            if not found or not found[1]:
+                raise ValueError(f"--prompts {v!r}: expected COLUMN=PROMPT (one PROMPT alone is every column's)")
+            pairs.append(found.groups())
+    else:
+        raise TypeError(f"--prompts {value!r}: must be a prompt or {{column: prompt}}, not {type(value).__name__}")
+    for pair in pairs:
+        if len(pair) != 2 or not all(isinstance(v, str) for v in pair) or not pair[0]:
+            raise ValueError(f"--prompts {pair!r}: expected a column name and its prompt, both strings")
+    columns = [c for c, _ in pairs]
+    if twice := next((c for c in columns if columns.count(c) > 1), None):
+        raise ValueError(f"--prompts: column {twice!r} given twice")
+    return tuple(pairs)
 
 
 def _check_type(name: str, annotation: str, value):

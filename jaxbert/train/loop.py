@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import json
 import math
 import os
 import signal
@@ -128,7 +129,8 @@ def _meta(run, step: int) -> dict:
         "global_batch_size": run.train.batch_size,
         "model_config": checkpoints.model_fields(run.config),
         "clip_gradients": run.cfg.max_grad_norm > 0,  # shapes the optimizer state (--max-grad-norm 0: none)
-        **{k: getattr(run.cfg, k) for k in run.cfg.resume_keys()},
+        # As read back from the meta's JSON (--prompts' pairs are lists there), so an unchanged option compares equal.
+        **{k: json.loads(json.dumps(getattr(run.cfg, k))) for k in run.cfg.resume_keys()},
         # OUT/best holds the best by this metric so far: by another, it would be a step that cannot be rebuilt.
         "metric_for_best_model": run.metric,
         **run.meta(),

@@ -44,22 +44,39 @@ def _text(row, column: str) -> str:
     return value
 
 
-def encode_pairs(tok, rows, columns, labels, max_len: int, prompts: tuple[str, str] = ("", "")):
+def encode_pairs(tok, rows, columns, labels, max_len: int, prompts: tuple[str, str] = ("", ""), column_prompts=None):
     """(anchor, positive) or, when the first row has a negative, (anchor, positive, negative) for every row;
-    `prompts` (query, corpus) put before the anchors and before the others (evaluate's, as encode puts them)."""
+    `prompts` (query, corpus) put before the anchors and before the others (evaluate's, as encode puts them);
+    `column_prompts` (training's --prompts) replace them, each column's (given_prompts)."""
     anchor, positive, negative = columns
     has = lambda row: row.values.get(negative) not in (None, "")  # noqa: E731
     cols = (anchor, positive, negative) if has(rows[0]) else (anchor, positive)
+    if column_prompts is not None:
+        prompts = given_prompts(column_prompts, cols, rows[0].path)
     texts = []
     for row in rows:
         if has(row) != (len(cols) == 3):
             first = f"{rows[0].path}:{rows[0].line}"
             want = f"a {negative!r} like the first row ({first})" if len(cols) == 3 else f"none, as {first} has none"
             raise ValueError(f"{row.where(negative)}: every example needs {want}")
-        texts.append([prompts[i > 0] + _text(row, c) for i, c in enumerate(cols)])
+        texts.append([prompts[min(i, len(prompts) - 1)] + _text(row, c) for i, c in enumerate(cols)])
     flat = [t for group in texts for t in group]
     targets = np.zeros(len(rows), np.int32)  # no labels: the batch's own rows are the answers
     return [texts], lambda: E._pack(tok.encode(flat, None, max_length=max_len), len(cols), targets)
+
+
+def given_prompts(given, cols: tuple[str, ...], where: str = "the data") -> tuple[str, ...]:
+    """Each column's prompt as sentence-transformers' data collator takes it from the trainer's `prompts`: a str
+    is every column's, a mapping (TrainConfig's pairs) each named column's and "" (none) for the others. A column
+    named there that the data lacks is an error (sentence-transformers would train without that prompt)."""
+    if isinstance(given, str):
+        return (given,) * len(cols)
+    named = dict(given)
+    if lacking := [c for c in named if c not in cols]:
+        have = ", ".join(map(repr, cols))
+        missing = f"--prompts: {where} has no column {lacking[0]!r}"
+        raise ValueError(f"{missing} to put a prompt before (its columns: {have})")
+    return tuple(named.get(c, "") for c in cols)
 
 
 # -- the loss --------------------------------------------------------------------------------------------------
@@ -102,12 +119,13 @@ def embed_batch(
     rng=None,
     dtype=jnp.float32,
     remat=False,
-    skip: tuple[int, int] = (0, 0),
+    skip: tuple[int, ...] = (0,),
 ):
     """[B, C, E] float32 sentence embeddings of a [B, C, L] batch; rows without tokens (padding) are zeros.
     `steps`: the directory's Dense / Dropout modules after the pooling, the Dense parameters under DENSE in
     `params` (in float32 whatever `dtype`, as sentence-transformers' own Dense in a float32 model). `skip`: the
-    first tokens of the anchors and of the others left out of the pooling (their prompts: pooling.keep)."""
+    first tokens of each column left out of the pooling (their prompts: pooling.keep); the last serves the columns
+    beyond it ((anchors, others) in evaluate)."""
     params, layers = split_dense(params)
     params = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
     ids = batch["input_ids"]
@@ -116,7 +134,7 @@ def embed_batch(
     mask = flat(batch["attention_mask"])
     out = bert(params, config, flat(ids), mask, flat(batch["token_type_ids"]), rng=rng, remat=remat)
     # Zeroed before normalizing: max pooling of an empty row is -inf, whose gradient would be NaN even unselected.
-    skips = jnp.tile(jnp.where(jnp.arange(C) == 0, *skip), B)  # [B * C]: choice 0 is the anchor
+    skips = jnp.tile(jnp.array([skip[min(c, len(skip) - 1)] for c in range(C)], jnp.int32), B)  # [B * C]
     emb = jnp.where(mask.any(-1)[:, None], pool(out, mask, pooling, False, skips), 0.0)
     if steps:
         emb = sentence_dense.apply(layers, steps, emb, rng=None if rng is None else jax.random.fold_in(rng, DENSE_RNG))
@@ -124,12 +142,13 @@ def embed_batch(
     return (_unit(emb) if normalize else emb).reshape(B, C, -1)
 
 
-def train_loss(params, batch, rng, dtype, remat, *, config, pooling, normalize, symmetric, steps=()):
+def train_loss(params, batch, rng, dtype, remat, *, config, pooling, normalize, symmetric, steps=(), skip=(0,)):
     """The step's loss hook (step.train_step's loss_fn): (scores, loss, labels); labels give the in-batch
     accuracy (the anchor's own positive ranked first)."""
     emb = embed_batch(
-        params, config, batch, pooling=pooling, normalize=normalize, steps=steps, rng=rng, dtype=dtype, remat=remat
-    )
+        params, config, batch, pooling=pooling, normalize=normalize, steps=steps, rng=rng, dtype=dtype, remat=remat,
+        skip=skip,
+    )  # fmt: skip
     B, C, D = emb.shape
     valid = batch["sample_weight"] > 0
     scores, loss = ranking_loss(emb[:, 0], emb[:, 1:].transpose(1, 0, 2).reshape(-1, D), valid, symmetric=symmetric)
@@ -160,7 +179,7 @@ def score(outputs, data: E.Encodedset, labels, similarity: str = "cosine") -> di
     return {"loss": loss, **found}
 
 
-def eval_step(params, batch, *, config, pooling, normalize, steps=(), dtype=jnp.float32, skip=(0, 0)):
+def eval_step(params, batch, *, config, pooling, normalize, steps=(), dtype=jnp.float32, skip=(0,)):
     """Embeddings per example ([B, C, E]) and a placeholder mean loss (score computes the set's loss)."""
     emb = embed_batch(params, config, batch, pooling=pooling, normalize=normalize, steps=steps, dtype=dtype, skip=skip)
     return emb, jnp.zeros((), jnp.float32)
@@ -214,6 +233,8 @@ class EmbeddingRun(task_plan.TaskRun):
 
     pooler: dict | None = None
     steps: tuple = ()  # the model's Dense / Dropout modules, trained with it (pipeline_steps)
+    skip: tuple = (0,)  # each column's prompt tokens left out of the pooling (include_prompt false)
+    prompts: dict = dataclasses.field(default_factory=dict)  # the trained prompts OUT/final records, by name
 
     def initial_params(self):
         params = dict(super().initial_params())
@@ -225,14 +246,15 @@ class EmbeddingRun(task_plan.TaskRun):
         c = self.cfg
         return functools.partial(
             train_loss, config=self.config, pooling=c.pooling, normalize=c.normalize, symmetric=c.symmetric,
-            steps=self.steps,
+            steps=self.steps, skip=self.skip,
         )  # fmt: skip
 
     def eval_fn(self, dtype):
         c = self.cfg
         return functools.partial(
-            eval_step, config=self.config, pooling=c.pooling, normalize=c.normalize, steps=self.steps, dtype=dtype
-        )
+            eval_step, config=self.config, pooling=c.pooling, normalize=c.normalize, steps=self.steps, dtype=dtype,
+            skip=self.skip,
+        )  # fmt: skip
 
     def final_config(self):
         return self.config
@@ -253,6 +275,7 @@ class EmbeddingRun(task_plan.TaskRun):
             lower_case=task_plan.embedding_lower_case(self.cfg.model),
             steps=self.steps,
             dense=jax.tree_util.tree_map(np.asarray, layers),
+            prompts=self.prompts,
         )
 
 
@@ -263,19 +286,15 @@ def with_pipeline(cfg):
     SentenceTransformer reads a directory it saved itself); from a plain model: mean pooling, not normalized,
     128 tokens. The default was that whatever the model: a CLS-pooled model (bge's kind) was trained and written
     mean-pooled without a word. A pipeline jaxbert cannot train (another pooling, a Dense module, ...) is refused
-    unless --pooling says what to train instead, as is one with a default prompt."""
-    from jaxbert.sentence_dir import read, resolve_prompt
+    unless --pooling says what to train instead. A default prompt is not put before the texts (prepare says so),
+    as sentence-transformers' trainer puts only its `prompts` (--prompts)."""
+    from jaxbert.sentence_dir import read
 
     found = read(cfg.model)
     pooling = cfg.pooling
     if pooling is None and found is not None:
         if found.unsupported:
             raise ValueError(f"{found.unsupported}; pass --pooling to train jaxbert's own pipeline instead")
-        if resolve_prompt(found, None, None):  # embed and evaluate put it before every text; training does not
-            raise ValueError(
-                f"{found.prompts_path}: default prompt {found.default_prompt_name!r}: training puts no prompt before "
-                "the texts; pass --pooling to train jaxbert's own pipeline instead"
-            )
         if len(found.pooling) != 1 or found.pooling[0] not in ("cls", "mean", "max"):
             raise ValueError(
                 f"{cfg.model}: pooling {'+'.join(found.pooling)}; --task embedding trains cls, mean or max: pass "
@@ -327,4 +346,30 @@ def prepare(cfg, steps: tuple = ()) -> EmbeddingRun:
     found = read(cfg.model)  # its similarity function is kept in the written model (sentence_out), and ranks here
     task = with_similarity(found.similarity if found else "cosine")
     fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(run)}
-    return EmbeddingRun(**fields | {"task": task, "steps": steps})
+    skip, recorded = _prompt_tokens(cfg, found, run.say)
+    return EmbeddingRun(**fields | {"task": task, "steps": steps, "skip": skip, "prompts": recorded})
+
+
+def _prompt_tokens(cfg, found, say) -> tuple[tuple[int, ...], dict]:
+    """(each column's prompt tokens the pooling leaves out: sentence-transformers' prompt_length when the Pooling
+    has include_prompt false, else none; the prompts OUT/final records: the anchors' as "query" and the positives'
+    as "document", the names encode_query / encode_document and its retrieval evaluator read)."""
+    from jaxbert.sentence_dir import prompt_length
+    from jaxbert.tokenizer import WordPiece
+    from jaxbert.train.task_table import TASKS, columns
+
+    default = dict(found.prompts).get(found.default_prompt_name) if found and found.default_prompt_name else None
+    if default and not found.unsupported:
+        say(
+            f"model: {found.prompts_path}: the default prompt {found.default_prompt_name!r} is not put before the "
+            "training texts, as sentence-transformers' trainer puts only --prompts; OUT/final keeps it"
+        )
+    if cfg.prompts is None:
+        return (0,), {}
+    per = given_prompts(cfg.prompts, columns(TASKS["embedding"], cfg))
+    recorded = {name: p for name, p in zip(("query", "document"), per) if p}
+    if found is None or found.include_prompt:
+        return (0,), recorded
+    tok = WordPiece.from_dir(cfg.model)
+    tok = tok.lowercased() if task_plan.embedding_lower_case(cfg.model) else tok
+    return tuple(prompt_length(tok, p, cfg.max_seq_length) for p in per), recorded

@@ -158,6 +158,7 @@ TASKS: dict[str, Task] = {
             _embedding("encode_pairs"),
             _embedding("score"),
             lambda labels: ("mrr@10", "accuracy@1"),
+            lambda cfg: {"column_prompts": cfg.prompts},
         ),
         # SQuAD rows: (question, context, answers); each window of a long context is one sequence (task_qa.py).
         Task(
