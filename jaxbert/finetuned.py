@@ -139,17 +139,16 @@ def _answers(bert, path: str, question: str, context: str, batch_size: int, leng
     return [bert.answer(q, c, batch_size=batch_size, max_seq_len=length)[0] for q, c in pairs]
 
 
-def _prompts_used(directory: str, asked, texts: tuple[str, str]) -> dict:
-    """evaluate --task embedding's prompts for its output file: each side's text put before it (given, named, or
-    the directory's default; "" for none) and the name it came by (null for a text given or no prompt), so that the
-    numbers can be reproduced (--query-prompt TEXT gives them again, whatever the directory's defaults become)."""
-    from jaxbert.sentence_dir import read
+def _prompts_used(asked, texts: tuple[str, str]) -> dict:
+    """evaluate --task embedding's prompts for its output file: each side's text put before it (given, or named:
+    asked, else its role's, task_embedding.ROLES; "" for none) and the name it came by (null for a text given), so
+    that the numbers can be reproduced (--query-prompt TEXT gives them again, whatever the directory's prompts
+    become)."""
+    from jaxbert.train.task_embedding import ROLES, role_name
 
-    default = getattr(read(directory), "default_prompt_name", None)
     used = {}
-    for side, (prompt, name), text in zip(("query", "corpus"), asked, texts):
-        name = None if prompt is not None else name if name is not None else default
-        used |= {f"{side}_prompt": text, f"{side}_prompt_name": name}
+    for side, (prompt, name), role, text in zip(("query", "corpus"), asked, ROLES, texts):
+        used |= {f"{side}_prompt": text, f"{side}_prompt_name": role_name(prompt, name, role)}
     return used
 
 
@@ -311,7 +310,7 @@ def evaluate(
         from jaxbert.train.task_embedding import directory_eval
 
         eval_fn, limit, tok, task, opts["prompts"] = directory_eval(directory, config, tok, max_length, prompts)
-        used = _prompts_used(directory, prompts, opts["prompts"])
+        used = _prompts_used(prompts, opts["prompts"])
     if task_name == "question-answering":  # the options it was trained with (task_qa.QARun.final_config)
         opts = qa.check_options(trained_qa or {})
         trained = opts.pop("max_seq_length", 384)

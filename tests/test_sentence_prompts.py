@@ -179,9 +179,11 @@ def test_training_puts_no_default_prompt_as_sentence_transformers_trainer(tmp_pa
 
 def test_evaluate_reads_queries_and_corpus_with_their_prompts(tmp_path, capsys):
     """`evaluate --task embedding` as sentence-transformers' InformationRetrievalEvaluator with query_prompt_name /
-    corpus_prompt (or neither: the default prompt on both sides): the loss and accuracy@1 of encode's vectors of
-    the anchors and of the positives with their prompts. A directory with a default prompt was refused. The output
-    file records each side's prompt (text and name), which it did not."""
+    corpus_prompt: the loss and accuracy@1 of the vectors it takes, encode_query's of the anchors and
+    encode_document's of the positives with their prompts. Neither given, those use the "query" and "document"
+    prompts, not the default one: evaluate put the default prompt ('query: ') before the positives too, and
+    scored another model's corpus. A directory with a default prompt was refused before. The output file records
+    each side's prompt (text and name), which it did not."""
     settings = {"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": "query"}
     pooling = {"pooling_mode": ["cls", "weightedmean"], "include_prompt": False}
     directory = _prompted(model_dir(tmp_path / "m"), pooling, settings)
@@ -194,8 +196,11 @@ def test_evaluate_reads_queries_and_corpus_with_their_prompts(tmp_path, capsys):
     sides = [({}, {}), ({"prompt_name": "query"}, {"prompt": "passage: "})]
     recorded = []
     for query, corpus in [*sides, ({"prompt": ""}, {"prompt_name": "passage"})]:
-        a = _encode(directory, [r["anchor"] for r in rows], **query).astype(np.float64)
-        p = _encode(directory, [r["positive"] for r in rows], **corpus).astype(np.float64)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = st.SentenceTransformer(directory, device="cpu")
+        a = model.encode_query([r["anchor"] for r in rows], **query).astype(np.float64)
+        p = model.encode_document([r["positive"] for r in rows], **corpus).astype(np.float64)
         s = 20 * (a / np.linalg.norm(a, axis=1, keepdims=True)) @ (p / np.linalg.norm(p, axis=1, keepdims=True)).T
         loss = np.mean(np.log(np.exp(s).sum(1)) - np.diagonal(s))
         given = (("query", query), ("corpus", corpus))
@@ -207,7 +212,7 @@ def test_evaluate_reads_queries_and_corpus_with_their_prompts(tmp_path, capsys):
         recorded.append({k: got[k] for k in keys})
     # Each run's prompts are in its output file (texts and the names they came by): the result can be reproduced.
     assert recorded == [
-        dict(query_prompt="query: ", query_prompt_name="query", corpus_prompt="query: ", corpus_prompt_name="query"),
+        dict(query_prompt="query: ", query_prompt_name="query", corpus_prompt="", corpus_prompt_name="document"),
         dict(query_prompt="query: ", query_prompt_name="query", corpus_prompt="passage: ", corpus_prompt_name=None),
         dict(query_prompt="", query_prompt_name=None, corpus_prompt="passage: ", corpus_prompt_name="passage"),
     ]

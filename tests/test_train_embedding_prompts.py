@@ -122,10 +122,10 @@ def test_the_trained_model_records_its_prompts_and_embeds_queries_with_them(tmp_
     np.testing.assert_allclose(
         jaxbert.load(final).embed(texts, prompt_name="document"), theirs.encode_document(texts), atol=1e-5
     )
-    # evaluate with the trained prompts gives the training run's last validation numbers
+    # evaluate reads queries and corpus with them (encode_query's and encode_document's, as sentence-transformers'
+    # retrieval evaluator): the training run's last validation numbers
     out = str(tmp_path / "m.json")
-    args = ["evaluate", final, "--task", "embedding", "--file", str(data), "--output", out]
-    assert main([*args, "--query-prompt-name", "query", "--corpus-prompt-name", "document"]) == 0
+    assert main(["evaluate", final, "--task", "embedding", "--file", str(data), "--output", out]) == 0
     got, last = json.load(open(out)), _log(tmp_path / "out")[-1]
     for key in ("loss", "accuracy@1", "mrr@10"):
         assert abs(got[key] - last[f"eval_{key}"]) <= 1e-5, key

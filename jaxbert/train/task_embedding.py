@@ -185,11 +185,25 @@ def eval_step(params, batch, *, config, pooling, normalize, steps=(), dtype=jnp.
     return emb, jnp.zeros((), jnp.float32)
 
 
+# The prompt names an unasked side takes: encode_query's, and encode_document's first of document, passage, corpus
+# (the first always among a model's prompts).
+ROLES = ("query", "document")
+
+
+def role_name(prompt: str | None, prompt_name: str | None, role: str) -> str | None:
+    """The prompt name a side of the retrieval evaluation is read with: none beside a prompt text, else the one
+    asked, else its role's (never the default prompt's, as InformationRetrievalEvaluator's encode_query /
+    encode_document)."""
+    return None if prompt is not None else prompt_name if prompt_name is not None else role
+
+
 def directory_eval(directory: str, config, tok, limit: int | None, asked=((None, None), (None, None))):
     """`jaxbert evaluate --task embedding`: the directory's own pipeline (sentence_dir.py) -> (jitted eval step,
     max length, tokenizer (lower-casing if it does), its score function, the (query, corpus) prompts). `asked`:
-    the (prompt, prompt_name) of the queries and of the corpus, each resolved as encode resolves it (neither: the
-    directory's default prompt), as sentence-transformers' InformationRetrievalEvaluator passes them."""
+    the (prompt, prompt_name) of the queries and of the corpus, each resolved as encode resolves it, as
+    sentence-transformers' InformationRetrievalEvaluator passes them to encode_query / encode_document: neither
+    given, those name the "query" and "document" prompts (always among a model's prompts, "" unless set), so the
+    default prompt applies to neither side."""
     from jaxbert.sentence_dir import embedding_options, prompt_length, read, resolve_prompt
 
     found = read(directory)
@@ -197,7 +211,7 @@ def directory_eval(directory: str, config, tok, limit: int | None, asked=((None,
     # The directory's max_seq_length replaces the tokenizer's own length, as sentence-transformers does.
     limit = min(limit or length or tok.model_max_length, config.max_position_embeddings)
     tok = tok.lowercased() if lower else tok
-    prompts = tuple(resolve_prompt(found, *pair) for pair in asked)
+    prompts = tuple(resolve_prompt(found, p, role_name(p, n, role)) for (p, n), role in zip(asked, ROLES))
     include = found is None or found.include_prompt
     skip = (0, 0) if include else tuple(prompt_length(tok, p, limit) for p in prompts)
     steps = found.steps if found else ()
