@@ -187,3 +187,15 @@ def test_a_second_text_column_is_refused(decoder, tmp_path, capsys):
     data.write_text('{"text": "a b", "label": 1}\n')
     args = train_args("causal-lm", decoder, data, tmp_path / "out", "--label-column", "label")
     cli_fails(capsys, tmp_path, *args, match="--label-column 'label': --task causal-lm reads one text column")
+
+
+def test_loss_png_names_the_tasks_loss(decoder, tmp_path, capsys, monkeypatch):
+    """loss.png's axis said "masked-LM loss" for every run that logs a perplexity, a causal LM's included."""
+    axes = pytest.importorskip("matplotlib.axes")
+    labels, original = [], axes.Axes.set_ylabel
+    monkeypatch.setattr(axes.Axes, "set_ylabel", lambda ax, text, **kw: labels.append(text) or original(ax, text, **kw))
+    data = tmp_path / "data.txt"
+    data.write_text("\n".join(_texts(8, seed=3)) + "\n")
+    args = train_args("causal-lm", decoder, data, tmp_path / "out", "--max-seq-length", 16, "--max-steps", 1)
+    assert main(args) == 0, capsys.readouterr().err
+    assert (tmp_path / "out" / "loss.png").is_file() and labels[0] == "next-token loss", labels

@@ -411,7 +411,9 @@ def _finish(run, state, metrics, own, last_good, result) -> dict:
     if not distributed.is_primary():
         return result
     write_model(run, params, final_dir)
-    plotted = outputs.plot(metrics.records, os.path.join(run.cfg.output_dir, "loss.png"), run.metric)
+    problem = getattr(getattr(run, "labels", None), "problem_type", None)  # a sequence classifier's loss
+    loss = outputs.loss_name(run.cfg.task, problem)
+    plotted = outputs.plot(metrics.records, os.path.join(run.cfg.output_dir, "loss.png"), run.metric, loss)
     run.say(
         f"wrote {final_dir} (jaxbert {run.head}), metrics.jsonl, "
         + ("loss.png" if plotted else "no loss.png (needs matplotlib: pip install 'jaxbert[plot]')")

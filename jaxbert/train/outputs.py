@@ -55,9 +55,28 @@ class Metrics:
             raise OSError(e.errno, f"{self.path}: writing failed ({e.strerror or e})") from None
 
 
-def plot(records: list[dict], path: str, metric: str | None = None) -> bool:
-    """The loss curves (and the validation `metric`, when given, in a second panel) as a PNG; False (nothing
-    written) without matplotlib, an optional extra."""
+# The loss each task trains on, as loss.png's axis names it (a sequence classifier's by its problem type).
+LOSS_NAMES = {
+    "mlm": "masked-LM loss",
+    "single_label_classification": "cross-entropy loss",
+    "multi_label_classification": "binary cross-entropy loss",
+    "regression": "mean squared error loss",
+    "token-classification": "token cross-entropy loss",
+    "multiple-choice": "cross-entropy loss over the options",
+    "embedding": "multiple-negatives ranking loss",
+    "question-answering": "span loss (start and end cross-entropy)",
+    "causal-lm": "next-token loss",
+    "seq2seq": "target-token loss",
+}
+
+
+def loss_name(task: str, problem_type: str | None = None) -> str:
+    return LOSS_NAMES.get(problem_type or task, "loss")
+
+
+def plot(records: list[dict], path: str, metric: str | None = None, loss: str = "loss") -> bool:
+    """The loss curves (`loss` naming the axis; and the validation `metric`, when given, in a second panel) as a
+    PNG; False (nothing written) without matplotlib, an optional extra."""
     try:
         import matplotlib
     except ImportError:
@@ -77,7 +96,7 @@ def plot(records: list[dict], path: str, metric: str | None = None) -> bool:
     if val:
         ax.plot(*zip(*val), "o-", label="validation loss")
     ax.set_xlabel("step")
-    ax.set_ylabel("masked-LM loss" if any("eval_perplexity" in r for r in records) else "loss")
+    ax.set_ylabel(loss)
     ax.grid(alpha=0.3)
     ax.legend()
     if panels == 2:
