@@ -182,11 +182,20 @@ def test_bad_input_is_one_line_naming_file_and_line(name, content, match, decode
     assert not out.exists()
 
 
-def test_a_second_text_column_is_refused(decoder, tmp_path, capsys):
+@pytest.mark.parametrize("command", ["train", "evaluate"])
+@pytest.mark.parametrize("flag", ["--label-column", "--text-pair-column"])
+def test_a_second_text_column_is_refused(command, flag, decoder, tmp_path, capsys):
+    """A causal LM reads one text: evaluate took --label-column / --text-pair-column and scored without them."""
     data = tmp_path / "data.jsonl"
-    data.write_text('{"text": "a b", "label": 1}\n')
-    args = train_args("causal-lm", decoder, data, tmp_path / "out", "--label-column", "label")
-    cli_fails(capsys, tmp_path, *args, match="--label-column 'label': --task causal-lm reads one text column")
+    data.write_text('{"text": "a b", "label": "c"}\n' * 4)
+    scored = tmp_path / "eval.json"
+    if command == "train":
+        args = train_args("causal-lm", decoder, data, tmp_path / "out", flag, "label")
+    else:
+        args = ["evaluate", decoder, "--task", "causal-lm", "--file", data, "--output", scored, flag, "label"]
+    match = f"{flag} 'label': --task causal-lm reads no such column (it reads --text-column)"
+    cli_fails(capsys, tmp_path, *args, match=match)
+    assert not scored.exists() and not (tmp_path / "out").exists()
 
 
 def test_loss_png_names_the_tasks_loss(decoder, tmp_path, capsys, monkeypatch):

@@ -160,3 +160,24 @@ def test_a_bert2bert_is_refused_by_name_where_it_cannot_train(task, pad, match, 
     data = _write(tmp_path / "data.jsonl", [{"source": "a b", "target": "b", "text": "a b", "label": 0}] * 4)
     args = train_args(task, model, data, tmp_path / "out", "--max-seq-length", 16)
     cli_fails(capsys, tmp_path, *args, match=match)
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate"])
+def test_a_text_pair_column_is_refused(command, tmp_path, capsys):
+    """A bert2bert reads a source and a target: evaluate took --text-pair-column and scored without it."""
+    model = bert2bert_dir(tmp_path / "model")
+    config = json.load(open(tmp_path / "model" / "config.json"))
+    json.dump({**config, "pad_token_id": 0}, open(tmp_path / "model" / "config.json", "w"))
+    capsys.readouterr()
+    data = _write(tmp_path / "data.jsonl", [{"source": "a b", "target": "b", "other": "c"}] * 4)
+    scored = tmp_path / "eval.json"
+    if command == "train":
+        args = train_args("seq2seq", model, data, tmp_path / "out", "--text-pair-column", "other")
+    else:
+        args = ["evaluate", model, "--task", "seq2seq", "--file", data, "--output", scored]
+        args += ["--text-pair-column", "other"]
+    match = (
+        "--text-pair-column 'other': --task seq2seq reads no such column (it reads --text-column and --label-column)"
+    )
+    cli_fails(capsys, tmp_path, *args, match=match)
+    assert not scored.exists() and not (tmp_path / "out").exists()

@@ -124,9 +124,6 @@ class CausalLMRun(task_plan.TaskRun):
 
 
 def prepare(cfg) -> CausalLMRun:
-    for flag, value in (("--text-pair-column", cfg.text_pair_column), ("--label-column", cfg.label_column)):
-        if value is not None:  # a causal LM reads one text column: another would be silently unused
-            raise ValueError(f"{flag} {value!r}: --task causal-lm reads one text column (--text-column)")
     base = task_plan.prepare(cfg)
     run = CausalLMRun(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
     if not run.config.is_decoder:

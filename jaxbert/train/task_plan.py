@@ -187,9 +187,9 @@ def prepare(cfg: TrainConfig) -> TaskRun:
     from jaxbert.tokenizer import WordPiece
 
     task = TASKS[cfg.task]
+    cols = columns(task, cfg)  # a column flag the task has no role for is refused before the model is read
     config, batch = model_and_batch(cfg)
     n = jax.device_count()
-    cols = columns(task, cfg)
     lines = cols[0] if task.lines else None
     train_rows = read_rows(cfg.train_file, "--train-file", lines)
     if cfg.validation_file:

@@ -127,9 +127,6 @@ class Seq2SeqRun(task_plan.TaskRun):
 def prepare(cfg) -> Seq2SeqRun:
     from jaxbert.tokenizer import WordPiece
 
-    if cfg.text_pair_column is not None:  # the source and the target are --text-column and --label-column
-        raise ValueError(f"--text-pair-column {cfg.text_pair_column!r}: --task seq2seq reads --text-column (the "
-                         "source) and --label-column (the target)")  # fmt: skip
     config = load_config(cfg.model)
     if getattr(config, "is_encoder_decoder", False):
         for key in ("decoder_start_token_id", "pad_token_id"):

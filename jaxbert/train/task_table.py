@@ -28,6 +28,7 @@ class Task:
     metrics: Callable[[Labels], tuple[str, ...]]  # what score reports (first: the default best-model metric)
     options: Callable = lambda cfg: {}  # the task's own TrainConfig options, passed to encode as keywords
     lines: bool = False  # also reads a .txt file, one text a line (task_data.read_rows)
+    reads: tuple[bool, bool, bool] = (True, True, True)  # which of the three column flags the task has a role for
 
 
 def _score_sequences(logits, data: E.Encodedset, labels: Labels) -> dict:
@@ -138,6 +139,7 @@ TASKS: dict[str, Task] = {
             _score_tags,
             _tag_metrics,
             lambda cfg: {"label_all_tokens": cfg.label_all_tokens},
+            reads=(True, False, True),
         ),
         # The head scores each (context, option) sequence with one output: no label names.
         Task(
@@ -181,6 +183,7 @@ TASKS: dict[str, Task] = {
             _from("task_causal_lm", "score"),
             lambda labels: ("loss", "perplexity", "accuracy"),
             lines=True,
+            reads=(True, False, False),
         ),
         # (source, target) texts for a bert2bert EncoderDecoderModel (task_seq2seq.py).
         Task(
@@ -191,6 +194,7 @@ TASKS: dict[str, Task] = {
             _from("task_seq2seq", "encode"),
             _from("task_causal_lm", "score"),
             lambda labels: ("loss", "perplexity", "accuracy"),
+            reads=(True, False, True),
         ),
     )
 }
@@ -205,6 +209,12 @@ COLUMN_FLAGS = ("--text-column", "--text-pair-column", "--label-column")
 
 def columns(task: Task, cfg) -> tuple[str, str | None, str]:
     text, pair, label = task.columns
+    given = (cfg.text_column, cfg.text_pair_column, cfg.label_column)
+    # A column the task has no role for would go unread without a word (train and evaluate both come here).
+    for flag, read, value in zip(COLUMN_FLAGS, task.reads, given):
+        if not read and value is not None:
+            reads = " and ".join(f for f, r in zip(COLUMN_FLAGS, task.reads) if r)
+            raise ValueError(f"{flag} {value!r}: --task {task.name} reads no such column (it reads {reads})")
     chosen = (cfg.text_column or text, cfg.text_pair_column or pair, cfg.label_column or label)
     # One column in two roles trains on nothing real: the label read as the text is learned as itself (a perfect
     # score), a text read as its own pair is the same text twice.
