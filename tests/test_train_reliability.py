@@ -628,6 +628,31 @@ def test_per_device_and_global_batch_sizes_are_alternatives():
     assert TrainConfig(**GOOD, per_device_batch_size=4).per_device_batch_size == 4
 
 
+def test_a_validation_file_and_a_split_percentage_are_alternatives(tiny, tmp_path, capsys):
+    """`--validation-file V --validation-split-percentage 10` validated on V and trained on every line, the
+    percentage dropped without a word: two sources of the validation set are refused, as other alternatives are."""
+    with pytest.raises(ValueError, match="^pass --validation-file or --validation-split-percentage, not both$"):
+        TrainConfig(**GOOD, validation_file="v.txt", validation_split_percentage=10)
+    assert TrainConfig(**GOOD).validation_split_percentage == 5  # run_mlm's default, without a validation file
+    assert TrainConfig(**GOOD, validation_file="v.txt").validation_split_percentage is None
+    args = _args(tiny, tmp_path / "out", "--validation-file", CORPUS, "--validation-split-percentage", 10)
+    assert main(args) == 1
+    assert "pass --validation-file or --validation-split-percentage, not both" in _one_line(capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()
+
+
+def test_max_steps_beside_epochs_is_said(tiny, tmp_path, capsys):
+    """--max-steps overrides --num-train-epochs (transformers' Trainer documents it so): kept, and said in one line,
+    where the epochs were dropped silently; a --max-steps run without epochs says nothing of them."""
+    assert TrainConfig(**GOOD).num_train_epochs == 3.0
+    assert TrainConfig(**GOOD, max_steps=2).num_train_epochs is None
+    out = tmp_path / "out"
+    assert main(_args(tiny, out, "--max-steps", 1, "--num-train-epochs", 7)) == 0
+    assert "plan: --max-steps 1 overrides --num-train-epochs 7" in capsys.readouterr().out
+    assert main(_args(tiny, out, "--max-steps", 1, "--resume", "auto")) == 0  # epochs beside max steps: no key
+    assert "overrides" not in capsys.readouterr().out
+
+
 def test_more_epochs_than_the_step_counter_holds_are_refused(tiny, tmp_path, capsys):
     """int32 steps: 1e30 epochs had the run evaluate step 0, then fail in the schedule with OverflowError's
     traceback (not an expected error: no one line, exit status of an uncaught exception)."""

@@ -28,7 +28,7 @@ class TrainConfig:
     train_file: str
     output_dir: str
     validation_file: str | None = None
-    validation_split_percentage: int = 5
+    validation_split_percentage: int | None = None  # 5 (run_mlm's) without a --validation-file; refused beside one
     max_seq_length: int | None = None  # 128; 384 for question answering (run_qa.py's)
     line_by_line: bool = False
     mlm_probability: float = 0.15
@@ -44,7 +44,7 @@ class TrainConfig:
     adam_epsilon: float = 1e-8
     warmup_steps: int = 0
     warmup_ratio: float = 0.0
-    num_train_epochs: float = 3.0
+    num_train_epochs: float | None = None  # 3.0; with --max-steps, which decides alone, None unless given
     max_steps: int | None = None
     max_grad_norm: float = 1.0
     label_smoothing: float = 0.0
@@ -90,6 +90,13 @@ class TrainConfig:
         for field in dataclasses.fields(self):
             check = _prompts if field.name == "prompts" else functools.partial(_check_type, field.name, str(field.type))
             object.__setattr__(self, field.name, check(getattr(self, field.name)))
+        # Two sources of the validation set: which one was meant is not for the run to guess.
+        if self.validation_file is not None and self.validation_split_percentage is not None:
+            raise ValueError("pass --validation-file or --validation-split-percentage, not both")
+        if self.validation_split_percentage is None and self.validation_file is None:
+            object.__setattr__(self, "validation_split_percentage", 5)
+        if self.num_train_epochs is None and self.max_steps is None:
+            object.__setattr__(self, "num_train_epochs", 3.0)
         if self.max_seq_length is None and self.task != "embedding":
             object.__setattr__(self, "max_seq_length", 384 if self.task == "question-answering" else 128)
         if self.doc_stride is None and self.task == "question-answering":
@@ -149,7 +156,8 @@ class TrainConfig:
 
     def resume_keys(self) -> tuple[str, ...]:
         return (
-            self.RESUME_KEYS
+            # --max-steps decides the schedule alone (Trainer's rule): epochs given beside it change nothing.
+            tuple(k for k in self.RESUME_KEYS if not (k == "num_train_epochs" and self.max_steps))
             + (TASK_FIELDS[:5] if self.task != "mlm" else ())
             + (EMBEDDING_FIELDS if self.task == "embedding" else ())
             # The windows, and the evaluation's post-processing: OUT/best compares evaluations across the run,

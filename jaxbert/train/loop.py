@@ -250,6 +250,8 @@ def _train(cfg: TrainConfig) -> dict:
         run = seq2seq_prepare(cfg)
     else:
         run = (plan.prepare if cfg.task == "mlm" else task_plan.prepare)(cfg)
+    if cfg.max_steps and cfg.num_train_epochs is not None:  # Trainer's documented rule, said rather than silent
+        run.say(f"plan: --max-steps {cfg.max_steps} overrides --num-train-epochs {cfg.num_train_epochs:g}")
     params = run.initial_params()
     # Processes given other options, data or weights would each compute their share of another run, silently, or
     # wait for each other forever.
