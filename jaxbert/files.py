@@ -271,7 +271,7 @@ def atomic_file(path: str, suffix: str = ""):
 
 
 # A writer's temporary beside its output: `.NAME.` + tempfile's 8 random characters + `.partial` (+ a suffix such as
-# `.npy`). Not `.partial.old`: the output being replaced, moved aside for an instant (atomic_directory).
+# `.npy`). Not `.partial.old`: the output being replaced, moved aside for an instant (atomic_directory; _settle_swaps).
 _PARTIAL = r"\.{}\.[a-z0-9_]{{8}}\.partial(\.(?!old$)[^.]+)?"
 STALE_SECONDS = 60  # a writer locks its temporary right after creating it: younger ones are never touched
 
@@ -309,6 +309,7 @@ def sweep_partials(output: str) -> list[str]:
     parent, name = os.path.split(os.path.abspath(output))
     pattern = re.compile(_PARTIAL.format(re.escape(name)))
     try:
+        _settle_swaps(os.path.join(parent, name))
         with os.scandir(parent) as entries:
             stale = [e.path for e in entries if pattern.fullmatch(e.name) and not e.is_symlink() and _dead(e)]
     except OSError:  # an unreadable directory: the write itself will say what is wrong
@@ -317,6 +318,39 @@ def sweep_partials(output: str) -> list[str]:
         with contextlib.suppress(OSError):  # another sweeper was first
             _remove(path)
     return stale
+
+
+def _settle_swaps(output: str) -> None:
+    """A `.partial.old` is the complete `output` that atomic_directory moved aside to swap the new one in; a writer
+    killed between its two renames leaves no `output` at all, one killed while removing it a half-deleted copy.
+    Once no live writer holds the swap (its lock: on the temporary before the second rename, on `output` after),
+    the old one is put back where `output` is missing (it was complete; its temporary, the new one, is swept as
+    any dead writer's), else removed."""
+    parent, name = os.path.split(output)
+    pattern = re.compile(rf"\.{re.escape(name)}\.[a-z0-9_]{{8}}\.partial\.old")
+    with os.scandir(parent) as entries:
+        swaps = [e.path for e in entries if pattern.fullmatch(e.name) and not e.is_symlink()]
+    for old in swaps:
+        if any(_held(path) for path in (old.removesuffix(".old"), output)):
+            continue  # a live writer's swap
+        with contextlib.suppress(OSError):  # another sweeper was first
+            if os.path.lexists(output):
+                _remove(old)
+            else:
+                os.rename(old, output)
+
+
+def _held(path: str) -> bool:
+    """Whether another process holds the lock of `path` (False where it is missing; True where the file system
+    has no locks, which cannot tell)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        return not _locked(fd)
+    finally:
+        os.close(fd)
 
 
 def _dead(entry: os.DirEntry) -> bool:

@@ -4,6 +4,7 @@ behind, a full disk ends in one line."""
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 
@@ -282,27 +283,35 @@ def _aged(path, seconds=jfiles.STALE_SECONDS + 5):
 @pytest.mark.parametrize("kind", ["directory", "file"])
 def test_a_killed_writer_s_temporary_is_swept_by_the_next_writer_a_live_one_s_is_not(tmp_path, kind):
     """kill -9 (no handler runs) leaves `.DST.*.partial`; the next write of DST removes it once no process holds
-    its lock, and leaves a live writer's (same output, another process), a young one, and `.partial.old`."""
+    its lock, and leaves a live writer's (same output, another process) and a young one. A `.partial.old` (the
+    output atomic_directory moved aside to swap in the new one) stays while its writer lives; a dead writer's is
+    put back where the output is missing (removed beside one: test_train_reliability's mid-swap test)."""
     out = tmp_path / ("model" if kind == "directory" else "emb.npy")
     live = subprocess.Popen([sys.executable, "-c", _WRITER, kind, str(out)], stdout=subprocess.PIPE, text=True)
     try:
         tmp = live.stdout.readline().strip()
         assert os.path.basename(tmp).startswith(f".{out.name}.") and ".partial" in tmp
         _aged(tmp)
+        if kind == "directory":  # as if the writer were between its swap's renames
+            os.mkdir(tmp + ".old")
         assert jfiles.sweep_partials(str(out)) == [] and os.path.exists(tmp)  # its writer still holds it
+        assert os.path.exists(tmp + ".old") == (kind == "directory") and not out.exists()
+        if kind == "directory":
+            os.rmdir(tmp + ".old")
     finally:
         live.kill()
         live.wait()
-    young, old = tmp_path / f".{out.name}.abcdefgh.partial", tmp_path / f".{out.name}.abcdefgh.partial.old"
+    young, old = tmp_path / f".{out.name}.abcdefgh.partial", tmp_path / f".{out.name}.ijklmnop.partial.old"
     young.mkdir()
     old.mkdir()
-    _aged(old)
+    (old / "kept").write_text("complete")
     assert jfiles.sweep_partials(str(out)) == [tmp] and not os.path.exists(tmp)
-    assert young.exists() and old.exists()
+    assert young.exists() and not old.exists() and (out / "kept").read_text() == "complete"  # put back
+    shutil.rmtree(out)
     _aged(young)  # a minute on: nobody holds it, so the next write of the output sweeps it
     with jfiles.atomic_directory(str(out), force=True) if kind == "directory" else jfiles.atomic_file(str(out)):
         pass
-    assert sorted(_leftovers(tmp_path)) == [old.name]
+    assert sorted(_leftovers(tmp_path)) == []
 
 
 def test_a_destination_made_meanwhile_is_not_replaced_without_force(src, tmp_path, capsys, monkeypatch):

@@ -878,3 +878,46 @@ def test_a_write_error_leaves_nothing_and_other_errors_pass_through(tmp_path):
     with save_errors.writing(str(step)):
         assert len(logging.getLogger("absl").filters) == 1
     assert sys.unraisablehook is hook and not logging.getLogger("absl").filters
+
+
+_KILLED_SWAP = """
+import os, signal, sys
+from jaxbert import files
+dst, where = sys.argv[1], sys.argv[2]
+rename, calls = os.rename, []
+def killed_rename(a, b):  # the swap's second rename: OUT/best moved aside, the new one not yet in place
+    calls.append(a)
+    if where == "between renames" and len(calls) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    rename(a, b)
+def killed_remove(path):  # the old one half removed
+    os.unlink(os.path.join(path, "config.json"))
+    os.kill(os.getpid(), signal.SIGKILL)
+os.rename = killed_rename
+if where == "removing the old one":
+    files._remove = killed_remove
+with files.atomic_directory(dst, force=True) as tmp:
+    open(os.path.join(tmp, "config.json"), "w").write("{}")
+"""
+
+
+@pytest.mark.parametrize("where", ["between renames", "removing the old one"])
+def test_a_best_model_save_killed_mid_swap_is_settled_by_the_next_run(where, tiny, tmp_path, capsys):
+    """SIGKILL while OUT/best was being replaced left `.best.*.partial.old` (the previous best, complete) for good:
+    no sweep touched it, and killed between the swap's renames OUT/best itself was gone. The next run (here a
+    resume) puts it back where OUT/best is missing, else removes it; a complete OUT/best is never deleted."""
+    out = tmp_path / "out"
+    args = _args(tiny, out, "--max-steps", 2, "--eval-steps", 1, "--save-steps", 1, "--metric-for-best-model", "loss")
+    args = ["train", "--task", "mlm", *args[1:]]
+    assert main(args) == 0, capsys.readouterr().err
+    best = out / "best"
+    before = {p.name: p.read_bytes() for p in best.iterdir()}
+    killed = subprocess.run([sys.executable, "-c", _KILLED_SWAP, str(best), where], capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    left = [p for p in os.listdir(out) if p.endswith(".partial.old")]
+    assert len(left) == 1 and best.exists() == (where != "between renames"), os.listdir(out)
+    assert main([*args, "--resume", "auto"]) == 0, capsys.readouterr().err
+    assert not [p for p in os.listdir(out) if p.endswith(".partial.old")] and best.exists(), os.listdir(out)
+    after = {p.name: p.read_bytes() for p in best.iterdir()}
+    # Killed before the new one was in place: the previous best is back; after it: the new one stays.
+    assert after == (before if where == "between renames" else {"config.json": b"{}"})

@@ -27,7 +27,7 @@ from flax import traverse_util
 from tqdm.auto import tqdm
 
 from jaxbert import cpu, distributed, failures, hub, sharding
-from jaxbert.files import check_disjoint
+from jaxbert.files import check_disjoint, sweep_partials
 from jaxbert.train import checkpoints, lock, outputs, plan, task_plan
 from jaxbert.train import data as D
 from jaxbert.train.best import Best, write_model
@@ -230,6 +230,9 @@ def train_mlm(cfg: TrainConfig) -> dict:
 
 def _train(cfg: TrainConfig) -> dict:
     distributed.barrier("jaxbert-lock")  # the others start once process 0 owns OUT (if it cannot, none go on)
+    if distributed.is_primary():  # a run killed while writing OUT/best or OUT/final: its leftovers, now
+        for name in ("best", "final"):  # (a run that never writes them again would keep them for good)
+            sweep_partials(os.path.join(cfg.output_dir, name))
     if cfg.task == "embedding":
         from jaxbert.train import task_embedding
 
