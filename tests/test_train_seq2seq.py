@@ -181,3 +181,18 @@ def test_a_text_pair_column_is_refused(command, tmp_path, capsys):
     )
     cli_fails(capsys, tmp_path, *args, match=match)
     assert not scored.exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("task", ["seq2seq", "multiple-choice", "embedding", "question-answering", "mlm"])
+def test_no_pack_is_refused_where_nothing_is_packed(task, tmp_path, capsys):
+    """A bert2bert's pairs (options, embedding texts, QA windows, MLM blocks without --line-by-line) are never
+    packed: --no-pack was taken and changed nothing, where train refuses the options that do not apply."""
+    from jaxbert.train.config import TrainConfig
+
+    with pytest.raises(ValueError, match=f"--no-pack applies to .*, not --task {task}"):
+        TrainConfig(model="m", train_file="t.jsonl", output_dir="o", task=task, pack=False)
+    assert not TrainConfig(model="m", train_file="t.txt", output_dir="o", line_by_line=True, pack=False).pack
+    data = _write(tmp_path / "data.jsonl", [{"source": "a b", "target": "b"}] * 4)
+    args = train_args(task, tmp_path / "model", data, tmp_path / "out", "--no-pack")
+    cli_fails(capsys, tmp_path, *args, match="--no-pack applies to --task sequence-classification, ")
+    assert not (tmp_path / "out").exists()

@@ -151,6 +151,13 @@ class TrainConfig:
         for name in TAG_FIELDS:
             if self.task != "token-classification" and getattr(self, name) != defaults[name]:
                 raise ValueError(f"{_flag(name)} applies to --task token-classification only, not {self.task}")
+        # --no-pack where examples are never packed (a bert2bert's pairs, options, windows, MLM blocks) changes nothing.
+        if not self.pack and not (self.task in PACKED_TASKS or (self.task == "mlm" and self.line_by_line)):
+            unpacked = " without --line-by-line" if self.task == "mlm" else ""
+            raise ValueError(
+                f"--no-pack applies to --task {', '.join(PACKED_TASKS)} and mlm with --line-by-line only, not "
+                f"--task {self.task}{unpacked} (its examples are never packed)"
+            )
         if self.task == "question-answering" and self.doc_stride >= self.max_seq_length:
             raise ValueError(f"--doc-stride {self.doc_stride}: must be below --max-seq-length {self.max_seq_length}")
 
@@ -196,6 +203,8 @@ TASKS = (
     "causal-lm",
     "seq2seq",
 )
+# --no-pack's tasks (and mlm with --line-by-line): examples share rows (a causal LM's too: task_causal_lm.py)
+PACKED_TASKS = ("sequence-classification", "token-classification", "causal-lm")
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 MLM_FIELDS = ("line_by_line", "mlm_probability", "whole_word_mask", "max_predictions_per_seq")
 # The embedding task's: its model's pipeline, its loss, and the prompts before its texts.

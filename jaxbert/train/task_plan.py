@@ -20,7 +20,7 @@ from jaxbert.config import BertConfig
 from jaxbert.train import data as D
 from jaxbert.train import task_encode as E
 from jaxbert.train import task_pack as P
-from jaxbert.train.config import TrainConfig, total_steps
+from jaxbert.train.config import PACKED_TASKS, TrainConfig, total_steps
 from jaxbert.train.plan import model_and_batch
 from jaxbert.train.step import task_eval_step
 from jaxbert.train.task_data import read_rows
@@ -167,10 +167,6 @@ def task_labels(task: Task, rows, cols, problem_type, fixed) -> tuple[Labels, st
     if have != want:
         return labels, f"classifier.weight: the checkpoint has {have} labels ({_names(fixed)}), the data {want}"
     return labels, f"the checkpoint's labels ({_names(fixed)}) are not the data's ({_names(labels.names)})"
-
-
-# --pack: examples share rows (a causal LM's too: each attends causally within itself, task_causal_lm.py)
-PACKED_TASKS = ("sequence-classification", "token-classification", "causal-lm")
 
 
 def embedding_lower_case(directory: str) -> bool:
