@@ -268,7 +268,14 @@ def evaluate(
     from jaxbert.train.task_encode import IGNORE, check_tables
     from jaxbert.train.task_labels import check_scorable, model_labels
     from jaxbert.train.task_plan import evaluate_examples
-    from jaxbert.train.task_table import TASKS, columns, trained_all_tokens, trained_label, trained_length
+    from jaxbert.train.task_table import (
+        TASKS,
+        columns,
+        nonempty_rows,
+        trained_all_tokens,
+        trained_label,
+        trained_length,
+    )
 
     if not output.endswith(".json"):
         raise ValueError(f"--output {output}: expected a .json file")
@@ -293,6 +300,9 @@ def evaluate(
         task, SimpleNamespace(text_column=text_column, text_pair_column=pair_column, label_column=label_column)
     )
     rows = read_rows(path, "--file", cols[0] if task.lines else None)  # a causal LM's .txt: a text a line
+    rows, _ = nonempty_rows(task, rows, cols)  # as training's validation skips them
+    if not rows:
+        raise ValueError(f"{path}: no examples (every text empty)")
     # One output without a problem_type is a regressor, as transformers' loss reads it (and classify's raw score):
     # its integer scores (STS-B's 0..5) are scores, not class ids outside [0, 1).
     one_output = head == "BertForSequenceClassification" and config.num_labels == 1

@@ -208,3 +208,29 @@ def test_loss_png_names_the_tasks_loss(decoder, tmp_path, capsys, monkeypatch):
     args = train_args("causal-lm", decoder, data, tmp_path / "out", "--max-seq-length", 16, "--max-steps", 1)
     assert main(args) == 0, capsys.readouterr().err
     assert (tmp_path / "out" / "loss.png").is_file() and labels[0] == "next-token loss", labels
+
+
+def test_empty_texts_are_skipped_as_run_clm_skips_empty_lines(decoder, tmp_path, capsys):
+    """An empty (or blank) jsonl text was trained as [CLS] [SEP], its [SEP] a label of its own; a .txt's blank lines
+    were already skipped, as run_clm's line_by_line drops empty lines. Now both read alike: the run on rows with
+    empty texts is the run without them, and the log counts them; evaluate skips them too."""
+    texts = _texts(8, seed=4)
+    runs = {}
+    for name, rows in (("clean", texts), ("empty", [*texts[:3], "", *texts[3:], "  "])):
+        data = tmp_path / f"{name}.jsonl"
+        data.write_text("".join(json.dumps({"text": t}) + "\n" for t in rows))
+        out = tmp_path / name
+        args = train_args("causal-lm", decoder, data, out, "--max-seq-length", 16, "--max-steps", 2)
+        assert main([*args, "--global-batch-size", "4", "--learning-rate", "1e-3"]) == 0, capsys.readouterr().err
+        log = capsys.readouterr().out
+        assert ("data: 2 training and 2 validation examples with an empty text skipped" in log) == (name == "empty")
+        runs[name] = serialization.msgpack_restore((out / "final" / "flax_model.msgpack").read_bytes())
+        scored = tmp_path / f"{name}.json"
+        assert (
+            main(["evaluate", str(out / "final"), "--task", "causal-lm", "--file", str(data), "--output", str(scored)])
+            == 0
+        )
+        assert json.load(open(scored))["examples"] == 8
+        capsys.readouterr()
+    a, b = (traverse_util.flatten_dict(runs[name]) for name in ("clean", "empty"))
+    assert all(np.array_equal(a[k], b[k]) for k in a)

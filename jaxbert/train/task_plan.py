@@ -26,7 +26,7 @@ from jaxbert.train.step import task_eval_step
 from jaxbert.train.task_data import read_rows
 from jaxbert.train.task_init import task_params
 from jaxbert.train.task_labels import LabelMismatch, Labels, check_scorable, model_labels, other_classifier
-from jaxbert.train.task_table import COLUMNS_KEY, TASKS, Task, columns, metric_name
+from jaxbert.train.task_table import COLUMNS_KEY, TASKS, Task, columns, metric_name, nonempty_rows
 
 
 @dataclasses.dataclass
@@ -198,6 +198,10 @@ def prepare(cfg: TrainConfig) -> TaskRun:
                 f"{cfg.validation_split_percentage}%: pass --validation-file"
             )
         val_rows, train_rows = train_rows[:cut], train_rows[cut:]
+    (train_rows, empty), (val_rows, val_empty) = (nonempty_rows(task, rows, cols) for rows in (train_rows, val_rows))
+    for rows, path, dropped in ((train_rows, cfg.train_file, empty), (val_rows, cfg.validation_file, val_empty)):
+        if not rows:  # every text empty: nothing to train on or to score
+            raise ValueError(f"{path or cfg.train_file}: no examples ({dropped} with an empty text, skipped)")
     labels, renew = task_labels(task, train_rows, cols, cfg.problem_type, model_labels(config, task.head))
     if renew is None and (other := other_classifier(config, task.head)):  # its names and shapes, not its outputs
         renew = f"the checkpoint's classifier is a {other}'s, not a {task.head}'s"
@@ -252,6 +256,8 @@ def prepare(cfg: TrainConfig) -> TaskRun:
         f"{', ' + labels.problem_type if labels.problem_type else ''}; "
         f"{named if labels.names else _per_example(train, task)})"
     )
+    if empty or val_empty:
+        run.say(f"data: {empty} training and {val_empty} validation examples with an empty text skipped")
     if plain:
         run.say(f"metrics: {plain}")
     if train.truncated or val.truncated:

@@ -29,6 +29,10 @@ class Task:
     options: Callable = lambda cfg: {}  # the task's own TrainConfig options, passed to encode as keywords
     lines: bool = False  # also reads a .txt file, one text a line (task_data.read_rows)
     reads: tuple[bool, bool, bool] = (True, True, True)  # which of the three column flags the task has a role for
+    # Text columns whose empty (or blank) cells drop the row, as transformers' scripts drop them: run_clm's
+    # line_by_line (and a .txt's blank lines), run_summarization's rows without a text or a summary. A causal LM's
+    # empty text is [CLS] [SEP] with nothing of its own to predict; run_glue keeps its empty texts, so others do.
+    skip_empty: tuple[int, ...] = ()
 
 
 def _score_sequences(logits, data: E.Encodedset, labels: Labels) -> dict:
@@ -184,6 +188,7 @@ TASKS: dict[str, Task] = {
             lambda labels: ("loss", "perplexity", "accuracy"),
             lines=True,
             reads=(True, False, False),
+            skip_empty=(0,),
         ),
         # (source, target) texts for a bert2bert EncoderDecoderModel (task_seq2seq.py).
         Task(
@@ -195,6 +200,7 @@ TASKS: dict[str, Task] = {
             _from("task_causal_lm", "score"),
             lambda labels: ("loss", "perplexity", "accuracy"),
             reads=(True, False, True),
+            skip_empty=(0, 2),
         ),
     )
 }
@@ -226,6 +232,12 @@ def columns(task: Task, cfg) -> tuple[str, str | None, str]:
                 "each role needs its own column"
             )
     return chosen
+
+
+def nonempty_rows(task: Task, rows: list, cols) -> tuple[list, int]:
+    """(the rows whose task.skip_empty columns all hold text, how many were dropped); bad cells still fail."""
+    kept = [r for r in rows if all(r.text(cols[i]).strip() for i in task.skip_empty)]
+    return kept, len(rows) - len(kept)
 
 
 def trained_length(config) -> int | None:
