@@ -318,22 +318,27 @@ def write_msgpack(tree: dict, f) -> None:
     f.write(memoryview(arr.reshape(-1).view(np.uint8)))
 
 
-def copy_companion_files(src: str, dst: str) -> list[str]:
-    """Copy the tokenizer, generation-config and sentence-transformers files `src` has (their contents: symlinks
-    are followed, within the policy of files.py) into `dst`."""
+def copy_companion_files(src: str, dst: str, sentence: bool = True) -> list[str]:
+    """Copy the tokenizer, generation-config and (`sentence`) sentence-transformers files `src` has (their
+    contents: symlinks are followed, within the policy of files.py) into `dst`."""
     from jaxbert.sentence_dir import companion_files, copied_name, root_modules, transformer_dir
 
     model, copied = transformer_dir(src), []  # the tokenizer of a 0_Transformer/ subfolder goes to dst's root
     files = [(model, name, name) for name in COMPANION_FILES]
+    if not sentence:
+        return [to for where, name, to in files if _copy(where, name, dst, to)]
     files += [(src, name, copied_name(src, name)) for name in companion_files(src)]
-    for where, name, to in files:
-        path = existing_file(where, name)
-        if path:
-            os.makedirs(os.path.dirname(os.path.join(dst, to)), exist_ok=True)
-            shutil.copyfile(path, os.path.join(dst, to))
-            copied.append(to)
+    copied = [to for where, name, to in files if _copy(where, name, dst, to)]
     modules = root_modules(src)
     if modules is not None:  # dst holds the model at its root: its modules.json says so
         with open(os.path.join(dst, "modules.json"), "w", encoding="utf-8") as f:
             json.dump(modules, f, indent=2)
     return copied
+
+
+def _copy(where: str, name: str, dst: str, to: str) -> bool:
+    path = existing_file(where, name)
+    if path:
+        os.makedirs(os.path.dirname(os.path.join(dst, to)), exist_ok=True)
+        shutil.copyfile(path, os.path.join(dst, to))
+    return bool(path)

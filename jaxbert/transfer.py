@@ -122,13 +122,15 @@ def write_jaxbert_dir(
     force: bool = False,
     check: Callable[[str], None] | None = None,
     safetensors: bool = False,
+    sentence: bool = True,
 ) -> dict[str, int]:
     """A jaxbert directory: config.json, flax_model.msgpack, tokenizer files; written atomically.
 
     `check(directory)` runs on the complete directory before it becomes `dst`: whatever it raises leaves `dst` as
     it was (convert --verify: a conversion that fails its comparison is not left behind looking like a good one).
     `safetensors`: also the weights as transformers 5 reads them (model.safetensors, PyTorch names; it reads no
-    Flax file), so the directory is a transformers checkpoint as well.
+    Flax file), so the directory is a transformers checkpoint as well. `sentence`: also the source's
+    sentence-transformers files (not for a decoder or a bert2bert, which no SentenceTransformer embeds with).
     """
     with atomic_directory(dst, force, sources=(tokenizer_from,) if tokenizer_from else ()) as tmp:
         _write_config(config, head, _stored_dtype(params), tmp)
@@ -144,7 +146,7 @@ def write_jaxbert_dir(
             arrays = {k: np.ascontiguousarray(v) for k, v in state.items()}
             save_file(arrays, os.path.join(tmp, SAFETENSORS), metadata={"format": "pt"})
         if tokenizer_from:
-            copy_companion_files(tokenizer_from, tmp)
+            copy_companion_files(tokenizer_from, tmp, sentence)
         files = _listing(tmp)
         if check is not None:
             check(tmp)

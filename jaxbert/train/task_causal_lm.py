@@ -120,7 +120,9 @@ class CausalLMRun(task_plan.TaskRun):
 
         config = self.final_config()
         params = traverse_util.unflatten_dict({**traverse_util.flatten_dict(params), **self.idle})
-        write_jaxbert_dir(params, config, HEAD, directory, tokenizer_from=self.cfg.model, force=True, safetensors=True)
+        write_jaxbert_dir(
+            params, config, HEAD, directory, tokenizer_from=self.cfg.model, force=True, safetensors=True, sentence=False
+        )  # no embedder: SentenceTransformer(OUT) would embed with it
 
 
 def prepare(cfg) -> CausalLMRun:

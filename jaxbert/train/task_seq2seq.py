@@ -121,7 +121,9 @@ class Seq2SeqRun(task_plan.TaskRun):
         if self.pooler is not None:
             params = {**params, "encoder": {**params["encoder"], "pooler": self.pooler}}
         config, head = self.final_config(), "EncoderDecoderModel"
-        write_jaxbert_dir(params, config, head, directory, tokenizer_from=self.cfg.model, force=True, safetensors=True)
+        write_jaxbert_dir(
+            params, config, head, directory, tokenizer_from=self.cfg.model, force=True, safetensors=True, sentence=False
+        )  # no embedder: SentenceTransformer(OUT) would embed with it
 
 
 def prepare(cfg) -> Seq2SeqRun:
