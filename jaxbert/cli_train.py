@@ -172,7 +172,7 @@ def _add_qa_flags(parser) -> None:
 
 
 def add_parsers(sub) -> None:
-    from jaxbert.train.config import TASK_FIELDS
+    from jaxbert.train.config import TASK_FIELDS, TASKS
 
     mlm = sub.add_parser("train-mlm", help="masked-language-model fine-tuning (= train --task mlm)")
     _add_config_flags(mlm, skip=TASK_FIELDS)
@@ -213,15 +213,7 @@ def add_parsers(sub) -> None:
     evaluate.add_argument(
         "--task",
         required=True,
-        choices=(
-            "sequence-classification",
-            "token-classification",
-            "multiple-choice",
-            "embedding",
-            "question-answering",
-            "causal-lm",
-            "seq2seq",
-        ),
+        choices=tuple(t for t in TASKS if t != "mlm"),  # every fine-tuning task train has
     )
     evaluate.add_argument("--file", required=True, help=".jsonl, .csv or .tsv with the training file's columns")
     evaluate.add_argument("--output", default="eval_results.json", help="FILE.json the metrics are written to")

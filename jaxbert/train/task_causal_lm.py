@@ -64,6 +64,14 @@ def eval_step(params, batch, *, config, dtype=jnp.float32):
     return token_stats(logits[:, :-1], batch["labels"][:, 1:])
 
 
+def describe_tokens(result: dict) -> str:
+    """A validation's log line for the next-token tasks (causal-lm, seq2seq: score's metrics)."""
+    return (
+        f"validation loss {result['eval_loss']:.4f}, perplexity {result['eval_perplexity']:.2f}, "
+        f"accuracy {result['eval_accuracy']:.3f}"
+    )
+
+
 def token_stats(logits, labels):
     """([B, 3] per row: summed negative log-likelihood, correct predictions, predicted tokens), the batch's mean
     loss. Per row, not the [B, L, V] logits, which evaluate_examples would keep for the whole validation set."""
@@ -109,11 +117,7 @@ class CausalLMRun(task_plan.TaskRun):
     def eval_fn(self, dtype):
         return functools.partial(eval_step, config=self.config, dtype=dtype)
 
-    def describe(self, result: dict) -> str:
-        return (
-            f"validation loss {result['eval_loss']:.4f}, perplexity {result['eval_perplexity']:.2f}, "
-            f"accuracy {result['eval_accuracy']:.3f}"
-        )
+    describe = staticmethod(describe_tokens)
 
     def write_model(self, params, directory: str) -> None:
         from jaxbert.transfer import write_jaxbert_dir

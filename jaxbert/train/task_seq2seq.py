@@ -23,7 +23,7 @@ import numpy as np
 from jaxbert.seq2seq import EncoderDecoderConfig, encoder_decoder, load_config
 from jaxbert.train import task_encode as E
 from jaxbert.train import task_plan
-from jaxbert.train.task_causal_lm import token_stats
+from jaxbert.train.task_causal_lm import describe_tokens, token_stats
 from jaxbert.train.task_init import task_params
 from jaxbert.train.task_table import COLUMNS_KEY
 
@@ -104,11 +104,7 @@ class Seq2SeqRun(task_plan.TaskRun):
     def eval_fn(self, dtype):
         return functools.partial(eval_step, config=self.config, dtype=dtype)
 
-    def describe(self, result: dict) -> str:
-        return (
-            f"validation loss {result['eval_loss']:.4f}, perplexity {result['eval_perplexity']:.2f}, "
-            f"accuracy {result['eval_accuracy']:.3f}"
-        )
+    describe = staticmethod(describe_tokens)
 
     def final_config(self):
         source, _, target = (self.cfg.text_column or "source", None, self.cfg.label_column or "target")
