@@ -154,8 +154,14 @@ def _evaluate(args) -> int:
         null_score_diff_threshold=args.null_score_diff_threshold,
         prompts=((args.query_prompt, args.query_prompt_name), (args.corpus_prompt, args.corpus_prompt_name)),
     )
+    types = [k.removesuffix("_number") for k in result if k.endswith("_number")]  # a tagger's entity types
+    by_type = {f"{t}_{k}" for t in types for k in ("precision", "recall", "f1", "number")}
     for name, value in result.items():
-        print(f"  {name:<12} {value}" if isinstance(value, int) else f"  {name:<12} {value:.4f}")
+        if name not in by_type:
+            print(f"  {name:<12} {value}" if isinstance(value, int) else f"  {name:<12} {value:.4f}")
+    for t in types:  # one line a type, as seqeval's classification_report
+        scores = " ".join(f"{k} {result[f'{t}_{k}']:.4f}" for k in ("precision", "recall", "f1"))
+        print(f"  {t:<12} {scores} number {result[f'{t}_number']}")
     print(f"wrote {args.output}")
     return 0
 

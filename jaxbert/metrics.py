@@ -18,8 +18,10 @@ from jaxtyping import ArrayLike, Bool, Num, Shaped
 from jaxbert.metrics_text import (  # noqa: F401  (re-exported: one namespace for every metric)
     _tag_lists,
     chunk_tags,
+    entity_types,
     iob2_spans,
     span_prf,
+    span_prf_by_type,
     squad_exact,
     squad_f1,
     squad_normalize,
@@ -47,11 +49,14 @@ GREATER_IS_BETTER = {
 
 
 def greater_is_better(name: str) -> bool:
-    """Whether metric `name` improves upward: the table above; any `*loss` lower-better; mrr@K, accuracy@K up."""
+    """Whether metric `name` improves upward: the table above; any `*loss` lower-better; mrr@K, accuracy@K and
+    an entity type's TYPE_precision / TYPE_recall / TYPE_f1 up."""
     at_k = re.fullmatch(r"(mrr|accuracy)@\d+", name)
     key = {"mrr": "mrr@10", "accuracy": "accuracy@1"}[at_k[1]] if at_k else name
     if name.endswith("loss") or key in GREATER_IS_BETTER:
         return GREATER_IS_BETTER.get(key, False)
+    if re.fullmatch(r".+_(precision|recall|f1)", name, re.DOTALL):  # one entity type's (entity_type_metrics)
+        return True
     raise ValueError(f"unknown metric {name!r}; known: {', '.join(GREATER_IS_BETTER)}")
 
 
@@ -281,6 +286,15 @@ def token_metrics(pred_tags: Sequence[Sequence[str]], gold_tags: Sequence[Sequen
     if not g:
         raise ValueError("gold_tags holds no tokens")
     return {**out, "accuracy": sum(a == b for a, b in zip(p, g)) / len(g)}
+
+
+def entity_type_metrics(
+    pred_tags: Sequence[Sequence[str]], gold_tags: Sequence[Sequence[str]], types: Sequence[str]
+) -> dict[str, float]:
+    """TYPE_precision, TYPE_recall, TYPE_f1 and TYPE_number (gold entities, an int) of each of `types`
+    (span_prf_by_type), flat as run_ner.py's return_entity_level_metrics names them."""
+    by_type = span_prf_by_type(pred_tags, gold_tags, types)
+    return {f"{t}_{k}": v for t, scores in by_type.items() for k, v in scores.items()}
 
 
 def choice_metrics(pred: Shaped[ArrayLike, " N"], gold: Shaped[ArrayLike, " N"]) -> dict[str, float]:

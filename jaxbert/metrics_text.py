@@ -46,7 +46,7 @@ def iob2_spans(tags: Sequence[str]) -> set[tuple[str, int, int]]:
 def _entities(seq: list[str]) -> list[tuple[str, int, int]]:
     prev_tag, prev_type, begin, chunks = "O", "", 0, []
     for i, chunk in enumerate(seq + ["O"]):  # the sentinel closes a trailing entity
-        tag, type_ = chunk[0], chunk[1:].split("-", maxsplit=1)[-1] or "_"
+        tag, type_ = _split(chunk)
         if _ends(prev_tag, tag, prev_type, type_):
             chunks.append((prev_type, begin, i - 1))
         if _starts(prev_tag, tag, prev_type, type_):
@@ -73,15 +73,45 @@ def span_prf(pred_tags: Sequence[Sequence[str]], gold_tags: Sequence[Sequence[st
     recall_score / f1_score in default mode. An entity counts when type, start and end all match; 0/0 gives 0.0
     (so no entities on either side scores 0.0, as seqeval). Sentences are joined with an "O" between them, as
     seqeval does, which matters only for the "." quirk of iob2_spans."""
+    pred, gold = _entity_sets(pred_tags, gold_tags)
+    return _prf(len(pred & gold), len(pred), len(gold))
+
+
+def _entity_sets(pred_tags, gold_tags) -> tuple[set, set]:
     p, g = _tag_lists(pred_tags, "pred_tags"), _tag_lists(gold_tags, "gold_tags")
     if [len(s) for s in p] != [len(s) for s in g]:
         raise ValueError("pred_tags and gold_tags differ in the number or lengths of their sentences")
-    pred, gold = (set(_entities([t for s in x for t in s + ["O"]])) for x in (p, g))
-    tp = len(pred & gold)
-    precision = tp / len(pred) if pred else 0.0
-    recall = tp / len(gold) if gold else 0.0
+    return tuple(set(_entities([t for s in x for t in s + ["O"]])) for x in (p, g))
+
+
+def _prf(tp: int, n_pred: int, n_gold: int) -> dict[str, float]:
+    precision = tp / n_pred if n_pred else 0.0
+    recall = tp / n_gold if n_gold else 0.0
     f1 = 2.0 * precision * recall / (precision + recall) if precision + recall else 0.0  # seqeval's order
     return {"precision": precision, "recall": recall, "f1": f1}
+
+
+def entity_types(names: Sequence[str]) -> tuple[str, ...]:
+    """The entity types tag names can form, sorted, as iob2_spans reads them ("_" for a bare B, I, E or S); the
+    outside tags ("O...", ".") form none."""
+    return tuple(sorted({_split(name)[1] for name in names if name and name[0] not in "O."}))
+
+
+def _split(chunk: str) -> tuple[str, str]:  # seqeval's (tag, type) of one tag string
+    return chunk[0], chunk[1:].split("-", maxsplit=1)[-1] or "_"
+
+
+def span_prf_by_type(
+    pred_tags: Sequence[Sequence[str]], gold_tags: Sequence[Sequence[str]], types: Sequence[str] | None = None
+) -> dict[str, dict[str, float]]:
+    """Each entity type's precision / recall / f1 and number (its gold entities), = seqeval's
+    classification_report(output_dict=True) per type in default mode ("f1-score" as f1, "support" as number), as
+    `evaluate`'s seqeval metric and run_ner.py's return_entity_level_metrics report them: the types found on either
+    side, sorted, or exactly `types` (a type on neither side all 0); 0/0 gives 0.0, seqeval's zero_division."""
+    pred, gold = _entity_sets(pred_tags, gold_tags)
+    tp, n_pred, n_gold = (Counter(t for t, _, _ in x) for x in (pred & gold, pred, gold))
+    types = sorted(n_pred.keys() | n_gold.keys()) if types is None else types
+    return {t: {**_prf(tp[t], n_pred[t], n_gold[t]), "number": n_gold[t]} for t in types}
 
 
 # ---- extractive QA (= the official SQuAD v2.0 evaluation script, or v1.1's: version_2=False) ----

@@ -206,6 +206,43 @@ def test_span_prf_matches_seqeval(seqeval):
             assert got["accuracy"] == pytest.approx(sm.accuracy_score(gold, pred), abs=1e-12)
 
 
+def test_per_type_scores_match_seqeval_classification_report(seqeval):
+    """run_ner.py's return_entity_level_metrics: each type's precision / recall / f1 / number as `evaluate`'s seqeval
+    metric takes them from classification_report(output_dict=True), types with no gold entity (recall 0/0) or no
+    prediction (precision 0/0) included; a type on neither side only when asked, all 0."""
+    report = seqeval.metrics.classification_report
+    for pred, gold in _tag_cases():
+        got = M.span_prf_by_type(pred, gold)
+        want = {
+            t: {"precision": r["precision"], "recall": r["recall"], "f1": r["f1-score"], "number": r["support"]}
+            for t, r in _quiet(report, gold, pred, output_dict=True).items()
+            if not t.endswith(" avg")
+        }
+        assert list(got) == list(want)  # the same types, in the same (sorted) order
+        for t in want:
+            assert got[t] == pytest.approx(want[t], abs=1e-12), t
+        if want:  # the overall scores are the micro average of the types'
+            micro = _quiet(report, gold, pred, output_dict=True)["micro avg"]
+            assert M.span_prf(pred, gold)["f1"] == pytest.approx(micro["f1-score"], abs=1e-12)
+    gold, pred = [["B-PER", "I-PER", "O", "B-LOC"]], [["B-PER", "I-PER", "O", "B-ORG"]]
+    assert M.span_prf_by_type(pred, gold) == {
+        "LOC": {"precision": 0.0, "recall": 0.0, "f1": 0.0, "number": 1},  # no prediction
+        "ORG": {"precision": 0.0, "recall": 0.0, "f1": 0.0, "number": 0},  # no gold entity
+        "PER": {"precision": 1.0, "recall": 1.0, "f1": 1.0, "number": 1},
+    }
+    types = M.entity_types(["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-MISC", "I-MISC", "B-ORG", "I-ORG"])
+    assert types == ("LOC", "MISC", "ORG", "PER")
+    flat = M.entity_type_metrics(pred, gold, types)
+    assert list(flat)[:4] == ["LOC_precision", "LOC_recall", "LOC_f1", "LOC_number"]
+    assert flat["MISC_f1"] == flat["MISC_number"] == 0 and flat["PER_f1"] == 1.0 and flat["ORG_number"] == 0
+    # the types a label set can form are those its tags form as entities
+    for pred, gold in _tag_cases():
+        names = {t for s in pred + gold for t in s}
+        found = {t for s in (pred, gold) for t, _, _ in M.iob2_spans([x for sent in s for x in sent + ["O"]])}
+        assert found <= set(M.entity_types(sorted(names))), names
+    assert M.greater_is_better("PER_f1") and M.greater_is_better("LOC_recall")
+
+
 def test_chunk_tags_are_told_from_tags_that_mark_no_entities():
     """Entity metrics need a chunk scheme. Tags given as ids (LABEL_i) read as entities of their own, the outside
     tag's included: a tagger that never finds an entity would score entity F1 1.0 on an all-outside set."""

@@ -497,6 +497,56 @@ def test_token_labels_predict_and_evaluate(tiny, tmp_path, capsys):
     assert scored[0] == scored[1] and scored[0]["loss"] != scored[2]["loss"]
 
 
+def test_each_entity_types_metrics_as_run_ner_reports_them(tiny, tmp_path, capsys):
+    """run_ner.py's return_entity_level_metrics: each type's precision / recall / f1 / number in every validation
+    record and in evaluate's output, as seqeval's classification_report scores the predicted tags; a type's f1
+    chooses OUT/best; the log line keeps the overall scores alone."""
+    seqeval = pytest.importorskip("seqeval.metrics")
+    out, types = tmp_path / "out", ("LOC", "ORG", "PER")
+    args = ("--max-steps", 4, "--eval-steps", 2, "--metric-for-best-model", "PER_f1")
+    assert _train(tiny, out, "token-classification", ENTITIES, *args) == 0
+    printed = capsys.readouterr().out
+    assert "metrics: each entity type's precision, recall, f1 and number (LOC, ORG, PER) in metrics.jsonl" in printed
+    assert "step 4: validation loss" in printed and "PER_" not in printed.split("step 4:")[1].splitlines()[0]
+    evals = [json.loads(line) for line in open(out / "metrics.jsonl") if "eval_f1" in line]
+    kinds = ("precision", "recall", "f1", "number")
+    assert all({f"eval_{t}_{k}" for t in types for k in kinds} <= set(r) for r in evals)
+    want = max(evals[1:], key=lambda r: r["eval_PER_f1"])
+    assert json.load(open(out / "best.json")) == {
+        "step": want["step"],
+        "metric": "eval_PER_f1",
+        "value": want["eval_PER_f1"],
+    }
+    # evaluate on the validation part (the file's first 10%) = the last record = seqeval on the predicted tags
+    head = open(ENTITIES).readlines()[:40]
+    (tmp_path / "val.jsonl").write_text("".join(head))
+    flags = [
+        "--task",
+        "token-classification",
+        "--file",
+        str(tmp_path / "val.jsonl"),
+        "--output",
+        str(tmp_path / "m.json"),
+    ]
+    assert main(["evaluate", str(out / "final"), *flags]) == 0
+    assert "  PER          precision " in capsys.readouterr().out  # one line a type
+    written = json.load(open(tmp_path / "m.json"))
+    rows = [json.loads(line) for line in head]
+    tagged = jaxbert.load(out / "final").tag([r["tokens"] for r in rows], is_split_into_words=True)
+    pred, gold = [[w["label"] for w in s] for s in tagged], [r["ner_tags"] for r in rows]
+    report = seqeval.classification_report(gold, pred, output_dict=True, zero_division=0)
+    for t in types:
+        ref = report.get(t, {"precision": 0.0, "recall": 0.0, "f1-score": 0.0, "support": 0})  # on neither side
+        for k, name in zip(kinds, ("precision", "recall", "f1-score", "support")):
+            assert written[f"{t}_{k}"] == pytest.approx(ref[name], abs=1e-12), (t, k)
+            assert written[f"{t}_{k}"] == pytest.approx(evals[-1][f"eval_{t}_{k}"], abs=1e-5), (t, k)
+    # counts measure the data, not the model: no metric to choose a model by
+    assert _train(tiny, tmp_path / "o2", "token-classification", ENTITIES, "--metric-for-best-model", "PER_number") == 1
+    err = capsys.readouterr().err
+    assert "--metric-for-best-model PER_number: not a metric of this task; known: f1, precision" in err
+    assert "PER_f1" in err and len(err.strip().splitlines()) == 1
+
+
 def test_early_stopping(tiny, tmp_path, capsys):
     out = tmp_path / "out"
     # A learning rate too small to change any prediction: accuracy never improves after the first evaluation.

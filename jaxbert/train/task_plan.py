@@ -26,7 +26,7 @@ from jaxbert.train.step import task_eval_step
 from jaxbert.train.task_data import read_rows
 from jaxbert.train.task_init import task_params
 from jaxbert.train.task_labels import LabelMismatch, Labels, check_scorable, model_labels, other_classifier
-from jaxbert.train.task_table import COLUMNS_KEY, TASKS, Task, columns, metric_name, nonempty_rows
+from jaxbert.train.task_table import COLUMNS_KEY, TASKS, Task, columns, metric_name, nonempty_rows, type_metrics
 
 
 @dataclasses.dataclass
@@ -77,8 +77,11 @@ class TaskRun:
         )
 
     def describe(self, result: dict) -> str:
+        hidden = {f"eval_{k}" for k in type_metrics(self.task, self.labels)}  # in metrics.jsonl only
         return ", ".join(
-            f"{'validation ' * (k == 'eval_loss')}{k.removeprefix('eval_')} {v:.4f}" for k, v in result.items()
+            f"{'validation ' * (k == 'eval_loss')}{k.removeprefix('eval_')} {v:.4f}"
+            for k, v in result.items()
+            if k not in hidden
         )
 
     def final_config(self) -> BertConfig:
@@ -213,7 +216,7 @@ def prepare(cfg: TrainConfig) -> TaskRun:
     split = f"the {cfg.validation_split_percentage}% held out for validation; pass --validation-file or more data"
     check_scorable(val_rows, labels, "" if cfg.validation_file else f" ({split})")
     plain = _plain_tags(task, labels)
-    metric = metric_name(cfg.metric_for_best_model, task.metrics(labels), plain)
+    metric = metric_name(cfg.metric_for_best_model, task.metrics(labels), plain, type_metrics(task, labels))
     tok = WordPiece.from_dir(cfg.model)
     companion_files(cfg.model)  # what the written model copies: a path leaving the source fails now, not at the end
     key = [D.tokenizer_key(cfg.model), task.name, cfg.max_seq_length, labels.names, labels.problem_type]
@@ -260,6 +263,12 @@ def prepare(cfg: TrainConfig) -> TaskRun:
         run.say(f"data: {empty} training and {val_empty} validation examples with an empty text skipped")
     if plain:
         run.say(f"metrics: {plain}")
+    elif task.name == "token-classification":
+        types = metrics.entity_types(labels.names)
+        run.say(
+            f"metrics: each entity type's precision, recall, f1 and number ({_names(types)}) in metrics.jsonl, "
+            f"as eval_{types[0]}_f1 and so on"
+        )
     if train.truncated or val.truncated:
         run.say(
             f"data: {train.truncated} training and {val.truncated} validation words beyond --max-seq-length "

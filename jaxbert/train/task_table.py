@@ -66,7 +66,20 @@ def _score_tags(logits, data: E.Encodedset, labels: Labels) -> dict:
         gold.append([labels.names[i] for i in tags[keep]])
         pred.append([labels.names[i] for i in np.asarray(x)[: b - a].argmax(-1)[keep]])
     reported = _tag_metrics(labels)
-    return {k: v for k, v in metrics.token_metrics(pred, gold).items() if k in reported}
+    out = {k: v for k, v in metrics.token_metrics(pred, gold).items() if k in reported}
+    if "f1" in reported:  # each type of the label set, on both sides or not, so every evaluation has its keys
+        out |= metrics.entity_type_metrics(pred, gold, metrics.entity_types(labels.names))
+    return out
+
+
+def type_metrics(task: Task, labels: Labels) -> tuple[str, ...]:
+    """Each entity type's TYPE_precision, TYPE_recall, TYPE_f1, TYPE_number that _score_tags reports beside the
+    overall ones (run_ner.py's return_entity_level_metrics): in metrics.jsonl and evaluate's output, not in the
+    log line, whose width would grow with the types."""
+    if task.name != "token-classification" or "f1" not in _tag_metrics(labels):
+        return ()
+    kinds = ("precision", "recall", "f1", "number")
+    return tuple(f"{t}_{k}" for t in metrics.entity_types(labels.names) for k in kinds)
 
 
 def _score_choices(logits, data: E.Encodedset, labels: Labels) -> dict:
@@ -269,10 +282,11 @@ def trained_columns(config) -> tuple[str | None, str | None]:
     return tuple(saved.get(k) if isinstance(saved.get(k), str) else None for k in ("text", "pair"))
 
 
-def metric_name(name: str | None, known: tuple[str, ...], why: str | None = None) -> str:
+def metric_name(name: str | None, known: tuple[str, ...], why: str | None = None, by_type: tuple[str, ...] = ()) -> str:
     """--metric-for-best-model NAME (with or without eval_; default the task's first metric), checked; `why` says
-    why the known metrics are fewer than the task's usual ones."""
-    known = (*known, "loss")
+    why the known metrics are fewer than the task's usual ones. `by_type` (type_metrics) are known too, but for
+    the counts of gold entities (TYPE_number), which measure the data, not the model."""
+    known = (*known, "loss", *(m for m in by_type if not m.endswith("_number")))
     name = (name or known[0]).removeprefix("eval_")
     if name not in known:
         raise ValueError(
