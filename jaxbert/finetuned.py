@@ -188,6 +188,13 @@ def predict(
     check_output_file(output)  # before any work
     directory = hub.resolve(directory)  # a hub id's snapshot: its files are the ones read
     check_not_read(output, [input_path, *model_files(directory)])
+    if input_path.endswith(".txt"):  # a text a line: a column named would go unread
+        for flag, column in (("--text-column", text_column), ("--text-pair-column", pair_column)):
+            if column is not None:
+                raise ValueError(
+                    f"{flag} {column}: {input_path} is a .txt file, one text a line, no columns; give a .jsonl, "
+                    ".csv or .tsv file"
+                )
     bert = jaxbert.load(directory)
     if aggregation_strategy is not None and bert.head != "BertForTokenClassification":
         raise ValueError(f"--aggregation-strategy: groups a token classification model's tags; this is {bert.head}")

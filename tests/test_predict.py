@@ -180,3 +180,30 @@ def test_multiple_choice_predict_names_the_line_and_option_of_a_token_outside_th
     args = ["predict", directory, "--input", data, "--output", tmp_path / "p.jsonl"]
     cli_fails(capsys, tmp_path, *args, match="in.jsonl:1: column 'choices': option 0: token id 7592 at position 1")
     assert not (tmp_path / "p.jsonl").exists()
+
+
+def _models_and_inputs(tmp_path, *heads):
+    texts, rows = tmp_path / "in.txt", tmp_path / "in.jsonl"
+    texts.write_text("a day in paris\nthe night\n")
+    row = {"text": "the night", "other": "a day", "question": "what?", "context": "a day here", "choices": ["a", "b"]}
+    rows.write_text(json.dumps(row) + "\n")
+    labels = {"BertForSequenceClassification": 2, "BertForTokenClassification": 3, "BertForQuestionAnswering": 2}
+    made = [model_dir(tmp_path / head, head, num_labels=labels.get(head, 5)) for head in heads]
+    return (*made, texts, rows, tmp_path / "p.jsonl")
+
+
+def test_predict_refuses_columns_of_a_txt_file(tmp_path, capsys):
+    """predict read a .txt file a text a line and took --text-column (or --text-pair-column) without reading it: a
+    classifier or a tagger given `--input in.txt --text-column other` wrote its predictions of the lines as if the
+    column had been read. Now one line naming the flag and the file, exit 1, nothing written; in a .jsonl the
+    column is read."""
+    cls, tagger, texts, rows, out = _models_and_inputs(
+        tmp_path, "BertForSequenceClassification", "BertForTokenClassification"
+    )
+    for model, flag in ((cls, "--text-column"), (tagger, "--text-column"), (cls, "--text-pair-column")):
+        capsys.readouterr()
+        args = ["predict", model, "--input", texts, "--output", out, flag, "other"]
+        cli_fails(capsys, tmp_path, *args, match=f"{flag} other: {texts} is a .txt file, one text a line, no columns")
+        assert not out.exists()
+    assert main(["predict", tagger, "--input", str(rows), "--output", str(out), "--text-column", "other"]) == 0
+    assert [w["word"] for w in json.loads(out.read_text())["words"]] == ["a", "day"]
