@@ -198,6 +198,10 @@ def predict(
     bert = jaxbert.load(directory)
     if aggregation_strategy is not None and bert.head != "BertForTokenClassification":
         raise ValueError(f"--aggregation-strategy: groups a token classification model's tags; this is {bert.head}")
+    if ignore_labels is not None and bert.head != "BertForTokenClassification":
+        raise ValueError(
+            f"--ignore-labels: labels left out of a token classification model's entities; this is {bert.head}"
+        )
     if ignore_labels is not None and aggregation_strategy is None:  # before any work, as tag would refuse it
         raise ValueError("--ignore-labels: labels left out of the entities; give --aggregation-strategy too")
     task = "question-answering" if bert.head == "BertForQuestionAnswering" else bert.head

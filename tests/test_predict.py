@@ -207,3 +207,20 @@ def test_predict_refuses_columns_of_a_txt_file(tmp_path, capsys):
         assert not out.exists()
     assert main(["predict", tagger, "--input", str(rows), "--output", str(out), "--text-column", "other"]) == 0
     assert [w["word"] for w in json.loads(out.read_text())["words"]] == ["a", "day"]
+
+
+def test_predict_refuses_ignore_labels_for_a_model_that_is_no_tagger(tmp_path, capsys):
+    """--ignore-labels for a classifier or a multiple-choice model was answered 'give --aggregation-strategy too',
+    which was then refused: the labels left out of a tagger's entities mean nothing for them. Now one line naming
+    the flag and the model, exit 1, nothing written."""
+    cls, choice, _, rows, out = _models_and_inputs(tmp_path, "BertForSequenceClassification", "BertForMultipleChoice")
+    for model, head in ((cls, "BertForSequenceClassification"), (choice, "BertForMultipleChoice")):
+        capsys.readouterr()
+        args = ["predict", model, "--input", rows, "--output", out, "--ignore-labels", "O"]
+        cli_fails(
+            capsys,
+            tmp_path,
+            *args,
+            match=f"--ignore-labels: labels left out of a token classification model's entities; this is {head}",
+        )
+        assert not out.exists()
