@@ -107,7 +107,15 @@ def qa_options(config, task: str, version_2_with_negative=None, null_score_diff_
     trained = config.extra.get("question_answering")
     if not isinstance(trained, dict) and not given:
         return None
-    return {**(trained if isinstance(trained, dict) else {}), **given}
+    options = {**(trained if isinstance(trained, dict) else {}), **given}
+    # The threshold decides SQuAD 2.0's null answers alone (run_qa's postprocessing reads it only then): without
+    # them, every question is answered and the threshold would go unread.
+    if "null_score_diff_threshold" in given and options.get("version_2_with_negative") is not True:
+        raise ValueError(
+            f"--null-score-diff-threshold {threshold}: decides SQuAD 2.0's null answers, and this question answering "
+            "model answers every question (as trained, or not fine-tuned here); give --version-2-with-negative too"
+        )
+    return options
 
 
 def _answers(bert, path: str, question: str, context: str, batch_size: int, length: int | None, trained) -> list:

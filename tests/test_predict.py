@@ -224,3 +224,31 @@ def test_predict_refuses_ignore_labels_for_a_model_that_is_no_tagger(tmp_path, c
             match=f"--ignore-labels: labels left out of a token classification model's entities; this is {head}",
         )
         assert not out.exists()
+
+
+def test_a_null_score_threshold_needs_null_answers(tmp_path, capsys):
+    """--null-score-diff-threshold for a question answering model without SQuAD 2.0 null answers (not fine-tuned
+    here, or trained without them) was taken by predict and evaluate and changed nothing (any threshold, the same
+    answers and scores), as run_qa's postprocessing reads it only with version_2_with_negative. Now one line naming
+    the flag and the model, exit 1, nothing written; a model trained with null answers (its config.json's
+    question_answering) still takes it: a threshold every null answer beats abstains."""
+    (qa, _, rows, out) = _models_and_inputs(tmp_path, "BertForQuestionAnswering")
+    capsys.readouterr()
+    args = ["predict", qa, "--input", rows, "--output", out, "--null-score-diff-threshold", "3"]
+    cli_fails(
+        capsys,
+        tmp_path,
+        *args,
+        match="--null-score-diff-threshold 3.0: decides SQuAD 2.0's null answers, and this question answering model",
+    )
+    assert not out.exists()
+    evaluated = ["evaluate", qa, "--task", "question-answering", "--file", rows, "--output", tmp_path / "m.json"]
+    cli_fails(capsys, tmp_path, *evaluated, "--null-score-diff-threshold", "3", match="give --version-2-with-negative")
+    assert not (tmp_path / "m.json").exists()
+    config = json.loads((tmp_path / "BertForQuestionAnswering" / "config.json").read_text())
+    config["question_answering"] = {"version_2_with_negative": True}
+    (tmp_path / "BertForQuestionAnswering" / "config.json").write_text(json.dumps(config))
+    for threshold, abstains in (("1e9", False), ("-1e9", True)):
+        flags = ["--output", str(out), f"--null-score-diff-threshold={threshold}"]
+        assert main(["predict", qa, "--input", str(rows), *flags]) == 0
+        assert (json.loads(out.read_text())["answer"] == "") == abstains, threshold
