@@ -43,7 +43,7 @@ _FIELD_KINDS = {
     "initializer_range": float,
     "layer_norm_eps": float,
 }
-_OPTIONAL = ("problem_type", "classifier_dropout")
+_OPTIONAL = ("problem_type", "classifier_dropout", "pad_token_id")
 _KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 
 
@@ -57,6 +57,12 @@ def _is_kind(value, kind) -> bool:
 def _is_index(key) -> bool:
     """An integer, or JSON's string spelling of one (object keys are always strings)."""
     return _is_kind(key, int) or (isinstance(key, str) and key.isdigit() and key.isascii())
+
+
+def padding_id(config) -> int:
+    """The id jaxbert's own batches pad with (unattended, and no label): the config's pad_token_id, else (null:
+    transformers' BertEmbeddings then has no padding_idx) 0, BERT's [PAD], which its tokenizers pad with."""
+    return 0 if config.pad_token_id is None else config.pad_token_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +79,7 @@ class BertConfig:
     type_vocab_size: int = 2
     initializer_range: float = 0.02
     layer_norm_eps: float = 1e-12
-    pad_token_id: int = 0
+    pad_token_id: int | None = 0  # null: no padding_idx (transformers 5 accepts it); see padding_id
     position_embedding_type: str = "absolute"
     classifier_dropout: float | None = None
     id2label: dict[int, str] | None = None
@@ -162,7 +168,7 @@ class BertConfig:
             bad("layer_norm_eps", "must be positive and finite")
         if not 0 <= self.initializer_range < math.inf:
             bad("initializer_range", "must be non-negative and finite")
-        if not 0 <= self.pad_token_id < self.vocab_size:
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
             bad("pad_token_id", f"must be in [0, vocab_size={self.vocab_size})")
         if sorted(self.id2label) != list(range(len(self.id2label))):
             bad("id2label", "label indices must be 0, 1, ..., num_labels - 1")

@@ -11,6 +11,7 @@ import numpy as np
 
 from jaxbert import batching, cpu, hub
 from jaxbert.checkpoint import model_files
+from jaxbert.config import padding_id
 from jaxbert.files import atomic_file, check_not_read, check_output_file
 from jaxbert.inputs import check_encoded, positive_int
 
@@ -80,7 +81,7 @@ def _choose(bert, path: str, context: str, options: str, batch_size: int, max_le
         longest = np.asarray(enc.lengths()).reshape(len(group), count).max(1)
         for idx, n, length in batching.plan(longest, batch_size, bert.length_buckets):
             order = [e * count + k for e in idx for k in range(count)]
-            feed = pad(enc, length, n * count, bert.config.pad_token_id, order)
+            feed = pad(enc, length, n * count, padding_id(bert.config), order)
             arrays = (feed[k].reshape(n, count, length) for k in ("input_ids", "attention_mask", "token_type_ids"))
             logits = np.asarray(bert(*arrays).logits, np.float64)[: len(idx)]
             probs = np.exp(logits - logits.max(-1, keepdims=True))
@@ -367,7 +368,7 @@ def evaluate(
         eval_fn = cpu.onednn_jit(functools.partial(step, config=config, head=head), tokens=cpu.batch_tokens)
     # QA windows are padded to their length, as training pads them (task_qa.prepare: the span loss counts padding).
     buckets = (limit,) if task_name == "question-answering" else batching.length_buckets(limit)
-    result = evaluate_examples(eval_fn, params, data, task, labels, batch_size, buckets, 1, config.pad_token_id)
+    result = evaluate_examples(eval_fn, params, data, task, labels, batch_size, buckets, 1, padding_id(config))
     result = {k.removeprefix("eval_"): v for k, v in result.items()}
     if task_name == "token-classification":  # words beyond `limit` tokens: cut, as training cuts them, and counted
         result["words_not_scored"] = int(data.truncated)

@@ -32,7 +32,7 @@ from jaxbert import (
     tasks,
 )
 from jaxbert.checkpoint import load_head_params, load_params
-from jaxbert.config import BertConfig
+from jaxbert.config import BertConfig, padding_id
 from jaxbert.convert import check_cast
 from jaxbert.heads import base_params, forward, mlm_logits, resolve_head
 from jaxbert.inputs import check_arrays, check_encoder_states, positive_int
@@ -402,7 +402,7 @@ class Bert:
     # -- texts in --------------------------------------------------------------------------------------------
     def batches(self, enc, batch_size: int):
         """Yield (indices, padded batch on the devices) over shape buckets, longest texts first."""
-        pad_id = self.config.pad_token_id
+        pad_id = padding_id(self.config)
         n = self._shards
         for idx, rows, length in batching.plan(enc.lengths(), batch_size, self.length_buckets, n):
             batch = pad(enc, length, rows, pad_id, order=idx)
@@ -413,7 +413,7 @@ class Bert:
         """Yield (texts per row, packed batch on the devices): see packing.py; `batch_size` rows a batch."""
         n = self._shards
         for plan in packing.plan(enc.lengths(), batch_size, self.length_buckets, n):
-            batch = packing.pad_packed(enc, plan, self.config.pad_token_id)
+            batch = packing.pad_packed(enc, plan, padding_id(self.config))
             self.check_inputs(batch["input_ids"], token_type_ids=batch["token_type_ids"])
             yield plan.texts, dict(zip(batch, self._put(*batch.values())))
 

@@ -67,7 +67,9 @@ def embeddings(
         x = rows("word_embeddings", input_ids)
         # PyTorch's nn.Embedding(padding_idx=pad_token_id): the [PAD] row gets no gradient from its lookups (the
         # tied MLM decoder still trains it), though padded positions reach a loss (QA's span softmax, labels).
-        x = jnp.where((input_ids == config.pad_token_id)[:, None], jax.lax.stop_gradient(x), x)
+        # A null pad_token_id is no padding_idx there: every row trains.
+        if config.pad_token_id is not None:
+            x = jnp.where((input_ids == config.pad_token_id)[:, None], jax.lax.stop_gradient(x), x)
     else:
         x = inputs_embeds
     x = x.astype(jnp.float32) + rows("token_type_embeddings", token_type_ids).astype(jnp.float32)

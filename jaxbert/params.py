@@ -70,7 +70,7 @@ def init_params(config: BertConfig, rng: jax.Array, head: str | None = None, dty
             leaf = config.initializer_range * jax.random.normal(key, shape, dtype)
         else:
             leaf = (jnp.ones if init == "ones" else jnp.zeros)(shape, dtype)
-        if path[-2:] == ("word_embeddings", "embedding"):
+        if path[-2:] == ("word_embeddings", "embedding") and config.pad_token_id is not None:
             leaf = leaf.at[config.pad_token_id].set(0)
         out[path] = leaf
     return traverse_util.unflatten_dict(out)

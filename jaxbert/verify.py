@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxbert.config import BertConfig
+from jaxbert.config import BertConfig, padding_id
 from jaxbert.heads import BASE_FIELDS, TABLE, resolve_head
 from jaxbert.sentence_dir import transformer_dir
 from jaxbert.seq2seq import load_config
@@ -44,7 +44,7 @@ def _random_batch(config: BertConfig, head: str, batch: int = 3, length: int = 1
     mask = np.ones((batch, length), np.int64)
     mask[1, length // 2 :] = 0
     mask[2, 3:] = 0
-    ids[mask == 0] = config.pad_token_id
+    ids[mask == 0] = padding_id(config)
     types = np.zeros_like(ids)
     if config.type_vocab_size > 1:
         types[:, length // 3 :] = 1

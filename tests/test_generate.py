@@ -75,6 +75,29 @@ def test_greedy_equals_transformers_with_left_padding_and_eos(models):
     assert later.shape != expected.shape or (later != expected).any()
 
 
+@pytest.mark.parametrize("options", [{}, dict(num_beams=3)])
+def test_a_null_pad_token_id_generates_as_transformers(tmp_path, options):
+    """config.json's "pad_token_id": null was refused at load. transformers' generate then pads ended rows with
+    eos (and infers no attention mask from the prompt, pad being eos)."""
+    transformers.logging.set_verbosity_error()
+    hf = hf_model("BertLMHeadModel", is_decoder=True, pad_token_id=None)
+    hf.config.architectures = ["BertLMHeadModel"]
+    hf.save_pretrained(tmp_path)
+    lm = jaxbert.load(tmp_path)
+    ids, mask = _prompts()
+    plain = _hf_generate(hf, ids, mask, max_new_tokens=NEW, **options)
+    np.testing.assert_array_equal(lm.generate(ids, attention_mask=mask, max_new_tokens=NEW, **options), plain)
+    eos = _stops_some_rows(plain[:, P:])
+    expected = _hf_generate(hf, ids, mask, max_new_tokens=NEW, eos_token_id=eos, **options)
+    got = lm.generate(ids, attention_mask=mask, max_new_tokens=NEW, eos_token_id=eos, **options)
+    np.testing.assert_array_equal(got, expected)
+    ended = [row for row in got if eos in row[P:-1]]
+    assert ended or options  # greedy: row 0 ends early; then each ended row is padded with eos
+    assert all((row[P + list(row[P:]).index(eos) :] == eos).all() for row in ended)
+    unmasked = _hf_generate(hf, ids, None, max_new_tokens=NEW, eos_token_id=eos, **options)
+    np.testing.assert_array_equal(lm.generate(ids, max_new_tokens=NEW, eos_token_id=eos, **options), unmasked)
+
+
 def test_greedy_with_an_eos_list_trims_to_the_steps_run(models):
     hf, lm, _ = models
     ids, mask = _prompts(seed=1)

@@ -202,6 +202,37 @@ def test_gradients_of_every_head_match_torch_autograd(head):
         assert_close(got[name], p.grad.numpy(), name)
 
 
+@pytest.mark.parametrize("head", ["BertForQuestionAnswering", "BertForMaskedLM"])
+def test_a_null_pad_token_id_is_no_padding_idx_as_in_transformers(head, tmp_path):
+    """config.json's "pad_token_id": null (transformers 5 accepts it: BertEmbeddings then has no padding_idx) was
+    refused. Loaded, its outputs are transformers'; the [PAD] lookups (id 0, as BERT's tokenizers pad) now train
+    row 0, as nn.Embedding without padding_idx does; and a fresh embedding table keeps its row 0."""
+    import jax
+
+    hf = hf_model(head, pad_token_id=None, **({"num_labels": 2} if head == "BertForQuestionAnswering" else {}))
+    assert hf.bert.embeddings.word_embeddings.padding_idx is None
+    hf.config.architectures = [head]
+    hf.save_pretrained(tmp_path)
+    loaded = jaxbert.load(tmp_path)
+    assert loaded.config.pad_token_id is None
+    feed, labels = _feed(head), _labels(head, _feed(head))
+    expected, got = torch_run(hf, feed), loaded(**feed)
+    field = "start_logits" if head == "BertForQuestionAnswering" else "logits"
+    assert_close(getattr(got, field), getattr(expected, field).numpy(), field, mask=feed["attention_mask"] == 1)
+    hf(**{k: torch.as_tensor(v) for k, v in {**feed, **labels}.items()}).loss.backward()
+    config, params = loaded.config, jaxbert.torch_to_flax(state_dict(hf), loaded.config, head)[0]
+    jfeed = {k: jnp.asarray(v) for k, v in feed.items()}
+    grads = jax.grad(lambda p: jaxbert.forward(p, config, head, **jfeed, **_jax_labels(head, labels)).loss)(params)
+    got = jaxbert.flax_to_torch(grads, config, head)
+    for name, p in hf.named_parameters():
+        assert_close(got[name], p.grad.numpy(), name)
+    row = got["bert.embeddings.word_embeddings.weight"][0]
+    assert np.abs(row).max() > 1e-4  # the padded positions' lookups reach the loss and train row 0
+    fresh = jaxbert.init_params(config, jax.random.key(0), head)
+    table = (fresh["bert"] if "bert" in fresh else fresh)["embeddings"]["word_embeddings"]["embedding"]
+    assert np.abs(np.asarray(table[0])).max() > 0 and hf.bert.embeddings.word_embeddings.weight[0].abs().max() > 0
+
+
 def test_question_answering_positions_of_shape_batch_by_one_are_squeezed():
     """transformers squeezes start/end positions [B, 1] (as a DataParallel gather gives them); jaxbert failed in
     take_along_axis ('indices and arr must have the same number of dimensions')."""

@@ -55,6 +55,35 @@ def _cli_train(model, data, out, *flags):
     return main(train_args("question-answering", model, data, out, *flags))
 
 
+def test_one_step_with_a_null_pad_token_id_equals_pytorch(tmp_path, capsys):
+    """config.json's "pad_token_id": null was refused; transformers trains it with no padding_idx, so the span
+    softmax over the windows' padding trains the [PAD] row (id 0, which the tokenizer pads with)."""
+    head = "BertForQuestionAnswering"
+    model = model_dir(tmp_path / "model", head, **SMALL, num_labels=2, pad_token_id=None)
+    records = _records()[:3]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tok = transformers.BertTokenizerFast.from_pretrained(model)
+    columns = [[r[k] for r in records] for k in ("question", "context", "answers")]
+    enc, starts, ends = _reference_train_features(tok, *columns)
+    n, out = len(enc["input_ids"]), tmp_path / "out"
+    flags = ["--max-seq-length", MAX_LEN, "--doc-stride", STRIDE, "--global-batch-size", n, "--max-steps", 1]
+    flags += ["--learning-rate", LR, "--weight-decay", DECAY, "--max-grad-norm", CLIP, "--logging-steps", 1]
+    assert _cli_train(model, data, out, *flags, "--eval-steps", 1) == 0, capsys.readouterr().err
+    pt = transformers.BertForQuestionAnswering.from_pretrained(model)
+    assert pt.bert.embeddings.word_embeddings.padding_idx is None and 0 in np.asarray(enc["input_ids"])
+    batch = {k: torch.tensor(enc[k]) for k in ("input_ids", "attention_mask", "token_type_ids")}
+    batch.update(start_positions=torch.tensor(starts), end_positions=torch.tensor(ends))
+    loss, norm = _torch_step(pt, batch, None)
+    row = pt.bert.embeddings.word_embeddings.weight.grad[0].abs().max()
+    diff, _, config, _ = after_one_step(out, pt, head, loss, norm)
+    assert config.pad_token_id is None and row > 0
+    last = f"bert.encoder.layer.{SMALL['num_hidden_layers'] - 1}.output.LayerNorm.bias"
+    noise = [k for k in diff if k.endswith(ZERO_GRADIENT[0]) or k in ("qa_outputs.bias", last)]
+    assert max(d for k, d in diff.items() if k not in noise) <= 1e-6
+    assert diff["bert.embeddings.word_embeddings.weight"] <= 1e-6
+
+
 def test_one_step_equals_pytorch(tmp_path, capsys):
     head = "BertForQuestionAnswering"
     model = model_dir(tmp_path / "model", head, **SMALL, num_labels=2)

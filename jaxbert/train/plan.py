@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from jaxbert import cpu, distributed, malloc, sharding
-from jaxbert.config import BertConfig
+from jaxbert.config import BertConfig, padding_id
 from jaxbert.texts import read_text_file
 from jaxbert.train import data as D
 from jaxbert.train.config import TrainConfig, total_steps
@@ -93,7 +93,7 @@ class Run:
     @property
     def fill(self) -> np.ndarray:
         """A padding row's block: the pad id, in no segment."""
-        return np.asarray([[self.config.pad_token_id], [0]], np.int32)
+        return np.asarray([[padding_id(self.config)], [0]], np.int32)
 
     def initial_params(self):
         params, fresh, partial = mlm_params(self.cfg.model, self.config, self.cfg.seed)
@@ -211,7 +211,7 @@ def prepare(cfg: TrainConfig) -> Run:
     tok = WordPiece.from_dir(cfg.model)
     key = D.tokenizer_key(cfg.model)
     cache = os.path.join(cfg.output_dir, "cache")
-    args = (cfg.max_seq_length, cfg.line_by_line, config.pad_token_id, cache)
+    args = (cfg.max_seq_length, cfg.line_by_line, padding_id(config), cache)
     packed = cfg.line_by_line and cfg.pack
     train_blocks = D.tokenized(tok, train_texts, *args, "train", key, packed)
     val_blocks = D.tokenized(tok, val_texts, *args, "validation", key, packed)
@@ -231,7 +231,7 @@ def prepare(cfg: TrainConfig) -> Run:
     names = ("pad_token", "cls_token", "sep_token", "mask_token", "unk_token")
     special = [tok.token_to_id(tok.special_tokens[k]) for k in names]
     special += [tok.token_to_id(t) for t in tok.additional_special]  # as the collator's all_special_ids
-    special.append(config.pad_token_id)  # what rows are padded with (and unattended), whatever the tokenizer's is
+    special.append(padding_id(config))  # what rows are padded with (and unattended), whatever the tokenizer's is
     run = Run(
         cfg,
         config,

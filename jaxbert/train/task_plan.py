@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from jaxbert import batching, cpu, distributed, malloc, metrics
-from jaxbert.config import BertConfig
+from jaxbert.config import BertConfig, padding_id
 from jaxbert.train import data as D
 from jaxbert.train import task_encode as E
 from jaxbert.train import task_pack as P
@@ -73,7 +73,7 @@ class TaskRun:
             self.train.batch_size,
             self.train.buckets,
             jax.device_count(),
-            self.config.pad_token_id,
+            padding_id(self.config),
         )
 
     def describe(self, result: dict) -> str:
@@ -247,9 +247,9 @@ def prepare(cfg: TrainConfig) -> TaskRun:
     if packed:
         segments = P.segments_per_row(train, cfg.max_seq_length)
         args = (cfg.max_seq_length, segments, n)
-        batches = P.PackedTaskBatches(train, batch, cfg.grad_accum_steps, cfg.seed, buckets, config.pad_token_id, *args)
+        batches = P.PackedTaskBatches(train, batch, cfg.grad_accum_steps, cfg.seed, buckets, padding_id(config), *args)
     else:
-        batches = E.TaskBatches(train, batch, cfg.grad_accum_steps, cfg.seed, buckets, config.pad_token_id)
+        batches = E.TaskBatches(train, batch, cfg.grad_accum_steps, cfg.seed, buckets, padding_id(config))
     total = total_steps(cfg, batches.steps_per_epoch)
     warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * total)
     run = TaskRun(cfg, labelled_config(config, task, labels), task, labels, batches, val, total, warmup, metric, renew)
