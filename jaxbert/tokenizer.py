@@ -229,9 +229,33 @@ def _with_additional(tok: Tokenizer, tokens: list[str]) -> tuple[str, ...]:
 # tokenizer_class values (with or without "Fast") transformers 5 builds as its BertTokenizer (aliases of it, and
 # DistilBertTokenizer), and those under which it reads tokenizer.json as it is (ConvBertTokenizer beside vocab.txt
 # alone is a BertTokenizer too)
-BERT_CLASSES = {"Bert", "Electra", "LayoutLM", "MobileBert", "SqueezeBert", "DistilBert"}
+BERT_CLASSES = {"Bert", "Electra", "LayoutLM", "Lxmert", "MobileBert", "SqueezeBert", "DistilBert"}
 AS_IS_CLASSES = {"PreTrainedTokenizerFast", "PreTrainedTokenizer", "TokenizersBackend", "PythonBackend"}
 AS_IS_CLASSES.add("ConvBertTokenizer")
+# The other tokenizer_class values (without "Fast") transformers 5.24 builds with a class of its own: refused. A
+# name it does not know (a custom class; its auto_map code runs only with trust_remote_code, which jaxbert never
+# does) makes AutoTokenizer read tokenizer.json as it is, as TokenizersBackend: so does jaxbert. Checked against the
+# installed transformers by test_tokenizer_inputs.py.
+TRANSFORMERS_CLASSES = frozenset(
+    """AlbertTokenizer AutoTokenizer BartTokenizer BarthezTokenizer BartphoTokenizer BasicTokenizer
+    BertGenerationTokenizer BertJapaneseTokenizer BertweetTokenizer BigBirdTokenizer BioGptTokenizer
+    BlenderbotSmallTokenizer BlenderbotTokenizer ByT5Tokenizer CLIPTokenizer CTRLTokenizer CamembertTokenizer
+    CanineTokenizer CharacterTokenizer ClvpTokenizer CodeGenTokenizer CodeLlamaTokenizer CohereTokenizer
+    ConvBertTokenizer CpmAntTokenizer CpmTokenizer DPRContextEncoderTokenizer DPRQuestionEncoderTokenizer
+    DPRReaderTokenizer DebertaTokenizer DebertaV2Tokenizer DiaTokenizer DistilBertTokenizer EsmTokenizer
+    EsmcTokenizer FNetTokenizer FSMTTokenizer FastSpeech2ConformerTokenizer FlaubertTokenizer FunnelTokenizer
+    GPT2Tokenizer GPTNeoXJapaneseTokenizer GPTNeoXTokenizer GPTSw3Tokenizer GemmaTokenizer HerbertTokenizer
+    LEDTokenizer LasrTokenizer LayoutLMv2Tokenizer LayoutLMv3Tokenizer LayoutXLMTokenizer LlamaTokenizer
+    LongformerTokenizer LukeTokenizer M2M100Tokenizer MBart50Tokenizer MBartTokenizer MLukeTokenizer MPNetTokenizer
+    MarianTokenizer MarkupLMTokenizer MecabTokenizer MgpstrTokenizer MvpTokenizer MyT5Tokenizer NllbTokenizer
+    NougatTokenizer OpenAIGPTTokenizer PLBartTokenizer ParakeetTokenizer PegasusTokenizer PerceiverTokenizer
+    Phi3Tokenizer PhobertTokenizer Pop2PianoTokenizer ProphetNetTokenizer Qwen2Tokenizer Qwen3_5Tokenizer
+    RagTokenizer ReformerTokenizer RemBertTokenizer RoCBertTokenizer RoFormerTokenizer RobertaTokenizer
+    SeamlessM4TTokenizer Siglip2Tokenizer SiglipTokenizer Speech2TextTokenizer SpeechT5Tokenizer SplinterTokenizer
+    T5Tokenizer TapasTokenizer Tipsv2Tokenizer UdopTokenizer VideoPrismTokenizer VitsTokenizer Wav2Vec2CTCTokenizer
+    Wav2Vec2PhonemeCTCTokenizer WhisperTokenizer WordpieceTokenizer XGLMTokenizer XLMRobertaTokenizer XLMTokenizer
+    XLNetTokenizer""".split()
+)
 
 
 def _builds_bert_tokenizer(directory: str, config: dict, config_path: str, vocab_only: bool) -> bool:
@@ -250,12 +274,12 @@ def _builds_bert_tokenizer(directory: str, config: dict, config_path: str, vocab
     base = name.removesuffix("Fast") if isinstance(name, str) else None
     if base is not None and base.removesuffix("Tokenizer") in BERT_CLASSES:
         return True
-    if base is not None and (base in AS_IS_CLASSES or name in AS_IS_CLASSES):
-        if not vocab_only or base == "ConvBertTokenizer":
-            return False
+    as_is = base in AS_IS_CLASSES or name in AS_IS_CLASSES or base not in TRANSFORMERS_CLASSES
+    if base is not None and as_is and (not vocab_only or base == "ConvBertTokenizer"):
+        return False
     raise ValueError(
         f"{where}: tokenizer_class {name!r} is not one jaxbert builds as transformers does (BertTokenizer or an "
-        "alias; PreTrainedTokenizerFast reads tokenizer.json as it is)"
+        "alias; PreTrainedTokenizerFast or a class transformers does not know reads tokenizer.json as it is)"
     )
 
 

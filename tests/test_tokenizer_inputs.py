@@ -442,6 +442,54 @@ def test_the_tokenizer_classes_transformers_builds_as_bert_are_followed(tmp_path
 
 
 @pytest.mark.parametrize(
+    "settings",
+    [
+        {"tokenizer_class": "MyCustomTokenizer"},
+        {"tokenizer_class": "MyCustomTokenizerFast", "auto_map": {"AutoTokenizer": ["tok.MyCustomTokenizer", None]}},
+        {"tokenizer_class": "LxmertTokenizer"},  # transformers 5's BertTokenizer under another name
+    ],
+)
+def test_a_tokenizer_class_transformers_does_not_know_reads_tokenizer_json_as_it_is(tmp_path, settings):
+    """transformers 5's AutoTokenizer reads a BERT directory's tokenizer.json as it is (TokenizersBackend) when
+    tokenizer_config.json names a class it does not know, auto_map or not (its code runs only with
+    trust_remote_code); jaxbert refused it ("is not one jaxbert builds as transformers does"), and
+    LxmertTokenizer too, which transformers builds as its BertTokenizer. A cased tokenizer.json beside
+    do_lower_case true tells the two apart."""
+    transformers = pytest.importorskip("transformers")
+    directory = _tokenizer_dir(tmp_path, "tokenizer.json", _edit_json(**CASED))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**settings, "do_lower_case": True}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 30522}))
+    expected = transformers.AutoTokenizer.from_pretrained(directory)([HI, "Hi world"])["input_ids"]
+    assert WordPiece.from_dir(directory).encode([HI, "Hi world"]).ids == expected
+
+
+def test_tokenizer_classes_are_read_as_transformers_reads_them():
+    """Every tokenizer class name transformers 5 knows: those it builds as its BertTokenizer are built as BERT's,
+    those it reads tokenizer.json with read it as it is, and the others (a tokenizer of their own) are refused."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.convert_slow_tokenizer import SLOW_TO_FAST_CONVERTERS
+    from transformers.models.auto import tokenization_auto
+
+    from jaxbert.tokenizer import _builds_bert_tokenizer
+
+    names = {n for n in tokenization_auto.TOKENIZER_MAPPING_NAMES.values() if n} | set(SLOW_TO_FAST_CONVERTERS)
+    names |= {n for n in transformers._class_to_module if n.endswith(("Tokenizer", "TokenizerFast"))}
+    names = {n.removesuffix("Fast") for n in names}
+    names |= {n + "Fast" for n in names}
+    # transformers' own classes that jaxbert reads as one of the two (their ids: the tests above)
+    kinds = {"BertTokenizer": "bert", "DistilBertTokenizer": "bert", "ConvBertTokenizer": "as is"}
+    kinds.update(TokenizersBackend="as is", PythonBackend="as is", PreTrainedTokenizerFast="as is")
+    for name in sorted(names) + ["MyCustomTokenizer"]:
+        cls = tokenization_auto.tokenizer_class_from_name(name)
+        expected = "as is" if cls is None else kinds.get(cls.__name__, "refused")
+        try:
+            got = "bert" if _builds_bert_tokenizer("", {"tokenizer_class": name}, "t.json", False) else "as is"
+        except ValueError:
+            got = "refused"
+        assert got == expected, (name, cls)
+
+
+@pytest.mark.parametrize(
     "name, settings, config_json",
     [
         ("vocab.txt", {"tokenizer_class": "BertJapaneseTokenizer"}, None),  # MeCab words first
