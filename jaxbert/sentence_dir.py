@@ -368,8 +368,16 @@ def companion_files(directory: str) -> list[str]:
     top = FILES if model is None else (*FILES[:1], *(os.path.join(model, name) for name in SETTINGS_FILES), FILES[-1])
     names = [name for name in top if existing_file(directory, name)]
     if "modules.json" in names:
-        for module in read_json(existing_file(directory, "modules.json"), list)[model is not None :]:
-            _, sub = _module_type(directory, module)
+        path = existing_file(directory, "modules.json")
+        for i, module in enumerate(read_json(path, list)[model is not None :], model is not None):
+            kind, sub = _module_type(path, module)
+            if model is not None and os.path.normpath(sub) == os.path.normpath(model):
+                # Its files are the model's, which the copy holds at its root in its own format: copied as the
+                # module's, the source's config.json and weights would land over the written ones.
+                raise ValueError(
+                    f"{path}: module {i} ({kind}) has the Transformer's path {sub!r}; a copy of this directory "
+                    "cannot keep both at one place"
+                )
             if os.path.normpath(sub) != ".":  # "./" too (sentence-transformers reads the root there): not the model
                 names += _module_files(directory, sub)
     return list(dict.fromkeys(names))

@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import legacy_layout, model_dir
+from conftest import cli_fails, legacy_layout, model_dir
 
 import jaxbert
 from jaxbert.cli import main
@@ -173,6 +173,29 @@ def test_pipelines_sentence_transformers_would_not_run_as_listed_are_refused(tmp
     _modules(directory, entries)
     with pytest.raises(ValueError, match=match):
         jaxbert.load(directory).embed(TEXTS)
+
+
+def test_a_module_at_the_transformers_path_is_refused_where_a_copy_would_misread_it(tmp_path, capsys):
+    """A legacy modules.json (the Transformer in 0_Transformer/) whose Normalize also names 0_Transformer:
+    sentence-transformers loads it (its Normalize reads nothing there), and jaxbert embeds it as it does; but a
+    copy took 0_Transformer's files for the Normalize's and put them at the copy's root, over the written model:
+    `convert --dtype bfloat16` left the source's config.json and float32 model.safetensors there (jaxbert.load
+    of it float32), and a fine-tune's OUT/final its source's. convert, export and train now refuse it in one line."""
+    source = _st_dir(tmp_path, {"pooling_mode": "mean"}, modules=("Pooling", "Normalize"), max_seq_length=12)
+    directory = legacy_layout(source, tmp_path / "legacy")
+    entries = json.loads((tmp_path / "legacy" / "modules.json").read_text())
+    entries[2]["path"] = "0_Transformer"
+    (tmp_path / "legacy" / "modules.json").write_text(json.dumps(entries))
+    _assert_same(jaxbert.load(directory).embed(TEXTS), _reference(directory))
+    match = "modules.json: module 2 (Normalize) has the Transformer's path '0_Transformer'"
+    capsys.readouterr()  # the reference's progress bars
+    cli_fails(capsys, tmp_path, "convert", directory, "--dtype", "bfloat16", match=match)
+    data = tmp_path / "texts.txt"
+    data.write_text("".join(f"text number {i} with some words\n" for i in range(40)))
+    args = ["train-mlm", "--model", directory, "--train-file", data, "--output-dir", tmp_path / "out"]
+    args += ["--max-seq-length", 16, "--no-progress"]
+    assert main([str(a) for a in args]) == 1 and match in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("path", ["../outside", "/etc"])

@@ -192,6 +192,7 @@ def _check_vocabulary(ids: np.ndarray, vocab_size: int, tok, name: str) -> None:
 
 def prepare(cfg: TrainConfig) -> Run:
     """Everything that can be wrong with the inputs is found here, before any compilation."""
+    from jaxbert.sentence_dir import companion_files
     from jaxbert.tokenizer import WordPiece
 
     config, batch = model_and_batch(cfg)
@@ -209,6 +210,7 @@ def prepare(cfg: TrainConfig) -> Run:
             )
         val_texts, train_texts = train_text.texts[:cut], train_text.texts[cut:]
     tok = WordPiece.from_dir(cfg.model)
+    companion_files(cfg.model)  # what the written model copies: refused now, not after training
     key = D.tokenizer_key(cfg.model)
     cache = os.path.join(cfg.output_dir, "cache")
     args = (cfg.max_seq_length, cfg.line_by_line, padding_id(config), cache)
