@@ -153,6 +153,8 @@ def _evaluate(args) -> int:
         version_2_with_negative=args.version_2_with_negative,
         null_score_diff_threshold=args.null_score_diff_threshold,
         prompts=((args.query_prompt, args.query_prompt_name), (args.corpus_prompt, args.corpus_prompt_name)),
+        max_source_length=args.max_source_length,
+        val_max_target_length=args.val_max_target_length,
     )
     types = [k.removesuffix("_number") for k in result if k.endswith("_number")]  # a tagger's entity types
     by_type = {f"{t}_{k}" for t in types for k in ("precision", "recall", "f1", "number")}
@@ -228,6 +230,11 @@ def add_parsers(sub) -> None:
     evaluate.add_argument("--label-column", default=None)
     evaluate.add_argument("--batch-size", type=int, default=32)
     evaluate.add_argument("--max-seq-length", type=int, default=None)
+    seq2seq = evaluate.add_argument_group("seq2seq (default: as the model was trained here)")
+    seq2seq.add_argument("--max-source-length", type=int, default=None, help="tokens a source is cut to")
+    seq2seq.add_argument(
+        "--val-max-target-length", type=int, default=None, help="tokens a target is cut to (run_summarization's)"
+    )
     for side, what in (("query", "anchors"), ("corpus", "positives and negatives")):  # --task embedding
         prompt = evaluate.add_mutually_exclusive_group()
         prompt.add_argument(f"--{side}-prompt", default=None, help=f"text put before the {what} (embedding)")

@@ -267,6 +267,8 @@ def evaluate(
     version_2_with_negative: bool | None = None,
     null_score_diff_threshold: float | None = None,
     prompts=((None, None), (None, None)),
+    max_source_length: int | None = None,
+    val_max_target_length: int | None = None,
 ) -> dict:
     """The task's metrics of the model in `directory` on the labelled file `path` (labels named through the
     model's label2id) at `max_length` tokens (default: the length it was trained with, else the model's), written
@@ -274,7 +276,9 @@ def evaluate(
     which are not scored (words_not_scored). Question answering reads with the options it was trained with, or
     with `version_2_with_negative` and `null_score_diff_threshold` where given (qa_options). Embedding reads the
     anchors and the others with `prompts`: ((prompt, prompt_name) of the queries, of the corpus), as
-    sentence-transformers' InformationRetrievalEvaluator's query_prompt(_name) / corpus_prompt(_name)."""
+    sentence-transformers' InformationRetrievalEvaluator's query_prompt(_name) / corpus_prompt(_name). Seq2seq cuts
+    sources at `max_source_length` and targets at `val_max_target_length` (run_summarization.py's), each else at
+    `max_length`, else as trained."""
     from types import SimpleNamespace
 
     from jaxbert import qa
@@ -305,6 +309,9 @@ def evaluate(
     task = TASKS[task_name]
     if task_name != "embedding" and prompts != ((None, None), (None, None)):
         raise ValueError(f"--task {task_name}: query and corpus prompts are for --task embedding")
+    if task_name != "seq2seq" and (max_source_length, val_max_target_length) != (None, None):
+        flag = "--max-source-length" if max_source_length is not None else "--val-max-target-length"
+        raise ValueError(f"{flag}: applies to --task seq2seq only, not {task_name} (--max-seq-length cuts its texts)")
     config = load_config(directory)
     trained_qa = qa_options(config, task_name, version_2_with_negative, null_score_diff_threshold)
     head = resolve_head(None, config)
@@ -336,6 +343,9 @@ def evaluate(
         positive_int("--max-seq-length", max_length, positions)
     limit = max_length or min(positions, trained_length(config) or tok.model_max_length)
     opts = {"label_all_tokens": trained_all_tokens(config)} if task_name == "token-classification" else {}
+    if task_name == "seq2seq":  # each side cut as trained, or as asked
+        opts["lengths"] = _seq2seq_lengths(config, tok, max_length, max_source_length, val_max_target_length)
+        limit = max(opts["lengths"])
     if task_name == "embedding":  # the directory's own pooling, normalization, length and prompts (sentence_dir.py)
         from jaxbert.train.task_embedding import directory_eval
 
@@ -363,6 +373,9 @@ def evaluate(
 
         step = (task_causal_lm if task_name == "causal-lm" else task_seq2seq).eval_step
         eval_fn = cpu.onednn_jit(functools.partial(step, config=config), tokens=cpu.batch_tokens)
+        if task_name == "seq2seq":  # each side padded to its own length bucket, as in training
+            sides, jitted = tuple(batching.length_buckets(n) for n in opts["lengths"]), eval_fn
+            eval_fn = lambda p, batch: jitted(p, task_seq2seq.fit(batch, sides))  # noqa: E731
     elif task_name != "embedding":
         step = task_qa.eval_step if task_name == "question-answering" else task_eval_step
         eval_fn = cpu.onednn_jit(functools.partial(step, config=config, head=head), tokens=cpu.batch_tokens)
@@ -388,3 +401,27 @@ def evaluate(
                 indent=1,
             )
     return result
+
+
+def _seq2seq_lengths(config, tok, max_length, source, target) -> tuple[int, int]:
+    """Where `evaluate` cuts a bert2bert's sources and targets: each side's flag (--max-source-length,
+    --val-max-target-length), else --max-seq-length (both sides), else as trained (task_table.trained_sides), else
+    the side's positions and the tokenizer's limit."""
+    from jaxbert.train.task_table import trained_sides
+
+    if None not in (max_length, source, target):  # --max-seq-length would cut nothing, taken without a word
+        raise ValueError(
+            f"--max-seq-length {max_length}: --max-source-length and --val-max-target-length set both sides; pass "
+            "--max-seq-length (both sides) or the two"
+        )
+    trained = trained_sides(config) or (None, None)
+    lengths = []
+    for flag, given, side, was in zip(
+        ("--max-source-length", "--val-max-target-length"), (source, target), (config.encoder, config.decoder), trained
+    ):
+        positions = side.max_position_embeddings  # beyond them JAX would clamp position ids: a wrong score
+        if given is not None:
+            lengths.append(positive_int(flag, given, positions))
+        else:
+            lengths.append(max_length or min(positions, was or tok.model_max_length))
+    return tuple(lengths)

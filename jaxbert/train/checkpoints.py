@@ -201,6 +201,11 @@ LATER_KEYS = (
 )
 
 
+# Meta keys that checkpoints of earlier jaxbert versions lack, implied there by another: a seq2seq run cut its
+# sources and its targets at --max-seq-length.
+IMPLIED_KEYS = {"max_source_length": "max_seq_length", "max_target_length": "max_seq_length"}
+
+
 # Meta keys that follow from others (the data, --max-seq-length, the batch): compared last, so that a run on more
 # devices is told its global_batch_size differs, not that its steps_per_epoch does.
 DERIVED_KEYS = ("train_sequences", "steps_per_epoch")
@@ -227,6 +232,8 @@ def check_meta(meta: dict, expected: dict, where: str) -> None:
         meta = {**meta, "steps_per_epoch": meta.get("train_sequences", 0) // max(per_step, 1)}
     for key in sorted(expected, key=lambda k: k in DERIVED_KEYS):
         value = expected[key]
+        if key in IMPLIED_KEYS and key not in meta:  # an earlier version's: the key it was implied by
+            meta = {**meta, key: meta.get(IMPLIED_KEYS[key])}
         if key in LATER_KEYS and key not in meta:
             continue
         if key not in ("step", "epoch", "offset", "model_config") and meta.get(key) != value:

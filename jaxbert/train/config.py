@@ -85,6 +85,10 @@ class TrainConfig:
     max_answer_length: int = 30
     version_2_with_negative: bool = False
     null_score_diff_threshold: float = 0.0
+    # --task seq2seq: run_summarization.py's max_source_length / max_target_length, each side's cut (default
+    # --max-seq-length, which cut both before they existed)
+    max_source_length: int | None = None
+    max_target_length: int | None = None
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
@@ -97,7 +101,15 @@ class TrainConfig:
             object.__setattr__(self, "validation_split_percentage", 5)
         if self.num_train_epochs is None and self.max_steps is None:
             object.__setattr__(self, "num_train_epochs", 3.0)
-        if self.max_seq_length is None and self.task != "embedding":
+        both = None not in (self.max_source_length, self.max_target_length)
+        if self.task == "seq2seq" and both and self.max_seq_length is not None:
+            # Both sides set: --max-seq-length would cut nothing, taken without a word.
+            raise ValueError(
+                f"--max-seq-length {self.max_seq_length}: --max-source-length and --max-target-length set both "
+                "sides; pass --max-seq-length (both sides) or the two"
+            )
+        # A seq2seq run with both sides set has no --max-seq-length (None, so replace() runs this again unchanged).
+        if self.max_seq_length is None and self.task != "embedding" and not (self.task == "seq2seq" and both):
             object.__setattr__(self, "max_seq_length", 384 if self.task == "question-answering" else 128)
         if self.doc_stride is None and self.task == "question-answering":
             object.__setattr__(self, "doc_stride", min(128, self.max_seq_length // 2))
@@ -105,7 +117,11 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and not ok(value):
                 raise ValueError(f"{_flag(name)} {value!r}: {why}")
-        if self.max_predictions_per_seq is not None and self.max_predictions_per_seq > self.max_seq_length:
+        if (
+            self.max_predictions_per_seq is not None
+            and self.max_seq_length is not None
+            and self.max_predictions_per_seq > self.max_seq_length
+        ):
             raise ValueError(
                 f"--max-predictions-per-seq {self.max_predictions_per_seq}: exceeds --max-seq-length "
                 f"{self.max_seq_length}"
@@ -148,6 +164,9 @@ class TrainConfig:
         for name in QA_FIELDS:
             if self.task != "question-answering" and getattr(self, name) != defaults[name]:
                 raise ValueError(f"{_flag(name)} applies to --task question-answering only, not {self.task}")
+        for name in SEQ2SEQ_FIELDS:
+            if self.task != "seq2seq" and getattr(self, name) != defaults[name]:
+                raise ValueError(f"{_flag(name)} applies to --task seq2seq only, not {self.task}")
         for name in TAG_FIELDS:
             if self.task != "token-classification" and getattr(self, name) != defaults[name]:
                 raise ValueError(f"{_flag(name)} applies to --task token-classification only, not {self.task}")
@@ -161,10 +180,24 @@ class TrainConfig:
         if self.task == "question-answering" and self.doc_stride >= self.max_seq_length:
             raise ValueError(f"--doc-stride {self.doc_stride}: must be below --max-seq-length {self.max_seq_length}")
 
+    def seq2seq_lengths(self) -> tuple[tuple[str, int], tuple[str, int]]:
+        """--task seq2seq's (flag, tokens) where sources and where targets are cut: --max-source-length and
+        --max-target-length, each side defaulting to --max-seq-length (which cut both before they existed)."""
+        return tuple(
+            (_flag(n), getattr(self, n)) if getattr(self, n) is not None else ("--max-seq-length", self.max_seq_length)
+            for n in SEQ2SEQ_FIELDS
+        )
+
     def resume_keys(self) -> tuple[str, ...]:
         return (
             # --max-steps decides the schedule alone (Trainer's rule): epochs given beside it change nothing.
-            tuple(k for k in self.RESUME_KEYS if not (k == "num_train_epochs" and self.max_steps))
+            # A seq2seq run's cut is its two sides' (task_seq2seq.Seq2SeqRun.meta), whichever flags set them.
+            tuple(
+                k
+                for k in self.RESUME_KEYS
+                if not (k == "num_train_epochs" and self.max_steps)
+                and not (k == "max_seq_length" and self.task == "seq2seq")
+            )
             + (TASK_FIELDS[:5] if self.task != "mlm" else ())
             + (EMBEDDING_FIELDS if self.task == "embedding" else ())
             # The windows, and the evaluation's post-processing: OUT/best compares evaluations across the run,
@@ -212,6 +245,7 @@ EMBEDDING_FIELDS = ("pooling", "normalize", "symmetric", "prompts")
 # Question answering's windows (run_qa.py's flags) and post-processing (utils_qa.py's).
 QA_FIELDS = ("doc_stride", "n_best_size", "max_answer_length", "version_2_with_negative", "null_score_diff_threshold")
 TAG_FIELDS = ("label_all_tokens",)
+SEQ2SEQ_FIELDS = ("max_source_length", "max_target_length")
 # Options of task fine-tuning (not flags of train-mlm, whose interface predates them).
 TASK_FIELDS = (
     "text_column",
@@ -224,6 +258,7 @@ TASK_FIELDS = (
     *EMBEDDING_FIELDS,
     *QA_FIELDS,
     *TAG_FIELDS,
+    *SEQ2SEQ_FIELDS,
 )
 
 
@@ -319,6 +354,8 @@ _POSITIVE = f"must be > 0 (at least {F32_TINY:.2e}, float32's smallest normal nu
 RANGES = {
     "validation_split_percentage": (lambda v: 0 < v < 100, "must be between 0 and 100 (exclusive)"),
     "max_seq_length": (lambda v: v >= 8, "must be at least 8"),
+    "max_source_length": (lambda v: v >= 8, "must be at least 8"),
+    "max_target_length": (lambda v: v >= 8, "must be at least 8"),
     "mlm_probability": (lambda v: 0 < v < 1, "must be between 0 and 1 (exclusive)"),
     "max_predictions_per_seq": (lambda v: v >= 1, "must be at least 1"),
     "per_device_batch_size": (lambda v: v >= 1, "must be at least 1"),

@@ -154,12 +154,13 @@ def model_and_batch(cfg: TrainConfig) -> tuple[BertConfig, int]:
     pair = getattr(config, "is_encoder_decoder", False)
     if pair and cfg.task != "seq2seq":
         raise ValueError(f"{cfg.model}: an EncoderDecoderModel (bert2bert); --task seq2seq trains it, not {cfg.task}")
-    for side, part in (("encoder", config.encoder), ("decoder", config.decoder)) if pair else (("model", config),):
-        if cfg.max_seq_length > part.max_position_embeddings:
-            raise ValueError(
-                f"--max-seq-length {cfg.max_seq_length} exceeds the {side}'s max_position_embeddings "
-                f"{part.max_position_embeddings}"
-            )
+    # A bert2bert's sources are read by its encoder and its targets by its decoder (each side's flag named).
+    sides = (("encoder", config.encoder), ("decoder", config.decoder)) if pair else (("model", config),) * 2
+    lengths = cfg.seq2seq_lengths() if cfg.task == "seq2seq" else [("--max-seq-length", cfg.max_seq_length)] * 2
+    for (side, part), (flag, length) in zip(sides, lengths):
+        if length > part.max_position_embeddings:
+            limit = part.max_position_embeddings
+            raise ValueError(f"{flag} {length} exceeds the {side}'s max_position_embeddings {limit}")
     shape = sharding.mesh_shape(cfg.mesh, jax.device_count(), config.num_attention_heads, cfg.fsdp)
     n = shape["data"] * shape["fsdp"]  # the batch is split over these (tensor-parallel devices share rows)
     batch = cfg.global_batch_size or cfg.per_device_batch_size * n

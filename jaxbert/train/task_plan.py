@@ -242,7 +242,9 @@ def prepare(cfg: TrainConfig) -> TaskRun:
         E.check_tables(val, side, val_rows)
     for _, write in sets:
         write()
-    buckets = batching.length_buckets(cfg.max_seq_length)
+    # A seq2seq example is padded to its longer side before each side is cut to its own (task_seq2seq.split).
+    longest = max(n for _, n in cfg.seq2seq_lengths()) if task.name == "seq2seq" else cfg.max_seq_length
+    buckets = batching.length_buckets(longest)
     packed = cfg.pack and task.name in PACKED_TASKS
     if packed:
         segments = P.segments_per_row(train, cfg.max_seq_length)

@@ -20,33 +20,78 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxbert import batching
 from jaxbert.seq2seq import EncoderDecoderConfig, encoder_decoder, load_config
 from jaxbert.train import task_encode as E
 from jaxbert.train import task_plan
+from jaxbert.train.config import SEQ2SEQ_FIELDS
 from jaxbert.train.task_causal_lm import describe_tokens, token_stats
 from jaxbert.train.task_init import task_params
 from jaxbert.train.task_table import COLUMNS_KEY
 
 
-def encode(tok, rows, columns, labels, max_len: int):
-    """Every row's source and target checked, then (cache key parts, build)."""
+def encode(tok, rows, columns, labels, max_len: int, lengths: tuple[int, int] | None = None):
+    """Every row's source and target checked, then (cache key parts, build): sources cut to lengths[0] tokens and
+    targets to lengths[1] (run_summarization.py's max_source_length and max_target_length; both `max_len` unless
+    given)."""
     source, _, target = columns
     pairs = [(r.text(source), r.text(target)) for r in rows]
     pad = tok.token_to_id(tok.special_tokens["pad_token"])
+    lengths = tuple(lengths or (max_len, max_len))
 
     def build() -> E.Encodedset:
-        enc = tok.encode([t for pair in pairs for t in pair], None, max_length=max_len)
+        sides = [tok.encode([p[i] for p in pairs], None, max_length=n) for i, n in enumerate(lengths)]
+        fields = dataclasses.fields(sides[0])
+        enc = dataclasses.replace(sides[0], **{f.name: _interleave(sides, f.name) for f in fields})
         # The bert2bert recipe's labels: the target's ids, -100 on [PAD] (nothing to learn there).
         tags = [[E.IGNORE if i % 2 == 0 or t == pad else t for t in ids] for i, ids in enumerate(enc.ids)]
         return E._pack(enc, 2, np.zeros(len(pairs), np.int32), tags)
 
-    return [pairs], build
+    return [pairs, *lengths], build
+
+
+def _interleave(sides, key: str) -> list:
+    """Source 0, target 0, source 1, ...: an example's two sequences, consecutive (task_encode's layout)."""
+    return [x for pair in zip(*(getattr(side, key) for side in sides)) for x in pair]
+
+
+def split(batch: dict, source: int, target: int) -> dict:
+    """A batch of (source, target) sequences [..., 2, L] (task_encode's layout) as the loss reads it: the sources'
+    input_ids and attention_mask [..., source] and the targets' labels [..., target], each side padded to its own
+    length, so a short target is not decoded at the source's length."""
+    return {
+        "input_ids": batch["input_ids"][..., 0, :source],
+        "attention_mask": batch["attention_mask"][..., 0, :source],
+        "labels": batch["labels"][..., :target],
+    }
+
+
+def fit(batch: dict, buckets) -> dict:
+    """split() of a whole batch at the length buckets ((source's), (target's)) of its longest source and target
+    (a validation batch: every process builds it whole)."""
+    longest = np.asarray(batch["attention_mask"]).sum(-1).reshape(-1, 2).max(0)  # [source, target]
+    return split(batch, *(batching.bucket(int(n), b) for n, b in zip(longest, buckets)))
+
+
+@dataclasses.dataclass
+class Seq2SeqBatches(E.TaskBatches):
+    """TaskBatches whose steps pad the sources and the targets each to its own length bucket (`sides`: the
+    sources' buckets, the targets'), from the whole step's examples so every process pads alike. `buckets` (those
+    of the longer side) pad the validation batches before fit() cuts them."""
+
+    sides: tuple = ((128,), (128,))
+
+    def __call__(self, step: int, rows: slice | None = None) -> dict:
+        longest = np.diff(self.blocks.starts).reshape(-1, 2)[self.examples(step)].max(0)
+        source, target = (batching.bucket(int(n), b) for n, b in zip(longest, self.sides))
+        chosen = self.index(step)[:, slice(None) if rows is None else rows]  # -1: padding rows
+        batch = self.blocks.batch(chosen.reshape(-1), chosen.size, max(source, target), self.pad_id)
+        return split({k: v.reshape(*chosen.shape, *v.shape[1:]) for k, v in batch.items()}, source, target)
 
 
 def _forward(params, batch, *, config, rng=None, dtype=jnp.float32, remat=False, smoothing=0.0):
     params = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
-    ids, mask = batch["input_ids"][:, 0], batch["attention_mask"][:, 0]  # [B, 2, L]: the source is sequence 0
-    labels = batch["labels"]
+    ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]  # split()'s
     return encoder_decoder(params, config, ids, mask, labels=labels, rng=rng, remat=remat, label_smoothing=smoothing)
 
 
@@ -80,6 +125,7 @@ class Seq2SeqRun(task_plan.TaskRun):
 
     warm: bool = False  # built from a BERT directory (from_encoder_decoder_pretrained)
     pooler: dict | None = None  # the encoder's, kept out of training
+    buckets: tuple = ()  # (the sources' length buckets, the targets')
 
     def initial_params(self):
         if self.warm:
@@ -104,11 +150,21 @@ class Seq2SeqRun(task_plan.TaskRun):
     def eval_fn(self, dtype):
         return functools.partial(eval_step, config=self.config, dtype=dtype)
 
+    def evaluate(self, params, eval_fn) -> dict:
+        return super().evaluate(params, lambda p, batch: eval_fn(p, fit(batch, self.buckets)))
+
     describe = staticmethod(describe_tokens)
+
+    def lengths(self) -> dict:
+        """The sources' and targets' cut: a resume compares them (the meta), `evaluate` cuts as trained (OUT/final)."""
+        return dict(zip(SEQ2SEQ_FIELDS, (n for _, n in self.cfg.seq2seq_lengths())))
+
+    def meta(self) -> dict:
+        return {**super().meta(), **self.lengths()}
 
     def final_config(self):
         source, _, target = (self.cfg.text_column or "source", None, self.cfg.label_column or "target")
-        trained = {"text": source, "label": target, "max_seq_length": self.cfg.max_seq_length}
+        trained = {"text": source, "label": target, **self.lengths()}
         return self.config.replace(extra={**self.config.extra, COLUMNS_KEY: trained})
 
     def write_model(self, params, directory: str) -> None:
@@ -132,6 +188,9 @@ def prepare(cfg) -> Seq2SeqRun:
                 raise ValueError(f"{cfg.model}/config.json: {key} is not set; the decoder inputs are made from it")
     base = task_plan.prepare(cfg)
     run = Seq2SeqRun(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
+    run.buckets = tuple(batching.length_buckets(n) for _, n in cfg.seq2seq_lengths())
+    t = run.train
+    run.train = Seq2SeqBatches(t.blocks, t.batch_size, t.accum, t.seed, t.buckets, t.pad_id, run.buckets)
     if not getattr(config, "is_encoder_decoder", False):
         run.config, run.warm = warm_started(config, WordPiece.from_dir(cfg.model)), True
         c = run.config

@@ -212,6 +212,7 @@ TASKS: dict[str, Task] = {
             _from("task_seq2seq", "encode"),
             _from("task_causal_lm", "score"),
             lambda labels: ("loss", "perplexity", "accuracy"),
+            lambda cfg: {"lengths": tuple(n for _, n in cfg.seq2seq_lengths())},
             reads=(True, False, True),
             skip_empty=(0, 2),
         ),
@@ -259,6 +260,17 @@ def trained_length(config) -> int | None:
     saved = (config.extra or {}).get(COLUMNS_KEY)
     length = saved.get("max_seq_length") if isinstance(saved, dict) else None
     return length if type(length) is int and length > 0 else None
+
+
+def trained_sides(config) -> tuple[int, int] | None:
+    """The (source, target) lengths a bert2bert was trained with (see COLUMNS_KEY; one --max-seq-length for both
+    before they were recorded apart), None unknown: `evaluate` cuts as training did."""
+    saved = (config.extra or {}).get(COLUMNS_KEY)
+    sides = [saved.get(k) for k in ("max_source_length", "max_target_length")] if isinstance(saved, dict) else []
+    if all(type(n) is int and n > 0 for n in sides) and sides:
+        return tuple(sides)
+    length = trained_length(config)
+    return None if length is None else (length, length)
 
 
 def trained_all_tokens(config) -> bool:
