@@ -155,6 +155,8 @@ def _evaluate(args) -> int:
         prompts=((args.query_prompt, args.query_prompt_name), (args.corpus_prompt, args.corpus_prompt_name)),
         max_source_length=args.max_source_length,
         val_max_target_length=args.val_max_target_length,
+        predict_with_generate=args.predict_with_generate,
+        num_beams=args.num_beams,
     )
     types = [k.removesuffix("_number") for k in result if k.endswith("_number")]  # a tagger's entity types
     by_type = {f"{t}_{k}" for t in types for k in ("precision", "recall", "f1", "number")}
@@ -233,7 +235,18 @@ def add_parsers(sub) -> None:
     seq2seq = evaluate.add_argument_group("seq2seq (default: as the model was trained here)")
     seq2seq.add_argument("--max-source-length", type=int, default=None, help="tokens a source is cut to")
     seq2seq.add_argument(
-        "--val-max-target-length", type=int, default=None, help="tokens a target is cut to (run_summarization's)"
+        "--val-max-target-length",
+        type=int,
+        default=None,
+        help="tokens a target is cut to, and generated at most (the decoder's start counted; run_summarization's)",
+    )
+    seq2seq.add_argument(
+        "--predict-with-generate",
+        action="store_true",
+        help="also generate for each source and report ROUGE and gen_len, as run_summarization.py",
+    )
+    seq2seq.add_argument(
+        "--num-beams", type=int, default=None, help="the generation's beams (default: the model's generation config)"
     )
     for side, what in (("query", "anchors"), ("corpus", "positives and negatives")):  # --task embedding
         prompt = evaluate.add_mutually_exclusive_group()

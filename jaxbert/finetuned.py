@@ -269,6 +269,8 @@ def evaluate(
     prompts=((None, None), (None, None)),
     max_source_length: int | None = None,
     val_max_target_length: int | None = None,
+    predict_with_generate: bool = False,
+    num_beams: int | None = None,
 ) -> dict:
     """The task's metrics of the model in `directory` on the labelled file `path` (labels named through the
     model's label2id) at `max_length` tokens (default: the length it was trained with, else the model's), written
@@ -278,7 +280,10 @@ def evaluate(
     anchors and the others with `prompts`: ((prompt, prompt_name) of the queries, of the corpus), as
     sentence-transformers' InformationRetrievalEvaluator's query_prompt(_name) / corpus_prompt(_name). Seq2seq cuts
     sources at `max_source_length` and targets at `val_max_target_length` (run_summarization.py's), each else at
-    `max_length`, else as trained."""
+    `max_length`, else as trained; with `predict_with_generate` it also generates for each source (`num_beams`,
+    and a length of `val_max_target_length` tokens counting the decoder's start, else `max_length`, else the
+    trained target length, else the model's generation config) and reports run_summarization.py's ROUGE and gen_len
+    (task_seq2seq.generation_scores), the output file also holding the generated texts."""
     from types import SimpleNamespace
 
     from jaxbert import qa
@@ -299,6 +304,7 @@ def evaluate(
         trained_all_tokens,
         trained_label,
         trained_length,
+        trained_sides,
     )
 
     if not output.endswith(".json"):
@@ -309,6 +315,14 @@ def evaluate(
     task = TASKS[task_name]
     if task_name != "embedding" and prompts != ((None, None), (None, None)):
         raise ValueError(f"--task {task_name}: query and corpus prompts are for --task embedding")
+    if num_beams is not None and not predict_with_generate:  # a search that would not run
+        raise ValueError("--num-beams: the beams of --predict-with-generate's search; pass that too")
+    if predict_with_generate and task_name != "seq2seq":
+        raise ValueError(f"--predict-with-generate: applies to --task seq2seq only, not {task_name}")
+    if predict_with_generate:
+        from jaxbert.metrics_text import rouge_scorer
+
+        rouge_scorer()  # a missing package is named before any work
     if task_name != "seq2seq" and (max_source_length, val_max_target_length) != (None, None):
         flag = "--max-source-length" if max_source_length is not None else "--val-max-target-length"
         raise ValueError(f"{flag}: applies to --task seq2seq only, not {task_name} (--max-seq-length cuts its texts)")
@@ -385,6 +399,10 @@ def evaluate(
     result = {k.removeprefix("eval_"): v for k, v in result.items()}
     if task_name == "token-classification":  # words beyond `limit` tokens: cut, as training cuts them, and counted
         result["words_not_scored"] = int(data.truncated)
+    if predict_with_generate:
+        length = val_max_target_length or max_length or (trained_sides(config) or (None, None))[1]
+        scores, texts = _generated(directory, data, tok, batch_size, length, num_beams)
+        result.update(scores)
     with atomic_file(output, ".json") as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(
@@ -396,6 +414,7 @@ def evaluate(
                     "examples": len(data) if task_name != "question-answering" else len(set(data.extra["example"])),
                     **(used if task_name == "embedding" else {}),
                     **result,
+                    **({"predictions": texts} if predict_with_generate else {}),  # the file's order
                 },
                 f,
                 indent=1,
@@ -419,9 +438,26 @@ def _seq2seq_lengths(config, tok, max_length, source, target) -> tuple[int, int]
     for flag, given, side, was in zip(
         ("--max-source-length", "--val-max-target-length"), (source, target), (config.encoder, config.decoder), trained
     ):
-        positions = side.max_position_embeddings  # beyond them JAX would clamp position ids: a wrong score
+        positions = side.max_position_embeddings
         if given is not None:
-            lengths.append(positive_int(flag, given, positions))
+            # [CLS] and [SEP] around a token (a generated one); beyond the positions, JAX would clamp their ids
+            if isinstance(given, bool) or not isinstance(given, (int, np.integer)) or not 3 <= given <= positions:
+                raise ValueError(f"{flag} {given!r}: must be an integer in [3, {positions}]")
+            lengths.append(int(given))
         else:
             lengths.append(max_length or min(positions, was or tok.model_max_length))
     return tuple(lengths)
+
+
+def _generated(directory: str, data, tok, batch_size: int, length: int | None, num_beams: int | None):
+    """(ROUGE and gen_len, the generated texts) of --predict-with-generate: the model's search on each source,
+    `length` tokens at most counting the decoder's start (transformers' max_length, as Seq2SeqTrainer passes
+    run_summarization's val_max_target_length), None: its generation config's."""
+    import jaxbert
+    from jaxbert.train import task_seq2seq
+
+    s2s = jaxbert.load(directory)
+    pad = tok.token_to_id(tok.special_tokens["pad_token"])
+    options = dict(num_beams=num_beams, max_new_tokens=None if length is None else length - 1)
+    generated = task_seq2seq.generate_all(s2s, data, batch_size, pad, **options)
+    return task_seq2seq.generation_scores(generated, data, tok, pad)

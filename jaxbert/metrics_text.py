@@ -185,3 +185,33 @@ def squad_scores(
 
 
 # ---- retrieval ----
+
+
+ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+
+
+def rouge_scorer():
+    """(rouge_score's scorer of ROUGE_TYPES with the Porter stemmer, the sentence splitter), or one line naming the
+    package to install: it is optional (jaxbert[rouge]), imported here only."""
+    try:
+        from nltk.tokenize.punkt import PunktSentenceTokenizer
+        from rouge_score import rouge_scorer
+    except ImportError:
+        raise ImportError("ROUGE needs the rouge-score package: pip install 'jaxbert[rouge]'") from None
+    return rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True), PunktSentenceTokenizer()
+
+
+def rouge_scores(predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
+    """run_summarization.py's compute_metrics: ROUGE-1, -2, -L and -Lsum F-measures of the `rouge_score` library
+    (Porter stemmer on), x100 and rounded to 4 places, each text stripped and its sentences put on lines for
+    rougeLsum. Two differences, both to stay deterministic and offline: the mean of the examples' F-measures where
+    the script's `evaluate` rouge takes the median of 1000 unseeded bootstrap means (an estimate of that mean), and
+    sentences split by nltk's Punkt algorithm untrained (`PunktSentenceTokenizer()`) where the script's
+    `nltk.sent_tokenize` loads the trained English model (a download), which also knows abbreviations ("dr.",
+    "u.s."): where it keeps such a sentence whole, rougeLsum differs."""
+    if len(predictions) != len(references) or not len(predictions):
+        raise ValueError(f"{len(predictions)} predictions for {len(references)} references: need as many, at least 1")
+    scorer, punkt = rouge_scorer()
+    lines = lambda text: "\n".join(punkt.tokenize(text.strip()))  # noqa: E731
+    scores = [scorer.score(lines(ref), lines(pred)) for pred, ref in zip(predictions, references)]
+    return {k: round(100 * sum(s[k].fmeasure for s in scores) / len(scores), 4) for k in ROUGE_TYPES}

@@ -4,6 +4,7 @@ warm-started as EncoderDecoderModel.from_encoder_decoder_pretrained builds it, w
 initialized; OUT/final loads in transformers and generates as it does; bad rows are one line naming file and line."""
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -258,25 +259,72 @@ def test_bad_source_and_target_lengths_are_one_line(flags, match, tmp_path, caps
 @pytest.mark.parametrize(
     "flags, match",
     [
-        (["--val-max-target-length", 41], "--val-max-target-length 41: must be in [1, 40]"),
-        (["--max-source-length", 0], "--max-source-length 0: must be in [1, 40]"),
+        (["--val-max-target-length", 41], "--val-max-target-length 41: must be an integer in [3, 40]"),
+        (["--max-source-length", 0], "--max-source-length 0: must be an integer in [3, 40]"),
         (
             ["--max-seq-length", 16, "--max-source-length", 16, "--val-max-target-length", 8],
             "--max-seq-length 16: --max-source-length and --val-max-target-length set both sides",
         ),
         (["--task", "causal-lm", "--max-source-length", 16], "--max-source-length: applies to --task seq2seq only"),
+        (["--task", "causal-lm", "--predict-with-generate"], "--predict-with-generate: applies to --task seq2seq "),
+        (["--num-beams", 2], "--num-beams: the beams of --predict-with-generate's search; pass that too"),
+        (["--predict-with-generate", "--val-max-target-length", 2], "--val-max-target-length 2: must be an integer in"),
+        (["--predict-with-generate", "no rouge-score"], "ROUGE needs the rouge-score package: pip install 'jaxbert"),
     ],
 )
-def test_evaluate_refuses_bad_lengths(flags, match, tmp_path, capsys):
+def test_evaluate_refuses_bad_lengths(flags, match, tmp_path, capsys, monkeypatch):
     model = bert2bert_dir(tmp_path / "model")
     config = json.load(open(tmp_path / "model" / "config.json"))
     json.dump({**config, "pad_token_id": 0}, open(tmp_path / "model" / "config.json", "w"))
     capsys.readouterr()
     data = _write(tmp_path / "data.jsonl", [{"source": "a b", "target": "b", "text": "a b"}] * 4)
     scored = tmp_path / "eval.json"
+    if "no rouge-score" in flags:  # the optional package missing
+        monkeypatch.setitem(sys.modules, "rouge_score", None)
+        flags = flags[:1]
     args = ["evaluate", model, "--task", "seq2seq", "--file", data, "--output", scored, *flags]
     cli_fails(capsys, tmp_path, *args, match=match)
     assert not scored.exists()
+
+
+@pytest.mark.parametrize("beams", [1, 2])
+def test_evaluate_predict_with_generate_is_run_summarizations_rouge(beams, tmp_path, capsys):
+    """run_summarization.py --predict_with_generate: each source (cut at max_source_length) generated with
+    num_beams up to val_max_target_length tokens, as EncoderDecoderModel.generate writes them; ROUGE of those texts
+    against the cut targets (decoded as its labels) as rouge_score scores them with the stemmer, x100; gen_len the
+    mean count of generated ids that are not padding."""
+    from rouge_score import rouge_scorer
+
+    model = bert2bert_dir(tmp_path / "model")
+    config = json.load(open(tmp_path / "model" / "config.json"))
+    json.dump({**config, "pad_token_id": 0, "eos_token_id": 102}, open(tmp_path / "model" / "config.json", "w"))
+    pt = transformers.EncoderDecoderModel.from_pretrained(model).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(model)
+    records, source, target = _pairs(6, seed=3), 12, 8
+    inputs = tok([r["source"] for r in records], max_length=source, truncation=True, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        ids = pt.generate(**inputs, max_length=target, num_beams=beams, do_sample=False).numpy()
+    texts = tok.batch_decode(ids, skip_special_tokens=True)
+    assert any(texts)
+    for r, text in zip(records[::2], texts[::2]):  # half the targets hold what the model writes, and a word
+        r["target"] = f"{text} fox"
+    data = _write(tmp_path / "data.jsonl", records)
+    scored = tmp_path / "eval.json"
+    flags = ["--max-source-length", source, "--val-max-target-length", target, "--predict-with-generate"]
+    args = ["evaluate", model, "--task", "seq2seq", "--file", data, "--output", scored, *flags, "--num-beams", beams]
+    capsys.readouterr()
+    assert main([str(a) for a in args]) == 0, capsys.readouterr().err
+    result = json.load(open(scored))
+    assert result["predictions"] == texts
+
+    labels = tok(text_target=[r["target"] for r in records], max_length=target, truncation=True)["input_ids"]
+    references = tok.batch_decode(labels, skip_special_tokens=True)
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL", "rougeLsum"], use_stemmer=True)
+    scores = [scorer.score(ref.strip(), text.strip()) for ref, text in zip(references, texts)]  # one sentence each
+    for key in ("rouge1", "rouge2", "rougeL", "rougeLsum"):
+        assert result[key] == round(100 * float(np.mean([s[key].fmeasure for s in scores])), 4), key
+    assert 0 < result["rouge1"] < 100
+    assert result["gen_len"] == float(np.mean(np.count_nonzero(ids != tok.pad_token_id, axis=1)))
 
 
 def test_earlier_checkpoints_and_models_cut_both_sides_at_max_seq_length():

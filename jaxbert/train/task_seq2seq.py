@@ -105,6 +105,36 @@ def eval_step(params, batch, *, config, dtype=jnp.float32):
     return token_stats(_forward(params, batch, config=config, dtype=dtype).logits, batch["labels"])
 
 
+def generate_all(s2s, data: E.Encodedset, batch_size: int, pad_id: int, **options) -> list[np.ndarray]:
+    """The ids `s2s.generate` (options: its own) writes for each example's source as the set holds it (cut as
+    the loss reads it, run_summarization.py's predict_with_generate inputs), decoder start token first; sources of
+    similar lengths batched together, padded on the right."""
+    sources = np.diff(data.starts)[0::2]
+    order, out = np.argsort(-sources, kind="stable"), [None] * len(data)
+    for first in range(0, len(order), batch_size):
+        idx = order[first : first + batch_size]
+        ids = np.full((len(idx), int(sources[idx].max())), pad_id, np.int32)
+        mask = np.zeros_like(ids)
+        for r, e in enumerate(idx):
+            a, b = data.starts[2 * e], data.starts[2 * e + 1]
+            ids[r, : b - a], mask[r, : b - a] = data.ids[a:b], 1
+        for e, row in zip(idx, s2s.generate(ids, mask, num_return_sequences=1, **options), strict=True):
+            out[e] = row
+    return out
+
+
+def generation_scores(generated: list, data: E.Encodedset, tok, pad_id: int) -> tuple[dict, list[str]]:
+    """(run_summarization.py's compute_metrics, the generated texts): ROUGE of the generated texts against the
+    targets as the set holds them (cut, decoded as the script decodes its labels: special tokens skipped), and
+    gen_len, the mean count of generated ids that are not padding (the decoder start token and eos counted)."""
+    from jaxbert.metrics_text import rouge_scores
+
+    texts = [tok.decode(ids, skip_special_tokens=True) for ids in generated]
+    targets = [tok.decode(data.ids[data.starts[2 * e + 1] : data.starts[2 * e + 2]]) for e in range(len(data))]
+    gen_len = float(np.mean([np.count_nonzero(np.asarray(ids) != pad_id) for ids in generated]))
+    return {**rouge_scores(texts, targets), "gen_len": gen_len}, texts
+
+
 def warm_started(config, tok) -> EncoderDecoderConfig:
     """A BERT config as from_encoder_decoder_pretrained pairs it, with the token ids the bert2bert recipe sets
     (it sets none itself, and EncoderDecoderModel cannot make decoder inputs without them): start with [CLS],
