@@ -4,6 +4,7 @@ warm-started as EncoderDecoderModel.from_encoder_decoder_pretrained builds it, w
 initialized; OUT/final loads in transformers and generates as it does; bad rows are one line naming file and line."""
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -14,6 +15,7 @@ from test_train_tasks import CLIP, DECAY, LR, SMALL, ZERO_GRADIENT, _torch_step
 
 import jaxbert
 from jaxbert.cli import main
+from jaxbert.train import checkpoints
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -111,6 +113,18 @@ def test_one_step_equals_pytorch(flags, source, target, target_words, tmp_path, 
     capsys.readouterr()  # PyTorch's warnings
     again = train_args("seq2seq", model, data, out, *flags, "--resume", "auto")
     cli_fails(capsys, tmp_path, *again, "--max-target-length", target + 1, match=f"max_target_length={target}, ")
+    if source != target:
+        return
+    # A checkpoint of an earlier version: one max_seq_length in its meta for both sides. It resumes with that cut.
+    step = out / "checkpoints" / "1"
+    meta = json.loads((step / "meta" / "metadata").read_text())
+    del meta["max_source_length"], meta["max_target_length"]
+    (step / "meta" / "metadata").write_text(json.dumps({**meta, "max_seq_length": source}))
+    os.unlink(step / checkpoints.DIGESTS)
+    checkpoints.write_digests(str(step))
+    cli_fails(capsys, tmp_path, *again, "--max-target-length", target + 1, match=f"max_target_length={target}, ")
+    assert main(again) == 0, capsys.readouterr().err
+    assert "restored step 1" in capsys.readouterr().out
 
 
 def test_a_bert_directory_is_warm_started_and_the_model_loads_in_transformers(tmp_path, capsys):
