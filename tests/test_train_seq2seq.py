@@ -358,3 +358,15 @@ def test_earlier_checkpoints_and_models_cut_both_sides_at_max_seq_length():
     assert trained_sides(config) == (16, 16)
     config = BertConfig(extra={COLUMNS_KEY: {"max_source_length": 12, "max_target_length": 8}})
     assert trained_sides(config) == (12, 8)
+
+
+def test_a_step_counts_the_source_and_target_tokens_it_trains_on():
+    """Each side padded to its own length: the sources' mask alone would count no target token in the log's
+    tokens_per_s (the [B, 2, L] mask of both sides counted them before the sides were split)."""
+    from jaxbert.train.task_seq2seq import split
+
+    mask = np.array([[[1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0]], [[1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]]])
+    labels = np.where(mask[:, 1] == 1, 7, -100)
+    batch = split({"input_ids": mask * 5, "attention_mask": mask, "labels": labels}, 4, 3)
+    assert batch["input_ids"].shape == (2, 4) and batch["labels"].shape == (2, 3)
+    assert int(batch["attention_mask"].sum()) + int(batch["decoder_attention_mask"].sum()) == int(mask.sum())

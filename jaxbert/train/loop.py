@@ -101,7 +101,8 @@ def _feed(run, step: int, batch_sh):
     rows = sharding.process_rows(batch_sh, (A, B), axis=1)
     local = run.batch(step, None if rows == slice(0, B) else rows)  # None: one process, the whole batch
     arrays = sharding.global_batch(local, batch_sh, lambda k: (A, B, *local[k].shape[2:]))
-    return arrays, int(local["attention_mask"].sum()) * B // (rows.stop - rows.start)
+    real = sum(int(local[k].sum()) for k in ("attention_mask", "decoder_attention_mask") if k in local)  # seq2seq's
+    return arrays, real * B // (rows.stop - rows.start)
 
 
 def _meta_by_step(run):

@@ -58,10 +58,12 @@ def _interleave(sides, key: str) -> list:
 def split(batch: dict, source: int, target: int) -> dict:
     """A batch of (source, target) sequences [..., 2, L] (task_encode's layout) as the loss reads it: the sources'
     input_ids and attention_mask [..., source] and the targets' labels [..., target], each side padded to its own
-    length, so a short target is not decoded at the source's length."""
+    length, so a short target is not decoded at the source's length. The targets' decoder_attention_mask is not
+    read by the loss (EncoderDecoderModel's labels alone: the decoder is causal); the loop counts its tokens."""
     return {
         "input_ids": batch["input_ids"][..., 0, :source],
         "attention_mask": batch["attention_mask"][..., 0, :source],
+        "decoder_attention_mask": batch["attention_mask"][..., 1, :target],
         "labels": batch["labels"][..., :target],
     }
 
