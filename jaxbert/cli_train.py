@@ -19,7 +19,7 @@ SCALE_HELP = {  # the mesh and multi-process flags (see README "Running on many 
 
 
 def _add_config_flags(parser, skip: tuple[str, ...] = ()) -> None:
-    from jaxbert.train.config import PROBLEM_TYPES, TASKS, TrainConfig
+    from jaxbert.train.config import EMBEDDING_LOSSES, PROBLEM_TYPES, TASKS, TrainConfig
 
     for field in dataclasses.fields(TrainConfig):
         flag = "--" + field.name.replace("_", "-")
@@ -77,6 +77,14 @@ def _add_config_flags(parser, skip: tuple[str, ...] = ()) -> None:
         elif field.name == "symmetric":
             what = "--task embedding: also positives -> anchors in the loss"
             parser.add_argument(flag, action="store_true", help=what)
+        elif field.name == "loss":
+            parser.add_argument(
+                flag,
+                choices=EMBEDDING_LOSSES,
+                default="mnrl",
+                help="--task embedding: mnrl on (anchor, positive[, negative]) rows; cosent, cosine-similarity or "
+                "angle on (sentence1, sentence2, score) pairs, as sentence-transformers' losses",
+            )
         elif field.name == "prompts":
             parser.add_argument(
                 flag,
@@ -157,6 +165,7 @@ def _evaluate(args) -> int:
         val_max_target_length=args.val_max_target_length,
         predict_with_generate=args.predict_with_generate,
         num_beams=args.num_beams,
+        loss=args.loss,
     )
     types = [k.removesuffix("_number") for k in result if k.endswith("_number")]  # a tagger's entity types
     by_type = {f"{t}_{k}" for t in types for k in ("precision", "recall", "f1", "number")}
@@ -182,7 +191,7 @@ def _add_qa_flags(parser) -> None:
 
 
 def add_parsers(sub) -> None:
-    from jaxbert.train.config import TASK_FIELDS, TASKS
+    from jaxbert.train.config import EMBEDDING_LOSSES, TASK_FIELDS, TASKS
 
     mlm = sub.add_parser("train-mlm", help="masked-language-model fine-tuning (= train --task mlm)")
     _add_config_flags(mlm, skip=TASK_FIELDS)
@@ -254,5 +263,12 @@ def add_parsers(sub) -> None:
         prompt.add_argument(
             f"--{side}-prompt-name", default=None, help=f"the model's prompt put before the {what} (embedding)"
         )
+    evaluate.add_argument(
+        "--loss",
+        choices=EMBEDDING_LOSSES,
+        default=None,
+        help="--task embedding: the loss reported; cosent, cosine-similarity or angle read (sentence1, sentence2, "
+        "score) pairs and report the correlations of their similarities with the scores (default mnrl)",
+    )
     _add_qa_flags(evaluate)
     evaluate.set_defaults(func=_evaluate)

@@ -148,15 +148,16 @@ def _answers(bert, path: str, question: str, context: str, batch_size: int, leng
     return [bert.answer(q, c, batch_size=batch_size, max_seq_len=length)[0] for q, c in pairs]
 
 
-def _prompts_used(asked, texts: tuple[str, str]) -> dict:
+def _prompts_used(asked, texts: tuple[str, str], loss: str = "mnrl") -> dict:
     """evaluate --task embedding's prompts for its output file: each side's text put before it (given, or named:
     asked, else its role's, task_embedding.ROLES; "" for none) and the name it came by (null for a text given), so
     that the numbers can be reproduced (--query-prompt TEXT gives them again, whatever the directory's prompts
-    become)."""
+    become). Scored pairs: the name asked, else none (the default prompt's text, as encode's)."""
     from jaxbert.train.task_embedding import ROLES, role_name
 
     used = {}
-    for side, (prompt, name), role, text in zip(("query", "corpus"), asked, ROLES, texts):
+    roles = ROLES if loss == "mnrl" else (None, None)
+    for side, (prompt, name), role, text in zip(("query", "corpus"), asked, roles, texts):
         used |= {f"{side}_prompt": text, f"{side}_prompt_name": role_name(prompt, name, role)}
     return used
 
@@ -271,6 +272,7 @@ def evaluate(
     val_max_target_length: int | None = None,
     predict_with_generate: bool = False,
     num_beams: int | None = None,
+    loss: str | None = None,
 ) -> dict:
     """The task's metrics of the model in `directory` on the labelled file `path` (labels named through the
     model's label2id) at `max_length` tokens (default: the length it was trained with, else the model's), written
@@ -278,7 +280,9 @@ def evaluate(
     which are not scored (words_not_scored). Question answering reads with the options it was trained with, or
     with `version_2_with_negative` and `null_score_diff_threshold` where given (qa_options). Embedding reads the
     anchors and the others with `prompts`: ((prompt, prompt_name) of the queries, of the corpus), as
-    sentence-transformers' InformationRetrievalEvaluator's query_prompt(_name) / corpus_prompt(_name). Seq2seq cuts
+    sentence-transformers' InformationRetrievalEvaluator's query_prompt(_name) / corpus_prompt(_name); with a
+    `loss` of scored pairs (cosent, cosine-similarity, angle) it reads (sentence1, sentence2, score) rows and
+    reports that loss and EmbeddingSimilarityEvaluator's correlations (task_scored.py). Seq2seq cuts
     sources at `max_source_length` and targets at `val_max_target_length` (run_summarization.py's), each else at
     `max_length`, else as trained; with `predict_with_generate` it also generates for each source (`num_beams`,
     and a length of `val_max_target_length` tokens counting the decoder's start, else `max_length`, else the
@@ -326,6 +330,13 @@ def evaluate(
     if task_name != "seq2seq" and (max_source_length, val_max_target_length) != (None, None):
         flag = "--max-source-length" if max_source_length is not None else "--val-max-target-length"
         raise ValueError(f"{flag}: applies to --task seq2seq only, not {task_name} (--max-seq-length cuts its texts)")
+    if task_name != "embedding" and loss is not None:
+        raise ValueError(f"--loss applies to --task embedding only, not --task {task_name}")
+    loss = loss or "mnrl"
+    if loss != "mnrl":  # scored pairs: their columns and metrics (the model's similarity is read below)
+        from jaxbert.train import task_scored
+
+        task = task_scored.task(loss)
     config = load_config(directory)
     trained_qa = qa_options(config, task_name, version_2_with_negative, null_score_diff_threshold)
     head = resolve_head(None, config)
@@ -363,8 +374,8 @@ def evaluate(
     if task_name == "embedding":  # the directory's own pooling, normalization, length and prompts (sentence_dir.py)
         from jaxbert.train.task_embedding import directory_eval
 
-        eval_fn, limit, tok, task, opts["prompts"] = directory_eval(directory, config, tok, max_length, prompts)
-        used = _prompts_used(prompts, opts["prompts"])
+        eval_fn, limit, tok, task, opts["prompts"] = directory_eval(directory, config, tok, max_length, prompts, loss)
+        used = _prompts_used(prompts, opts["prompts"], loss)
     if task_name == "question-answering":  # the options it was trained with (task_qa.QARun.final_config)
         opts = qa.check_options(trained_qa or {})
         trained = opts.pop("max_seq_length", 384)

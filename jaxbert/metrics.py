@@ -49,8 +49,11 @@ GREATER_IS_BETTER = {
 
 
 def greater_is_better(name: str) -> bool:
-    """Whether metric `name` improves upward: the table above; any `*loss` lower-better; mrr@K, accuracy@K and
-    an entity type's TYPE_precision / TYPE_recall / TYPE_f1 up."""
+    """Whether metric `name` improves upward: the table above; any `*loss` lower-better; mrr@K, accuracy@K,
+    an entity type's TYPE_precision / TYPE_recall / TYPE_f1 and EmbeddingSimilarityEvaluator's pearson_cosine,
+    spearman_dot, ... (pearson or spearman of a similarity) up."""
+    if re.fullmatch(r"(pearson|spearman)_(cosine|dot|euclidean|manhattan|max)", name):
+        return True
     at_k = re.fullmatch(r"(mrr|accuracy)@\d+", name)
     key = {"mrr": "mrr@10", "accuracy": "accuracy@1"}[at_k[1]] if at_k else name
     if name.endswith("loss") or key in GREATER_IS_BETTER:

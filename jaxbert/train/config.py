@@ -77,6 +77,9 @@ class TrainConfig:
     pooling: str | None = None
     normalize: bool | None = None
     symmetric: bool = False
+    # mnrl: (anchor, positive[, negative]) rows, in-batch negatives; cosent, cosine-similarity, angle: scored pairs
+    # (sentence-transformers' CoSENTLoss, CosineSimilarityLoss, AnglELoss; task_scored.py)
+    loss: str = "mnrl"
     # sentence-transformers' `prompts`: one prompt (a str) before every column's texts, or (column, prompt) pairs
     # (given as {column: prompt}, or as the flag's COLUMN=PROMPT values); _prompts
     prompts: str | tuple | None = None
@@ -177,6 +180,8 @@ class TrainConfig:
                 f"--no-pack applies to --task {', '.join(PACKED_TASKS)} and mlm with --line-by-line only, not "
                 f"--task {self.task}{unpacked} (its examples are never packed)"
             )
+        if self.symmetric and self.loss != "mnrl":  # the symmetric form is of the in-batch ranking loss alone
+            raise ValueError(f"--symmetric applies to --loss mnrl only, not --loss {self.loss}")
         if self.task == "question-answering" and self.doc_stride >= self.max_seq_length:
             raise ValueError(f"--doc-stride {self.doc_stride}: must be below --max-seq-length {self.max_seq_length}")
 
@@ -241,7 +246,8 @@ PACKED_TASKS = ("sequence-classification", "token-classification", "causal-lm")
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 MLM_FIELDS = ("line_by_line", "mlm_probability", "whole_word_mask", "max_predictions_per_seq")
 # The embedding task's: its model's pipeline, its loss, and the prompts before its texts.
-EMBEDDING_FIELDS = ("pooling", "normalize", "symmetric", "prompts")
+EMBEDDING_FIELDS = ("pooling", "normalize", "symmetric", "loss", "prompts")
+EMBEDDING_LOSSES = ("mnrl", "cosent", "cosine-similarity", "angle")  # task_scored.SCORED: all but the first
 # Question answering's windows (run_qa.py's flags) and post-processing (utils_qa.py's).
 QA_FIELDS = ("doc_stride", "n_best_size", "max_answer_length", "version_2_with_negative", "null_score_diff_threshold")
 TAG_FIELDS = ("label_all_tokens",)
@@ -385,6 +391,7 @@ RANGES = {
     "process_id": (lambda v: v >= 0, "must be >= 0"),
     "coordinator_address": (lambda v: v.rpartition(":")[2].isdigit(), "must be HOST:PORT"),
     "pooling": (lambda v: v in ("cls", "mean", "max"), "must be cls, mean or max"),
+    "loss": (lambda v: v in EMBEDDING_LOSSES, f"must be one of {', '.join(EMBEDDING_LOSSES)}"),
     "doc_stride": (lambda v: v >= 0, "must be >= 0"),
     "n_best_size": (lambda v: v >= 1, "must be at least 1"),
     "max_answer_length": (lambda v: v >= 1, "must be at least 1"),

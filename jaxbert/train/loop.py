@@ -418,6 +418,7 @@ def _finish(run, state, metrics, own, last_good, result) -> dict:
         return result
     write_model(run, params, final_dir)
     problem = getattr(getattr(run, "labels", None), "problem_type", None)  # a sequence classifier's loss
+    problem = run.cfg.loss if run.cfg.task == "embedding" and run.cfg.loss != "mnrl" else problem  # scored pairs
     loss = outputs.loss_name(run.cfg.task, problem)
     plotted = outputs.plot(metrics.records, os.path.join(run.cfg.output_dir, "loss.png"), run.metric, loss)
     run.say(

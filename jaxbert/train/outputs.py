@@ -64,6 +64,9 @@ LOSS_NAMES = {
     "token-classification": "token cross-entropy loss",
     "multiple-choice": "cross-entropy loss over the options",
     "embedding": "multiple-negatives ranking loss",
+    "cosent": "CoSENT loss",  # the embedding task's on scored pairs (--loss)
+    "cosine-similarity": "cosine similarity loss (mean squared error)",
+    "angle": "AnglE loss",
     "question-answering": "span loss (start and end cross-entropy)",
     "causal-lm": "next-token loss",
     "seq2seq": "target-token loss",

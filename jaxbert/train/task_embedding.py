@@ -29,7 +29,7 @@ from jaxbert import cpu, metrics, sentence_dense
 from jaxbert.model import bert
 from jaxbert.pooling import pool
 from jaxbert.train import task_encode as E
-from jaxbert.train import task_plan
+from jaxbert.train import task_plan, task_scored
 
 SCALE = 20.0  # sentence-transformers' default: cosine similarities × 20 (temperature 0.05)
 DENSE = "sentence_dense"  # the Dense modules' parameters beside the base model's: {"0": {kernel, bias}, ...}
@@ -142,15 +142,20 @@ def embed_batch(
     return (_unit(emb) if normalize else emb).reshape(B, C, -1)
 
 
-def train_loss(params, batch, rng, dtype, remat, *, config, pooling, normalize, symmetric, steps=(), skip=(0,)):
+def train_loss(
+    params, batch, rng, dtype, remat, *, config, pooling, normalize, symmetric, steps=(), skip=(0,), loss="mnrl"
+):
     """The step's loss hook (step.train_step's loss_fn): (scores, loss, labels); labels give the in-batch
-    accuracy (the anchor's own positive ranked first)."""
+    accuracy (the anchor's own positive ranked first), none for scored pairs (task_scored.pair_loss)."""
     emb = embed_batch(
         params, config, batch, pooling=pooling, normalize=normalize, steps=steps, rng=rng, dtype=dtype, remat=remat,
         skip=skip,
     )  # fmt: skip
     B, C, D = emb.shape
     valid = batch["sample_weight"] > 0
+    if loss != "mnrl":
+        sims, value = task_scored.pair_loss(emb[:, 0], emb[:, 1], batch["labels"], valid, loss)
+        return sims[:, None], value, jnp.full(B, -100)
     scores, loss = ranking_loss(emb[:, 0], emb[:, 1:].transpose(1, 0, 2).reshape(-1, D), valid, symmetric=symmetric)
     return scores, loss, jnp.where(valid, jnp.arange(B), -100)
 
@@ -197,13 +202,16 @@ def role_name(prompt: str | None, prompt_name: str | None, role: str) -> str | N
     return None if prompt is not None else prompt_name if prompt_name is not None else role
 
 
-def directory_eval(directory: str, config, tok, limit: int | None, asked=((None, None), (None, None))):
+def directory_eval(
+    directory: str, config, tok, limit: int | None, asked=((None, None), (None, None)), loss: str = "mnrl"
+):
     """`jaxbert evaluate --task embedding`: the directory's own pipeline (sentence_dir.py) -> (jitted eval step,
     max length, tokenizer (lower-casing if it does), its score function, the (query, corpus) prompts). `asked`:
     the (prompt, prompt_name) of the queries and of the corpus, each resolved as encode resolves it, as
     sentence-transformers' InformationRetrievalEvaluator passes them to encode_query / encode_document: neither
     given, those name the "query" and "document" prompts (always among a model's prompts, "" unless set), so the
-    default prompt applies to neither side."""
+    default prompt applies to neither side. Scored pairs (`loss` other than mnrl) are read as
+    EmbeddingSimilarityEvaluator reads both sides, with encode's defaults: the default prompt unless asked."""
     from jaxbert.sentence_dir import embedding_options, prompt_length, read, resolve_prompt
 
     found = read(directory)
@@ -211,13 +219,14 @@ def directory_eval(directory: str, config, tok, limit: int | None, asked=((None,
     # The directory's max_seq_length replaces the tokenizer's own length, as sentence-transformers does.
     limit = min(limit or length or tok.model_max_length, config.max_position_embeddings)
     tok = tok.lowercased() if lower else tok
-    prompts = tuple(resolve_prompt(found, p, role_name(p, n, role)) for (p, n), role in zip(asked, ROLES))
+    roles = ROLES if loss == "mnrl" else (None, None)
+    prompts = tuple(resolve_prompt(found, p, role_name(p, n, role)) for (p, n), role in zip(asked, roles))
     include = found is None or found.include_prompt
     skip = (0, 0) if include else tuple(prompt_length(tok, p, limit) for p in prompts)
     steps = found.steps if found else ()
     dense = dense_tree(sentence_dense.load_steps(directory, steps))
     step = functools.partial(eval_step, config=config, pooling=modes, normalize=normalize, steps=steps, skip=skip)
-    scorer = with_similarity(found.similarity if found else "cosine")
+    scorer = with_similarity(found.similarity if found else "cosine", loss)
     with_dense = lambda params, batch: step({**params, **dense}, batch)  # noqa: E731 - the Dense: constants
     return cpu.onednn_jit(with_dense, tokens=cpu.batch_tokens), limit, tok, scorer, prompts
 
@@ -233,10 +242,12 @@ def split_dense(params: dict) -> tuple[dict, tuple[dict, ...]]:
     return {k: v for k, v in params.items() if k != DENSE}, tuple(dense[str(i)] for i in range(len(dense)))
 
 
-def with_similarity(similarity: str):
-    """The embedding task (task_table) scoring by `similarity`."""
+def with_similarity(similarity: str, loss: str = "mnrl"):
+    """The embedding task (task_table) scoring by `similarity`; on scored pairs with a `loss` other than mnrl."""
     from jaxbert.train.task_table import TASKS
 
+    if loss != "mnrl":
+        return task_scored.task(loss, similarity)
     return dataclasses.replace(TASKS["embedding"], score=functools.partial(score, similarity=similarity))
 
 
@@ -260,7 +271,7 @@ class EmbeddingRun(task_plan.TaskRun):
         c = self.cfg
         return functools.partial(
             train_loss, config=self.config, pooling=c.pooling, normalize=c.normalize, symmetric=c.symmetric,
-            steps=self.steps, skip=self.skip,
+            steps=self.steps, skip=self.skip, loss=c.loss,
         )  # fmt: skip
 
     def eval_fn(self, dtype):
@@ -356,21 +367,21 @@ def prepare(cfg, steps: tuple = ()) -> EmbeddingRun:
 
     if cfg.label_smoothing:
         raise ValueError(f"--label-smoothing {cfg.label_smoothing}: applies to classes, not to --task embedding")
-    run = task_plan.prepare(cfg)
     found = read(cfg.model)  # its similarity function is kept in the written model (sentence_out), and ranks here
-    task = with_similarity(found.similarity if found else "cosine")
+    task = with_similarity(found.similarity if found else "cosine", cfg.loss)
+    run = task_plan.prepare(cfg, task)
     fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(run)}
-    skip, recorded = _prompt_tokens(cfg, found, run.say)
+    skip, recorded = _prompt_tokens(cfg, found, run.say, task)
     return EmbeddingRun(**fields | {"task": task, "steps": steps, "skip": skip, "prompts": recorded})
 
 
-def _prompt_tokens(cfg, found, say) -> tuple[tuple[int, ...], dict]:
+def _prompt_tokens(cfg, found, say, task) -> tuple[tuple[int, ...], dict]:
     """(each column's prompt tokens the pooling leaves out: sentence-transformers' prompt_length when the Pooling
     has include_prompt false, else none; the prompts OUT/final records: the anchors' as "query" and the positives'
     as "document", the names encode_query / encode_document and its retrieval evaluator read)."""
     from jaxbert.sentence_dir import prompt_length
     from jaxbert.tokenizer import WordPiece
-    from jaxbert.train.task_table import TASKS, columns
+    from jaxbert.train.task_table import columns
 
     default = dict(found.prompts).get(found.default_prompt_name) if found and found.default_prompt_name else None
     if default and not found.unsupported:
@@ -380,7 +391,8 @@ def _prompt_tokens(cfg, found, say) -> tuple[tuple[int, ...], dict]:
         )
     if cfg.prompts is None:
         return (0,), {}
-    per = given_prompts(cfg.prompts, columns(TASKS["embedding"], cfg))
+    cols = columns(task, cfg)
+    per = given_prompts(cfg.prompts, cols[:2] if cfg.loss != "mnrl" else cols)  # a score column has no prompt
     recorded = {name: p for name, p in zip(("query", "document"), per) if p}
     if found is None or found.include_prompt:
         return (0,), recorded

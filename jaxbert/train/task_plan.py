@@ -180,12 +180,13 @@ def embedding_lower_case(directory: str) -> bool:
     return bool(found and found.lower_case)
 
 
-def prepare(cfg: TrainConfig) -> TaskRun:
-    """Everything that can be wrong with the inputs is found here, before any compilation."""
+def prepare(cfg: TrainConfig, task: Task | None = None) -> TaskRun:
+    """Everything that can be wrong with the inputs is found here, before any compilation. `task`: the task
+    table's entry for cfg.task unless given (the embedding task's on scored pairs: task_scored.task)."""
     from jaxbert.sentence_dir import companion_files
     from jaxbert.tokenizer import WordPiece
 
-    task = TASKS[cfg.task]
+    task = task or TASKS[cfg.task]
     cols = columns(task, cfg)  # a column flag the task has no role for is refused before the model is read
     config, batch = model_and_batch(cfg)
     n = jax.device_count()

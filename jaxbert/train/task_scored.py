@@ -1,0 +1,162 @@
+"""Sentence-embedding training on scored pairs (`jaxbert train --task embedding --loss cosent|cosine-similarity|angle`):
+(sentence1, sentence2, score) rows, as sentence-transformers fine-tunes on STS data with CoSENTLoss,
+CosineSimilarityLoss or AnglELoss, validated as its EmbeddingSimilarityEvaluator (Pearson and Spearman
+correlations of the pairs' similarities with the scores).
+
+Examples are the embedding task's [B, 2, L] batches (task_embedding.py) with a float score each; the loss runs over
+the whole (global) micro-batch, padding rows out, as the in-batch ranking loss does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float
+
+from jaxbert import metrics
+from jaxbert.train import task_encode as E
+from jaxbert.train.task_labels import Labels
+
+SCORED = ("cosent", "cosine-similarity", "angle")  # config.EMBEDDING_LOSSES but mnrl
+SCALE = 20.0  # CoSENTLoss's and AnglELoss's default scale
+# The label columns sentence-transformers' data collator takes, the first found (its DEFAULT_LABEL_COLUMNS).
+LABEL_COLUMNS = ("label", "labels", "score", "scores")
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+# -- data ------------------------------------------------------------------------------------------------------
+def label_column(rows, given: str | None) -> str:
+    """The score column: --label-column, else the first of LABEL_COLUMNS the first row has."""
+    if given is not None:
+        return given
+    found = next((c for c in LABEL_COLUMNS if c in rows[0].values), None)
+    if found is None:
+        names = ", ".join(map(repr, rows[0].values)) or "none"
+        raise ValueError(
+            f"{rows[0].path}:{rows[0].line}: no score column ({', '.join(LABEL_COLUMNS)}; its columns: {names}); "
+            "pass --label-column"
+        )
+    return found
+
+
+def _score(row, column: str, loss: str) -> float:
+    value = row.label(column)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{row.where(column)}: score {value!r} is not a number")
+    if not (math.isfinite(value) and abs(value) <= F32_MAX):
+        raise ValueError(f"{row.where(column)}: score {value!r} is not finite (in float32)")
+    # The loss fits the cosine to the score: one outside [-1, 1] cannot be reached (STS-B's 0..5 unscaled).
+    if loss == "cosine-similarity" and not -1 <= value <= 1:
+        raise ValueError(
+            f"{row.where(column)}: score {value!r} outside [-1, 1], which --loss cosine-similarity fits the cosine to "
+            "(scale the scores, e.g. STS-B's 0..5 to 0..1)"
+        )
+    return float(value)
+
+
+def encode(tok, rows, columns, labels, max_len: int, prompts=("", ""), column_prompts=None, loss: str = "cosent"):
+    """(sentence1, sentence2) of every row, its score the target (float32, as the collator's torch.tensor);
+    `prompts` / `column_prompts` as task_embedding.encode_pairs."""
+    from jaxbert.train.task_embedding import _text, given_prompts
+
+    first, second, label = columns
+    cols, label = (first, second), label_column(rows, label)
+    if column_prompts is not None:
+        prompts = given_prompts(column_prompts, cols, rows[0].path)
+    texts = [[p + _text(row, c) for p, c in zip(prompts, cols)] for row in rows]
+    targets = np.asarray([_score(row, label, loss) for row in rows], np.float32)
+    flat = [t for pair in texts for t in pair]
+    build = lambda: E._pack(tok.encode(flat, None, max_length=max_len), 2, targets)  # noqa: E731
+    return [texts, targets.tolist(), label], build
+
+
+# -- the losses ------------------------------------------------------------------------------------------------
+def _unit(x):
+    return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)  # torch's F.normalize
+
+
+def angle_similarity(a: Float[Array, "B E"], b: Float[Array, "B E"]) -> Float[Array, " B"]:
+    """sentence-transformers' pairwise_angle_sim: |cos + sin| of the unit vectors, each split into halves (an odd
+    width padded with a zero) read as the real and imaginary parts."""
+    if a.shape[-1] % 2:
+        a, b = (jnp.pad(x, ((0, 0), (0, 1))) for x in (a, b))
+    a, b = _unit(a), _unit(b)
+    (ra, ia), (rb, ib) = jnp.split(a, 2, axis=-1), jnp.split(b, 2, axis=-1)
+    return jnp.abs(jnp.sum(a * b, -1) + jnp.sum(ia * rb - ra * ib, -1))
+
+
+def pair_loss(
+    a: Float[Array, "B E"], b: Float[Array, "B E"], labels: Float[Array, " B"], valid: Bool[Array, " B"], loss: str
+) -> tuple[Float[Array, " B"], Float[Array, ""]]:
+    """(each pair's similarity, the loss) over the real rows (valid): cosine-similarity, the mean squared error of
+    the cosine and the label; cosent (and angle, by the angle similarity), log(1 + Σ exp(s_i − s_j)) over the pairs
+    of rows whose labels order them (label_i < label_j), s = SCALE × similarity: CoSENTLoss's sum, written over
+    the [B, B] pairs instead of its sorted suffixes."""
+    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    sim = angle_similarity(a, b) if loss == "angle" else jnp.sum(_unit(a) * _unit(b), -1)
+    if loss == "cosine-similarity":
+        return sim, jnp.sum(jnp.where(valid, (sim - labels) ** 2, 0.0)) / jnp.maximum(valid.sum(), 1)
+    s = SCALE * sim
+    ordered = valid[:, None] & valid[None, :] & (labels[:, None] < labels[None, :])
+    terms = jnp.where(ordered, s[:, None] - s[None, :], jnp.finfo(jnp.float32).min).reshape(-1)
+    return sim, jax.nn.logsumexp(jnp.concatenate([jnp.zeros(1, jnp.float32), terms]))
+
+
+# -- validation ------------------------------------------------------------------------------------------------
+def _pairwise(a: np.ndarray, b: np.ndarray, name: str) -> np.ndarray:
+    """sentence-transformers' pairwise_{cos_sim, dot_score, euclidean_sim, manhattan_sim}."""
+    if name == "cosine":
+        unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)  # noqa: E731
+        return (unit(a) * unit(b)).sum(1)
+    if name == "dot":
+        return (a * b).sum(1)
+    return -np.linalg.norm(a - b, axis=1) if name == "euclidean" else -np.abs(a - b).sum(1)
+
+
+def similarity_names(similarity: str) -> tuple[str, ...]:
+    """The similarity functions scored: cosine, and the model's own where it is another."""
+    return ("cosine",) if similarity == "cosine" else ("cosine", similarity)
+
+
+def metric_names(similarity: str) -> tuple[str, ...]:
+    """EmbeddingSimilarityEvaluator's keys given similarity_fn_names=similarity_names (the _max pair with two),
+    spearman_cosine first: the default best-model metric."""
+    names = similarity_names(similarity)
+    found = [f"{m}_{n}" for n in names for m in ("spearman", "pearson")]
+    return (*found, *(("spearman_max", "pearson_max") if len(names) > 1 else ()))
+
+
+def score(outputs, data: E.Encodedset, labels, loss: str = "cosent", similarity: str = "cosine") -> dict:
+    """The set's loss as one batch (independent of the evaluation batch size) and EmbeddingSimilarityEvaluator's
+    Pearson and Spearman correlations of each pair's similarity with its score."""
+    emb = np.stack(outputs)  # [N, 2, E] float32
+    a, b, gold = emb[:, 0], emb[:, 1], data.targets.astype(np.float64)
+    valid = jnp.ones(len(emb), bool)
+    out = {"loss": float(pair_loss(jnp.asarray(a), jnp.asarray(b), jnp.asarray(data.targets), valid, loss)[1])}
+    for name in similarity_names(similarity):
+        sims = _pairwise(a.astype(np.float64), b.astype(np.float64), name)
+        out |= {f"pearson_{name}": metrics.pearson(sims, gold), f"spearman_{name}": metrics.spearman(sims, gold)}
+    if similarity != "cosine":
+        for m in ("pearson", "spearman"):
+            out[f"{m}_max"] = max(out[f"{m}_cosine"], out[f"{m}_{similarity}"])
+    return out
+
+
+def task(loss: str, similarity: str = "cosine"):
+    """The embedding task (task_table) on scored pairs with `loss`, ranking metrics replaced by correlations."""
+    from jaxbert.train.task_table import TASKS
+
+    embedding = TASKS["embedding"]
+    return dataclasses.replace(
+        embedding,
+        columns=("sentence1", "sentence2", None),
+        labels=lambda rows, cols, problem, fixed: Labels((), "regression"),  # scores: correlations need 2 rows
+        encode=functools.partial(encode, loss=loss),
+        score=functools.partial(score, loss=loss, similarity=similarity),
+        metrics=lambda labels: metric_names(similarity),
+    )

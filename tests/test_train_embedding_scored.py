@@ -1,0 +1,247 @@
+"""`jaxbert train --task embedding --loss cosent|cosine-similarity|angle`: scored (sentence1, sentence2, score) pairs,
+as sentence-transformers fine-tunes on STS data. The losses equal sentence-transformers' CoSENTLoss,
+CosineSimilarityLoss and AnglELoss (padding rows out); one optimizer step through the CLI equals one PyTorch step
+of a SentenceTransformer with that loss and AdamW; validation and `jaxbert evaluate` report
+EmbeddingSimilarityEvaluator's correlations; bad scores are named by file, line and column."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from conftest import adamw_as_trainer, cli_fails, model_dir, train_args
+from safetensors.numpy import load_file
+
+from jaxbert.cli import main
+from jaxbert.sentence_out import write_sentence_files
+from jaxbert.train.task_scored import pair_loss
+
+torch = pytest.importorskip("torch")
+st = pytest.importorskip("sentence_transformers")
+from sentence_transformers.base.trainer import BaseTrainer  # noqa: E402
+from sentence_transformers.sentence_transformer import evaluation, losses  # noqa: E402
+from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator  # noqa: E402
+
+SMALL = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, max_position_embeddings=64, num_hidden_layers=2)
+LR, DECAY, CLIP = 5e-5, 0.1, 0.01  # a wrong decay or clipping shows beyond 1e-6 (every loss's norm > 0.01)
+WORDS = "the quick brown fox jumps over lazy dogs while sophisticated researchers contemplate paris weather".split()
+LOSSES = {"cosent": losses.CoSENTLoss, "cosine-similarity": losses.CosineSimilarityLoss, "angle": losses.AnglELoss}
+
+
+def _records(n=8, seed=5):
+    """Scores with ties (CoSENT's pairs of equal labels are no pairs) and one integer (a JSON 1)."""
+    rng = np.random.default_rng(seed)
+    text = lambda: " ".join(rng.choice(WORDS, int(rng.integers(2, 9))))  # noqa: E731
+    scores = [0.25, 0.5, 1, 0.0, 0.5, 0.8, 0.125, 0.25][:n] + [float(rng.random()) for _ in range(n - 8)]
+    return [{"sentence1": text(), "sentence2": text(), "score": s} for s in scores]
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+@pytest.mark.parametrize("width", [16, 15])  # AnglE pads an odd width
+def test_loss_equals_sentence_transformers(loss, width):
+    rng = np.random.default_rng(0)
+    B, pad = 6, 3
+    a, b = (rng.normal(size=(B + pad, width)).astype(np.float32) for _ in range(2))
+    labels = np.array([0.1, 0.4, 0.4, 0.9, 0.0, 0.7] + [5.0] * pad, np.float32)
+    a[B:] *= 100  # padding rows: garbage that would change the loss if it counted
+    valid = np.arange(B + pad) < B
+    _, ours = pair_loss(a, b, labels, valid, loss)
+    embedder = torch.nn.Identity()
+    ref = LOSSES[loss](embedder) if loss != "cosent" else losses.CoSENTLoss(embedder)
+    theirs = ref.compute_loss_from_embeddings([torch.tensor(a[:B]), torch.tensor(b[:B])], torch.tensor(labels[:B]))
+    assert abs(float(ours) - float(theirs)) <= 1e-5 * max(1, abs(float(theirs))), (float(ours), float(theirs))
+
+
+# -- one optimizer step through the CLI = one PyTorch step ----------------------------------------------------
+CASES = {  # name: (loss, pooling, normalize, --prompts values, sentence-transformers' prompts, include_prompt)
+    "cosent": ("cosent", "mean", False, [], {}, True),
+    "cosine-similarity": ("cosine-similarity", "cls", True, [], {}, True),
+    "angle": ("angle", "max", False, [], {}, True),
+    "cosent-prompt-left-out": ("cosent", "mean", False, ["sentence2=passage: "], {"sentence2": "passage: "}, False),
+}
+
+
+def _train_args(model, data, out, loss, pooling, normalize, *extra):
+    flags = ["--max-seq-length", 32, "--max-steps", 1, "--learning-rate", LR, "--weight-decay", DECAY]
+    flags += ["--max-grad-norm", CLIP, "--logging-steps", 1, "--pooling", pooling, "--loss", loss]
+    flags += ["--global-batch-size", 8] + (["--normalize"] if normalize else [])
+    return train_args("embedding", model, data, out, *flags, *extra)
+
+
+def _torch_step(model_path, records, loss, prompts):
+    """One step of sentence-transformers' trainer's pieces: its data collator (the score column taken by its name,
+    `prompts` put, prompt_length with include_prompt false), collect_features, the loss, AdamW as the Trainer's (no
+    decay on biases and LayerNorm, clipping), on the whole set as one batch (the losses are sums or means over it,
+    whatever its order) -> (loss, norm, model)."""
+    model = st.SentenceTransformer(model_path, device="cpu")
+    model.train()
+    opt = adamw_as_trainer(model, LR, DECAY)
+    batch = SentenceTransformerDataCollator(preprocess_fn=model.preprocess, prompts=prompts)(records)
+    features, labels = BaseTrainer.collect_features(None, batch)
+    value = LOSSES[loss](model)(features, labels)
+    value.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+    opt.step()
+    return float(value.detach()), float(norm), model
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    done = {}
+    for name, (loss, pooling, normalize, given, _, include) in CASES.items():
+        root = tmp_path_factory.mktemp(name)
+        model = model_dir(root / "model", **SMALL)
+        write_sentence_files(model, 32, pooling, normalize, 32, include_prompt=include)
+        data = root / "data.jsonl"
+        records = _records()
+        data.write_text("".join(json.dumps(r) + "\n" for r in records))
+        flags = ["--prompts", *given] if given else []
+        assert main(_train_args(model, data, root / "out", loss, pooling, normalize, *flags)) == 0
+        done[name] = (root, model, records)
+    return done
+
+
+def _log(out):
+    return [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_one_step_equals_sentence_transformers(name, runs):
+    loss, *_, prompts, _ = CASES[name]
+    root, model, records = runs[name]
+    initial = load_file(os.path.join(model, "model.safetensors"))
+    value, norm, pt = _torch_step(model, records, loss, prompts)
+    log = _log(root / "out")
+    step0, step1 = log[0], next(r for r in log if r["step"] == 1 and "loss" in r)
+    assert abs(step0["eval_loss"] - value) <= 1e-5 * max(1, value), (step0, value)  # the set is the batch
+    assert abs(step1["loss"] - value) <= 1e-5 * max(1, value), (step1, value)
+    assert abs(step1["grad_norm"] - norm) <= 1e-4 * norm and norm > CLIP  # clipping was active
+    ours = load_file(str(root / "out" / "final" / "model.safetensors"))
+    theirs = {k: v.detach().numpy() for k, v in pt[0].auto_model.state_dict().items()}
+    noise = [k for k in ours if k.endswith("attention.self.key.bias")]  # a zero gradient's rounding, as there
+    diff = {k: float(np.abs(ours[k] - theirs[k]).max()) for k in ours if k not in noise}
+    assert max(diff.values()) <= 1e-6, sorted(diff.items(), key=lambda kv: -kv[1])[:3]
+    for k in (k for k in ours if k not in noise):
+        moved = float(np.abs(ours[k] - initial[k]).max())
+        assert moved == 0 if k.startswith("pooler.") else moved > LR / 10, (k, moved)
+
+
+def test_four_devices_equal_one(runs, tmp_path):
+    """The same global batch of 8 on 4 devices (2 rows each): CoSENT's pairs span the devices, so equal loss and
+    parameters only if the loss is the global batch's (per-device losses would order only each device's rows)."""
+    import subprocess
+    import sys
+
+    root, model, _ = runs["cosent"]
+    args = _train_args(model, root / "data.jsonl", tmp_path / "four", *CASES["cosent"][:3])
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    code = "import sys; from jaxbert.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "on 4 device(s)" in proc.stdout + proc.stderr
+    one, four = _log(root / "out"), _log(tmp_path / "four")
+    for a, b in zip(one, four):
+        for key in ("loss", "eval_loss", "eval_spearman_cosine", "grad_norm"):
+            if key in a:
+                assert abs(a[key] - b[key]) <= 1e-5 * max(1, abs(a[key])), (key, a, b)
+    p1, p4 = (load_file(str(d / "final" / "model.safetensors")) for d in (root / "out", tmp_path / "four"))
+    assert max(float(np.abs(p1[k] - p4[k]).max()) for k in p1) <= 1e-6
+
+
+# -- validation and evaluate: EmbeddingSimilarityEvaluator's numbers ------------------------------------------
+@pytest.mark.parametrize("similarity", ["cosine", "dot", "euclidean", "manhattan"])
+def test_evaluate_reports_embedding_similarity_evaluator_metrics(similarity, tmp_path):
+    """evaluate --loss cosent on scored pairs: EmbeddingSimilarityEvaluator's pearson / spearman of the cosine and
+    of the model's own similarity (their _max beside two), and CoSENTLoss of the whole file as one batch."""
+    import jaxbert
+    from jaxbert.sentence_out import write_sentence_model
+
+    source = model_dir(tmp_path / "model", **SMALL)
+    bert, out = jaxbert.load(source), tmp_path / "st"
+    write_sentence_model(
+        bert.params, bert.config, str(out), pooling="mean", normalize=False, max_seq_length=40, tokenizer_from=source
+    )
+    (out / "config_sentence_transformers.json").write_text(json.dumps({"similarity_fn_name": similarity}))
+    records = _records(30, seed=7)
+    data = tmp_path / "sts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    written = tmp_path / "m.json"
+    args = ["evaluate", str(out), "--task", "embedding", "--loss", "cosent", "--file", str(data), "--output", written]
+    assert main([str(a) for a in args]) == 0
+    got = json.load(open(written))
+    model = st.SentenceTransformer(str(out), device="cpu")
+    names = ["cosine"] + ([similarity] if similarity != "cosine" else [])
+    first, second = ([r[c] for r in records] for c in ("sentence1", "sentence2"))
+    scores = [r["score"] for r in records]
+    theirs = evaluation.EmbeddingSimilarityEvaluator(first, second, scores, similarity_fn_names=names)(model)
+    assert got["examples"] == 30 and sorted(k for k in got if "_" in k and "prompt" not in k) == sorted(theirs)
+    for key, value in theirs.items():
+        assert abs(got[key] - value) <= 1e-6, (key, got[key], value)
+    embedded = [torch.tensor(model.encode(texts)) for texts in (first, second)]
+    loss = losses.CoSENTLoss(model).compute_loss_from_embeddings(embedded, torch.tensor(scores))
+    assert abs(got["loss"] - float(loss)) <= 1e-5 * max(1, float(loss))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_trained_model_evaluates_as_its_last_validation(name, runs, tmp_path):
+    """OUT/final read by evaluate with the run's loss gives the run's last validation numbers; the best model is
+    chosen by spearman_cosine (EmbeddingSimilarityEvaluator's primary metric for cosine). A prompt trained before
+    the second sentences is read back by the name OUT/final records it under."""
+    loss = CASES[name][0]
+    root = runs[name][0]
+    written = tmp_path / "m.json"
+    data = root / "data.jsonl"
+    args = ["evaluate", root / "out" / "final", "--task", "embedding", "--loss", loss, "--file", data]
+    if CASES[name][4]:  # the trained prompt, recorded under the positives' name (EmbeddingSimilarityEvaluator: none)
+        args += ["--corpus-prompt-name", "document"]
+    assert main([str(a) for a in (*args, "--output", written)]) == 0
+    got, last = json.load(open(written)), _log(root / "out")[-1]
+    assert {k.removeprefix("eval_") for k in last if k != "step"} == {"loss", "pearson_cosine", "spearman_cosine"}
+    for key in ("loss", "pearson_cosine", "spearman_cosine"):
+        assert abs(got[key] - last[f"eval_{key}"]) <= 1e-6, key
+    assert json.load(open(root / "out" / "best.json"))["metric"] == "eval_spearman_cosine"
+
+
+# -- bad input -------------------------------------------------------------------------------------------------
+ROW = {"sentence1": "a b", "sentence2": "c d", "score": 0.5}
+
+
+@pytest.mark.parametrize(
+    "rows, flags, match",
+    [
+        ([ROW, {**ROW, "score": "high"}], [], "data.jsonl:2: column 'score': score 'high' is not a number"),
+        ([ROW, {**ROW, "score": True}], [], "data.jsonl:2: column 'score': score True is not a number"),
+        ([ROW, {**ROW, "score": None}], [], "data.jsonl:2: column 'score': the value is null"),
+        ([ROW, {"sentence1": "a", "sentence2": "b"}], [], "data.jsonl:2: no column 'score'"),
+        ([{"sentence1": "a", "sentence2": "b", "sim": 1}] * 2, [], "data.jsonl:1: no score column (label, labels"),
+        ([ROW, {**ROW, "sim": 2}], ["--label-column", "sim"], "data.jsonl:1: no column 'sim'"),
+        ([ROW, {**ROW, "sentence2": " "}], [], "data.jsonl:2: column 'sentence2': empty text"),
+        ([ROW, {**ROW, "score": 4.2}], ["--loss", "cosine-similarity"], "score 4.2 outside [-1, 1]"),
+        ([ROW, ROW], ["--symmetric"], "--symmetric applies to --loss mnrl only, not --loss cosent"),
+    ],
+)
+def test_bad_scored_rows_are_one_line(rows, flags, match, tmp_path, capsys):
+    model = model_dir(tmp_path / "model", **SMALL)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    capsys.readouterr()
+    cli_fails(capsys, tmp_path, *_train_args(model, data, out, "cosent", "mean", False, *flags), match=match)
+    assert not (out / "final").exists() and not (out / "cache").exists()
+
+
+def test_a_csv_score_is_read_as_a_number_and_a_word_is_named(tmp_path, capsys):
+    model = model_dir(tmp_path / "model", **SMALL)
+    data = tmp_path / "sts.csv"
+    data.write_text("sentence1,sentence2,label\na b,c d,0.5\ne f,g h,1\ni j,k l,n/a\n")
+    args = _train_args(model, data, tmp_path / "out", "angle", "mean", False)
+    capsys.readouterr()
+    cli_fails(capsys, tmp_path, *args, match="sts.csv:4: column 'label': score 'n/a' is not a number")
+
+
+def test_loss_belongs_to_the_embedding_task(tmp_path, capsys):
+    args = ["train", "--task", "multiple-choice", "--model", str(tmp_path), "--train-file", "x.jsonl"]
+    args += ["--output-dir", str(tmp_path / "o"), "--loss", "cosent"]
+    cli_fails(capsys, tmp_path, *args, match="--loss applies to --task embedding only")
+    args = ["evaluate", str(tmp_path), "--task", "multiple-choice", "--file", "x.jsonl", "--loss", "angle"]
+    cli_fails(capsys, tmp_path, *args, "--output", str(tmp_path / "m.json"), match="--loss applies to --task embedding")
