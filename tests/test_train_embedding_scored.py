@@ -245,3 +245,14 @@ def test_loss_belongs_to_the_embedding_task(tmp_path, capsys):
     cli_fails(capsys, tmp_path, *args, match="--loss applies to --task embedding only")
     args = ["evaluate", str(tmp_path), "--task", "multiple-choice", "--file", "x.jsonl", "--loss", "angle"]
     cli_fails(capsys, tmp_path, *args, "--output", str(tmp_path / "m.json"), match="--loss applies to --task embedding")
+
+
+def test_an_embedding_checkpoint_from_before_loss_resumes_and_another_loss_is_refused():
+    """A checkpoint of an earlier version has no "loss" in its meta (it trained mnrl, the only loss then): it
+    resumes an mnrl run; a checkpoint of another loss is refused."""
+    from jaxbert.train import checkpoints
+
+    earlier = {"step": 4, "train_sequences": 16, "steps_per_epoch": 2, "model_config": {}, "symmetric": False}
+    checkpoints.check_meta(earlier, {**earlier, "loss": "mnrl"}, "a checkpoint")
+    with pytest.raises(ValueError, match="was made with loss='mnrl', this run has 'cosent'"):
+        checkpoints.check_meta({**earlier, "loss": "mnrl"}, {**earlier, "loss": "cosent"}, "a checkpoint")

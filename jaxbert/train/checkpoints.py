@@ -198,6 +198,7 @@ LATER_KEYS = (
     "tokenizer_sha256",
     "special_tokens_sha256",
     *OPTIMIZER_KEYS,
+    "loss",  # the embedding task's (--loss): before it, always mnrl
 )
 
 
