@@ -218,6 +218,7 @@ ROW = {"sentence1": "a b", "sentence2": "c d", "score": 0.5}
         ([ROW, {**ROW, "sentence2": " "}], [], "data.jsonl:2: column 'sentence2': empty text"),
         ([ROW, {**ROW, "score": 4.2}], ["--loss", "cosine-similarity"], "score 4.2 outside [-1, 1]"),
         ([ROW, ROW], ["--symmetric"], "--symmetric applies to --loss mnrl only, not --loss cosent"),
+        ([ROW, ROW], ["--loss", "mnrl"], "'score'): scored pairs train with --loss cosent, cosine-similarity or angle"),
     ],
 )
 def test_bad_scored_rows_are_one_line(rows, flags, match, tmp_path, capsys):

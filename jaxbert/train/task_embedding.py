@@ -49,6 +49,12 @@ def encode_pairs(tok, rows, columns, labels, max_len: int, prompts: tuple[str, s
     `prompts` (query, corpus) put before the anchors and before the others (evaluate's, as encode puts them);
     `column_prompts` (training's --prompts) replace them, each column's (given_prompts)."""
     anchor, positive, negative = columns
+    if anchor not in rows[0].values and any(c in rows[0].values for c in task_scored.LABEL_COLUMNS):
+        names = ", ".join(map(repr, rows[0].values))
+        raise ValueError(
+            f"{rows[0].path}:{rows[0].line}: no column {anchor!r} (columns: {names}): scored pairs train with "
+            "--loss cosent, cosine-similarity or angle"
+        )
     has = lambda row: row.values.get(negative) not in (None, "")  # noqa: E731
     cols = (anchor, positive, negative) if has(rows[0]) else (anchor, positive)
     if column_prompts is not None:
