@@ -108,11 +108,20 @@ def pair_loss(
 
 
 # -- validation ------------------------------------------------------------------------------------------------
+def _unit_np(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
 def _pairwise(a: np.ndarray, b: np.ndarray, name: str) -> np.ndarray:
-    """sentence-transformers' pairwise_{cos_sim, dot_score, euclidean_sim, manhattan_sim}."""
+    """sentence-transformers' pairwise_{cos_sim, dot_score, euclidean_sim, manhattan_sim, angle_sim}."""
+    if name == "angle":
+        if a.shape[1] % 2:
+            a, b = (np.pad(x, ((0, 0), (0, 1))) for x in (a, b))
+        a, b = _unit_np(a), _unit_np(b)
+        (ra, ia), (rb, ib) = np.split(a, 2, axis=1), np.split(b, 2, axis=1)
+        return np.abs((a * b).sum(1) + (ia * rb - ra * ib).sum(1))
     if name == "cosine":
-        unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)  # noqa: E731
-        return (unit(a) * unit(b)).sum(1)
+        return (_unit_np(a) * _unit_np(b)).sum(1)
     if name == "dot":
         return (a * b).sum(1)
     return -np.linalg.norm(a - b, axis=1) if name == "euclidean" else -np.abs(a - b).sum(1)
@@ -131,15 +140,28 @@ def metric_names(similarity: str) -> tuple[str, ...]:
     return (*found, *(("spearman_max", "pearson_max") if len(names) > 1 else ()))
 
 
+def set_loss(a: np.ndarray, b: np.ndarray, labels: np.ndarray, loss: str) -> float:
+    """pair_loss over a whole set, in float64 and O(N log N) memory as CoSENTLoss computes it (labels sorted, each
+    score against the log-sum-exp of the higher-labelled suffix): the [N, N] pairs of a large validation set would
+    not fit in memory (50,000 pairs: 10 GB a float32 array)."""
+    sim = _pairwise(a, b, "angle" if loss == "angle" else "cosine")
+    if loss == "cosine-similarity":
+        return float(np.mean((sim - labels) ** 2))
+    order = np.argsort(labels, kind="stable")
+    labels, s = labels[order], SCALE * sim[order]
+    suffix = np.append(np.logaddexp.accumulate(-s[::-1])[::-1], -np.inf)  # suffix[k]: log Σ_{j >= k} exp(-s_j)
+    terms = s + suffix[np.searchsorted(labels, labels, side="right")]
+    return float(np.logaddexp.reduce(np.append(terms, 0.0)))
+
+
 def score(outputs, data: E.Encodedset, labels, loss: str = "cosent", similarity: str = "cosine") -> dict:
     """The set's loss as one batch (independent of the evaluation batch size) and EmbeddingSimilarityEvaluator's
     Pearson and Spearman correlations of each pair's similarity with its score."""
-    emb = np.stack(outputs)  # [N, 2, E] float32
+    emb = np.stack(outputs).astype(np.float64)  # [N, 2, E]
     a, b, gold = emb[:, 0], emb[:, 1], data.targets.astype(np.float64)
-    valid = jnp.ones(len(emb), bool)
-    out = {"loss": float(pair_loss(jnp.asarray(a), jnp.asarray(b), jnp.asarray(data.targets), valid, loss)[1])}
+    out = {"loss": set_loss(a, b, gold, loss)}
     for name in similarity_names(similarity):
-        sims = _pairwise(a.astype(np.float64), b.astype(np.float64), name)
+        sims = _pairwise(a, b, name)
         out |= {f"pearson_{name}": metrics.pearson(sims, gold), f"spearman_{name}": metrics.spearman(sims, gold)}
     if similarity != "cosine":
         for m in ("pearson", "spearman"):
