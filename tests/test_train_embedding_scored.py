@@ -282,3 +282,46 @@ def test_the_validation_loss_of_a_large_set_fits_in_memory():
     assert proc.returncode == 0, proc.stderr
     grown, loss = proc.stdout.split()
     assert int(grown) < 150 and np.isfinite(float(loss)), proc.stdout  # MB
+
+
+def test_accumulated_micro_batches_are_each_their_own_loss_batch(tmp_path):
+    """--global-batch-size 4 --grad-accum-steps 2: each micro-batch its own CoSENT batch (its pairs its own rows),
+    their losses averaged, as the Trainer accumulates sentence-transformers' loss."""
+    import dataclasses
+
+    import transformers
+
+    from jaxbert.train.config import TrainConfig
+    from jaxbert.train.task_embedding import prepare
+
+    model = model_dir(tmp_path / "model", **SMALL)
+    records = _records()
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    flags = ["--global-batch-size", 4, "--grad-accum-steps", 2]
+    assert main(_train_args(model, data, tmp_path / "out", "cosent", "mean", False, *flags)) == 0
+    files = dict(train_file=str(data), validation_file=str(data), loss="cosent", pooling="mean", normalize=False)
+    cfg = TrainConfig(model, output_dir=str(tmp_path / "probe"), task="embedding", **files)
+    cfg = dataclasses.replace(cfg, max_seq_length=32, global_batch_size=4, grad_accum_steps=2, progress=False)
+    ids = prepare(cfg).batch(0)["input_ids"][:, :, 0]  # [A, B, L]: the first sentences
+    tok = transformers.AutoTokenizer.from_pretrained(model)
+    firsts = [r["sentence1"] for r in records]
+    micro = [[firsts.index(tok.decode(row, skip_special_tokens=True)) for row in m] for m in ids]
+    assert sorted(sum(micro, [])) == list(range(8))
+    write_sentence_files(model, 32, "mean", False, 32)
+    pt = st.SentenceTransformer(model, device="cpu")
+    pt.train()
+    opt, total = adamw_as_trainer(pt, LR, DECAY), 0.0
+    for rows in micro:
+        batch = SentenceTransformerDataCollator(preprocess_fn=pt.preprocess)([records[i] for i in rows])
+        value = losses.CoSENTLoss(pt)(*BaseTrainer.collect_features(None, batch)) / 2
+        value.backward()
+        total += float(value.detach())
+    torch.nn.utils.clip_grad_norm_(pt.parameters(), CLIP)
+    opt.step()
+    step1 = next(r for r in _log(tmp_path / "out") if r["step"] == 1 and "loss" in r)
+    assert abs(step1["loss"] - total) <= 1e-5 * max(1, total), (step1, total)
+    ours = load_file(str(tmp_path / "out" / "final" / "model.safetensors"))
+    theirs = {k: v.detach().numpy() for k, v in pt[0].auto_model.state_dict().items()}
+    noise = [k for k in ours if k.endswith("attention.self.key.bias")]
+    assert max(float(np.abs(ours[k] - theirs[k]).max()) for k in ours if k not in noise) <= 1e-6
