@@ -1,6 +1,7 @@
 """Sentence-embedding training (`jaxbert train --task embedding`): (anchor, positive[, negative]) rows, the
 in-batch-negatives loss of sentence-transformers (MultipleNegativesRankingLoss, optionally its symmetric form),
-retrieval metrics on the validation set, and a sentence-transformers directory as the trained model.
+retrieval metrics on the validation set, and a sentence-transformers directory as the trained model. Scored
+(sentence1, sentence2, score) pairs (--loss cosent, cosine-similarity, angle) are task_scored.py's, in this pipeline.
 
 An example is encoded as consecutive sequences (anchor, positive[, negative]), the multiple-choice layout, so the
 batches, buckets, caching and padding rows of task_encode.py serve it unchanged: a batch is [B, C, L].
