@@ -195,6 +195,21 @@ def train_args(task: str, model, data, out, *flags) -> list[str]:
     return [str(a) for a in (*head, "--output-dir", out, "--no-progress", *flags)]
 
 
+def cli_on_devices(args, devices: int = 4):
+    """`jaxbert ARGS` in a child process that sees `devices` virtual CPU devices (XLA reads the flag once, at
+    start-up, so the suite's own process cannot); asserts it succeeded and ran on them, and returns it."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
+    code = "import sys; from jaxbert.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, env=env,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert f"on {devices} device(s)" in proc.stdout + proc.stderr
+    return proc
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "optimized: compile with XLA's full optimizations (see JAX_DISABLE_MOST_...)")
 

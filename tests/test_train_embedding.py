@@ -7,12 +7,10 @@ after export); fine-tuning the offline MiniLM raises held-out retrieval; bad row
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import adamw_as_trainer, cli_fails, model_dir, train_args
+from conftest import adamw_as_trainer, cli_fails, cli_on_devices, model_dir, train_args
 from safetensors.numpy import load_file
 
 import jaxbert
@@ -163,11 +161,7 @@ def test_four_devices_equal_one(runs, tmp_path):
     root, model, records, args = runs["max-negatives-symmetric"]
     args = list(args)
     args[args.index("--output-dir") + 1] = str(tmp_path / "four")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-    code = "import sys; from jaxbert.cli import main; sys.exit(main(sys.argv[1:]))"
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    assert "on 4 device(s)" in proc.stdout + proc.stderr
+    cli_on_devices(args)
     one, four = _log(root / "out"), _log(tmp_path / "four")
     for a, b in zip(one, four):
         for key in ("loss", "eval_loss", "eval_mrr@10", "grad_norm"):

@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import adamw_as_trainer, cli_fails, model_dir, train_args
+from conftest import adamw_as_trainer, cli_fails, cli_on_devices, model_dir, train_args
 from safetensors.numpy import load_file
 
 from jaxbert.cli import main
@@ -129,16 +129,9 @@ def test_one_step_equals_sentence_transformers(name, runs):
 def test_four_devices_equal_one(runs, tmp_path):
     """The same global batch of 8 on 4 devices (2 rows each): CoSENT's pairs span the devices, so equal loss and
     parameters only if the loss is the global batch's (per-device losses would order only each device's rows)."""
-    import subprocess
-    import sys
-
     root, model, _ = runs["cosent"]
     args = _train_args(model, root / "data.jsonl", tmp_path / "four", *CASES["cosent"][:3])
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-    code = "import sys; from jaxbert.cli import main; sys.exit(main(sys.argv[1:]))"
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    assert "on 4 device(s)" in proc.stdout + proc.stderr
+    cli_on_devices(args)
     one, four = _log(root / "out"), _log(tmp_path / "four")
     for a, b in zip(one, four):
         for key in ("loss", "eval_loss", "eval_spearman_cosine", "grad_norm"):
