@@ -241,6 +241,13 @@ def test_bad_rows_name_file_and_line(tmp_path, capsys):
               "--validation-file", data, "--output-dir", tmp_path / "smoothed", "--max-seq-length", 32,
               "--label-smoothing", 0.1, match=refused)  # fmt: skip
     assert not (tmp_path / "smoothed").exists()
+    # The threshold decides null answers alone (run_qa reads it only with version_2_with_negative): it was taken
+    # and changed nothing, where predict and evaluate refuse it.
+    cli_fails(capsys, tmp_path, "train", "--task", "question-answering", "--model", model, "--train-file", data,
+              "--validation-file", data, "--output-dir", tmp_path / "threshold", "--max-seq-length", 32,
+              "--null-score-diff-threshold", 2.5,
+              match="--null-score-diff-threshold 2.5: decides SQuAD 2.0's null answers; give --version")  # fmt: skip
+    assert not (tmp_path / "threshold").exists()
 
 
 def test_squad_json_reads_as_jsonl(tmp_path):

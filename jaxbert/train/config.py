@@ -167,6 +167,12 @@ class TrainConfig:
         for name in QA_FIELDS:
             if self.task != "question-answering" and getattr(self, name) != defaults[name]:
                 raise ValueError(f"{_flag(name)} applies to --task question-answering only, not {self.task}")
+        # run_qa's post-processing reads the threshold with null answers alone: without them it would go unread.
+        if not self.version_2_with_negative and self.null_score_diff_threshold != defaults["null_score_diff_threshold"]:
+            raise ValueError(
+                f"--null-score-diff-threshold {self.null_score_diff_threshold}: decides SQuAD 2.0's null answers; "
+                "give --version-2-with-negative too"
+            )
         for name in SEQ2SEQ_FIELDS:
             if self.task != "seq2seq" and getattr(self, name) != defaults[name]:
                 raise ValueError(f"{_flag(name)} applies to --task seq2seq only, not {self.task}")
