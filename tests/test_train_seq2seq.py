@@ -254,6 +254,11 @@ def test_no_pack_is_refused_where_nothing_is_packed(task, tmp_path, capsys):
             "--max-target-length 64 exceeds the decoder's max_position_embeddings 40",
         ),
         (["--max-seq-length", 64, "--max-target-length", 16], "--max-seq-length 64 exceeds the encoder's max_posit"),
+        (  # the targets' cut left to --max-seq-length's default, which the user never typed: the flag to set named
+            ["--max-source-length", 16],
+            "--max-seq-length 128 exceeds the decoder's max_position_embeddings 40 (--max-seq-length cuts both sides "
+            "unless --max-target-length cuts the decoder's)",
+        ),
         (["--task", "causal-lm", "--max-target-length", 16], "--max-target-length applies to --task seq2seq only"),
         (["--task", "sequence-classification", "--max-source-length", 16], "--max-source-length applies to --task "),
     ],

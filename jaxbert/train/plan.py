@@ -160,7 +160,10 @@ def model_and_batch(cfg: TrainConfig) -> tuple[BertConfig, int]:
     for (side, part), (flag, length) in zip(sides, lengths):
         if length > part.max_position_embeddings:
             limit = part.max_position_embeddings
-            raise ValueError(f"{flag} {length} exceeds the {side}'s max_position_embeddings {limit}")
+            # The targets' cut defaults to --max-seq-length's (128 unless given): name the flag that sets this side.
+            own = {"encoder": "--max-source-length", "decoder": "--max-target-length"}.get(side)
+            hint = f" (--max-seq-length cuts both sides unless {own} cuts the {side}'s)" if own and flag != own else ""
+            raise ValueError(f"{flag} {length} exceeds the {side}'s max_position_embeddings {limit}{hint}")
     shape = sharding.mesh_shape(cfg.mesh, jax.device_count(), config.num_attention_heads, cfg.fsdp)
     n = shape["data"] * shape["fsdp"]  # the batch is split over these (tensor-parallel devices share rows)
     batch = cfg.global_batch_size or cfg.per_device_batch_size * n
