@@ -169,12 +169,14 @@ def _evaluate(args) -> int:
     )
     types = [k.removesuffix("_number") for k in result if k.endswith("_number")]  # a tagger's entity types
     by_type = {f"{t}_{k}" for t in types for k in ("precision", "recall", "f1", "number")}
-    for name, value in result.items():
-        if name not in by_type:
-            print(f"  {name:<12} {value}" if isinstance(value, int) else f"  {name:<12} {value:.4f}")
+    shown = [name for name in result if name not in by_type]
+    width = max(12, *map(len, shown), *map(len, types))  # spearman_cosine, query_prompt_name: one column still
+    for name in shown:
+        value = result[name]
+        print(f"  {name:<{width}} {value}" if isinstance(value, int) else f"  {name:<{width}} {value:.4f}")
     for t in types:  # one line a type, as seqeval's classification_report
         scores = " ".join(f"{k} {result[f'{t}_{k}']:.4f}" for k in ("precision", "recall", "f1"))
-        print(f"  {t:<12} {scores} number {result[f'{t}_number']}")
+        print(f"  {t:<{width}} {scores} number {result[f'{t}_number']}")
     print(f"wrote {args.output}")
     return 0
 
