@@ -160,9 +160,6 @@ class BertConfig:
             bad("position_embedding_type", f"must be one of {POSITION_EMBEDDING_TYPES}")
         if self.problem_type not in PROBLEM_TYPES:
             bad("problem_type", f"must be one of {PROBLEM_TYPES}")
-        if self.problem_type == "single_label_classification" and len(self.id2label) == 1:
-            # the cross-entropy over one score is 0 whatever the labels; transformers refuses the config
-            bad("problem_type", "needs 2 labels or more (one output: 'regression'), as transformers requires")
         for field in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
             value = getattr(self, field)
             if value is not None and not 0.0 <= value < 1.0:  # NaN fails every comparison

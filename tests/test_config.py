@@ -77,19 +77,6 @@ def test_bad_config_raises_naming_the_field(change, field):
         BertConfig.from_dict(change)
 
 
-def test_single_label_classification_of_one_label_is_refused_as_transformers_refuses_it():
-    """transformers 5 refuses problem_type single_label_classification with num_labels 1: the cross-entropy over
-    one score is 0 whatever the labels. jaxbert loaded it, and forward's (evaluate's) loss of it was that 0."""
-    transformers = pytest.importorskip("transformers")
-    data = {"problem_type": "single_label_classification", "num_labels": 1}
-    with pytest.raises(ValueError, match="requires `num_labels > 1`"):
-        transformers.BertConfig.from_dict(data)
-    with pytest.raises(ValueError, match=r"BertConfig\.problem_type='single_label_classification': needs 2 labels"):
-        BertConfig.from_dict(data)
-    for ok in ({**data, "num_labels": 2}, {**data, "problem_type": "regression"}):  # as transformers takes them
-        assert BertConfig.from_dict(ok).num_labels == transformers.BertConfig.from_dict(ok).num_labels
-
-
 def test_bad_json_names_the_file(tmp_path):
     path = tmp_path / "config.json"
     path.write_text("{not json")
