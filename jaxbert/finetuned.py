@@ -293,7 +293,7 @@ def evaluate(
     from jaxbert import qa
     from jaxbert.checkpoint import load_params
     from jaxbert.heads import resolve_head
-    from jaxbert.seq2seq import load_config
+    from jaxbert.seq2seq import config_sides, load_config
     from jaxbert.tokenizer import WordPiece
     from jaxbert.train import task_qa
     from jaxbert.train.step import task_eval_step
@@ -362,7 +362,7 @@ def evaluate(
     labels = task.labels(rows, cols, problem, model_labels(config, head))
     check_scorable(rows, labels)
     tok = WordPiece.from_dir(directory)
-    sides = (config.encoder, config.decoder) if head == "EncoderDecoderModel" else (config,)
+    sides = config_sides(config)
     positions = min(side.max_position_embeddings for side in sides)
     if max_length is not None:  # beyond the positions, JAX would clamp their ids: a wrong score, no error
         positive_int("--max-seq-length", max_length, positions)
@@ -412,7 +412,11 @@ def evaluate(
         result["words_not_scored"] = int(data.truncated)
     if predict_with_generate:
         length = val_max_target_length or max_length or (trained_sides(config) or (None, None))[1]
-        scores, texts = _generated(directory, data, tok, batch_size, length, num_beams)
+        from jaxbert.inference_seq2seq import EncoderDecoder
+
+        # The weights evaluated above, handed over (consume): a second load would hold the model twice.
+        s2s = EncoderDecoder(config, params, directory, consume=True)
+        scores, texts = _generated(s2s, data, tok, batch_size, length, num_beams)
         result.update(scores)
     with atomic_file(output, ".json") as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -437,13 +441,10 @@ def _seq2seq_lengths(config, tok, max_length, source, target) -> tuple[int, int]
     """Where `evaluate` cuts a bert2bert's sources and targets: each side's flag (--max-source-length,
     --val-max-target-length), else --max-seq-length (both sides), else as trained (task_table.trained_sides), else
     the side's positions and the tokenizer's limit."""
+    from jaxbert.train.config import check_both_sides
     from jaxbert.train.task_table import trained_sides
 
-    if None not in (max_length, source, target):  # --max-seq-length would cut nothing, taken without a word
-        raise ValueError(
-            f"--max-seq-length {max_length}: --max-source-length and --val-max-target-length set both sides; pass "
-            "--max-seq-length (both sides) or the two"
-        )
+    check_both_sides(max_length, source, target, "--val-max-target-length")
     trained = trained_sides(config) or (None, None)
     lengths = []
     for flag, given, side, was in zip(
@@ -460,14 +461,12 @@ def _seq2seq_lengths(config, tok, max_length, source, target) -> tuple[int, int]
     return tuple(lengths)
 
 
-def _generated(directory: str, data, tok, batch_size: int, length: int | None, num_beams: int | None):
-    """(ROUGE and gen_len, the generated texts) of --predict-with-generate: the model's search on each source,
-    `length` tokens at most counting the decoder's start (transformers' max_length, as Seq2SeqTrainer passes
-    run_summarization's val_max_target_length), None: its generation config's."""
-    import jaxbert
+def _generated(s2s, data, tok, batch_size: int, length: int | None, num_beams: int | None):
+    """(ROUGE and gen_len, the generated texts) of --predict-with-generate: the loaded model's (`EncoderDecoder`)
+    search on each source, `length` tokens at most counting the decoder's start (transformers' max_length, as
+    Seq2SeqTrainer passes run_summarization's val_max_target_length), None: its generation config's."""
     from jaxbert.train import task_seq2seq
 
-    s2s = jaxbert.load(directory)
     pad = tok.token_to_id(tok.special_tokens["pad_token"])
     options = dict(num_beams=num_beams, max_new_tokens=None if length is None else length - 1)
     generated = task_seq2seq.generate_all(s2s, data, batch_size, pad, **options)

@@ -109,6 +109,11 @@ class EncoderDecoderConfig:
         }
 
 
+def config_sides(config: BertConfig | EncoderDecoderConfig) -> tuple[BertConfig, ...]:
+    """A bert2bert's (encoder, decoder) configs, else (config,): the sides inputs must fit (tables, positions)."""
+    return (config.encoder, config.decoder) if getattr(config, "is_encoder_decoder", False) else (config,)
+
+
 def load_config(directory: str | os.PathLike) -> BertConfig | EncoderDecoderConfig:
     """The config of a checkpoint directory: a BertConfig, or an EncoderDecoderConfig for a bert2bert."""
     from jaxbert.sentence_dir import transformer_dir

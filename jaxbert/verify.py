@@ -8,7 +8,7 @@ import numpy as np
 from jaxbert.config import BertConfig, padding_id
 from jaxbert.heads import BASE_FIELDS, TABLE, resolve_head
 from jaxbert.sentence_dir import transformer_dir
-from jaxbert.seq2seq import load_config
+from jaxbert.seq2seq import config_sides, load_config
 
 # Tolerance on max |difference| at real (unpadded) positions: absolute for float32; for half precision,
 # relative to max(1, max |reference|), by what an 8- or 11-bit mantissa can hold.
@@ -73,10 +73,7 @@ def verify(src: str, dst: str) -> dict[str, tuple[float, float]]:
     transformers.utils.logging.disable_progress_bar()
     config = load_config(src)
     head = resolve_head(None, load_config(dst))  # what convert wrote (a sentence-transformers base model: BertModel)
-    if head == "EncoderDecoderModel":
-        sides = (config.encoder, config.decoder)
-    else:
-        sides = (config,)
+    sides = config_sides(config) if head == "EncoderDecoderModel" else (config,)
     if any(c.position_embedding_type != "absolute" or c.pruned_heads for c in sides):
         raise ValueError(
             f"--verify: transformers {transformers.__version__} cannot run this checkpoint "

@@ -307,12 +307,19 @@ def test_evaluate_refuses_bad_lengths(flags, match, tmp_path, capsys, monkeypatc
 
 
 @pytest.mark.parametrize("beams", [1, 2])
-def test_evaluate_predict_with_generate_is_run_summarizations_rouge(beams, tmp_path, capsys):
+def test_evaluate_predict_with_generate_is_run_summarizations_rouge(beams, tmp_path, capsys, monkeypatch):
     """run_summarization.py --predict_with_generate: each source (cut at max_source_length) generated with
     num_beams up to val_max_target_length tokens, as EncoderDecoderModel.generate writes them; ROUGE of those texts
     against the cut targets (decoded as its labels) as rouge_score scores them with the stemmer, x100; gen_len the
-    mean count of generated ids that are not padding."""
+    mean count of generated ids that are not padding. The weights are read once: the generator gets those the
+    evaluation ran (a second load held the model twice)."""
     from rouge_score import rouge_scorer
+
+    from jaxbert import checkpoint, inference
+
+    reads, load_params = [], checkpoint.load_params
+    for module in (checkpoint, inference):  # evaluate's reader and jaxbert.load's
+        monkeypatch.setattr(module, "load_params", lambda *a, **k: reads.append(a[0]) or load_params(*a, **k))
 
     model = bert2bert_dir(tmp_path / "model")
     config = json.load(open(tmp_path / "model" / "config.json"))
@@ -335,6 +342,7 @@ def test_evaluate_predict_with_generate_is_run_summarizations_rouge(beams, tmp_p
     assert main([str(a) for a in args]) == 0, capsys.readouterr().err
     result = json.load(open(scored))
     assert result["predictions"] == texts
+    assert reads == [model]
 
     labels = tok(text_target=[r["target"] for r in records], max_length=target, truncation=True)["input_ids"]
     references = tok.batch_decode(labels, skip_special_tokens=True)

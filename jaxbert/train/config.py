@@ -22,6 +22,17 @@ OPTIMIZER_KEYS = ("weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "m
 _PER_DEVICE_DEFAULT = 8
 
 
+def check_both_sides(max_length: int | None, source: int | None, target: int | None, target_flag: str) -> None:
+    """Refuses a seq2seq --max-seq-length beside both sides' own lengths (--max-source-length and `target_flag`,
+    train's --max-target-length or evaluate's --val-max-target-length): it would cut nothing, taken without a
+    word."""
+    if None not in (max_length, source, target):
+        raise ValueError(
+            f"--max-seq-length {max_length}: --max-source-length and {target_flag} set both sides; pass "
+            "--max-seq-length (both sides) or the two"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     model: str
@@ -105,12 +116,8 @@ class TrainConfig:
         if self.num_train_epochs is None and self.max_steps is None:
             object.__setattr__(self, "num_train_epochs", 3.0)
         both = None not in (self.max_source_length, self.max_target_length)
-        if self.task == "seq2seq" and both and self.max_seq_length is not None:
-            # Both sides set: --max-seq-length would cut nothing, taken without a word.
-            raise ValueError(
-                f"--max-seq-length {self.max_seq_length}: --max-source-length and --max-target-length set both "
-                "sides; pass --max-seq-length (both sides) or the two"
-            )
+        if self.task == "seq2seq":
+            check_both_sides(self.max_seq_length, self.max_source_length, self.max_target_length, "--max-target-length")
         # A seq2seq run with both sides set has no --max-seq-length (None, so replace() runs this again unchanged).
         if self.max_seq_length is None and self.task != "embedding" and not (self.task == "seq2seq" and both):
             object.__setattr__(self, "max_seq_length", 384 if self.task == "question-answering" else 128)

@@ -17,6 +17,7 @@ import numpy as np
 
 from jaxbert import batching, cpu, distributed, malloc, metrics
 from jaxbert.config import BertConfig, padding_id
+from jaxbert.seq2seq import config_sides
 from jaxbert.train import data as D
 from jaxbert.train import task_encode as E
 from jaxbert.train import task_pack as P
@@ -238,7 +239,7 @@ def prepare(cfg: TrainConfig, task: Task | None = None) -> TaskRun:
     ]
     (train, _), (val, _) = sets
     # Token ids and types inside the model's tables (JAX would clamp them: a wrong model, no error), before OUT/cache.
-    for side in (config.encoder, config.decoder) if getattr(config, "is_encoder_decoder", False) else (config,):
+    for side in config_sides(config):
         E.check_tables(train, side, train_rows)
         E.check_tables(val, side, val_rows)
     for _, write in sets:
