@@ -144,8 +144,9 @@ def test_four_devices_equal_one(runs, tmp_path):
 # -- validation and evaluate: EmbeddingSimilarityEvaluator's numbers ------------------------------------------
 @pytest.mark.parametrize("similarity", ["cosine", "dot", "euclidean", "manhattan"])
 def test_evaluate_reports_embedding_similarity_evaluator_metrics(similarity, tmp_path):
-    """evaluate --loss cosent on scored pairs: EmbeddingSimilarityEvaluator's pearson / spearman of the cosine and
-    of the model's own similarity (their _max beside two), and CoSENTLoss of the whole file as one batch."""
+    """evaluate --loss cosent on scored pairs: EmbeddingSimilarityEvaluator's pearson / spearman as it reports them
+    by default (the model's own similarity alone: no cosine beside dot, no _max), and CoSENTLoss of the whole file
+    as one batch."""
     import jaxbert
     from jaxbert.sentence_out import write_sentence_model
 
@@ -163,10 +164,10 @@ def test_evaluate_reports_embedding_similarity_evaluator_metrics(similarity, tmp
     assert main([str(a) for a in args]) == 0
     got = json.load(open(written))
     model = st.SentenceTransformer(str(out), device="cpu")
-    names = ["cosine"] + ([similarity] if similarity != "cosine" else [])
     first, second = ([r[c] for r in records] for c in ("sentence1", "sentence2"))
     scores = [r["score"] for r in records]
-    theirs = evaluation.EmbeddingSimilarityEvaluator(first, second, scores, similarity_fn_names=names)(model)
+    theirs = evaluation.EmbeddingSimilarityEvaluator(first, second, scores)(model)
+    assert sorted(theirs) == [f"pearson_{similarity}", f"spearman_{similarity}"]
     assert got["examples"] == 30 and sorted(k for k in got if "_" in k and "prompt" not in k) == sorted(theirs)
     for key, value in theirs.items():
         assert abs(got[key] - value) <= 1e-6, (key, got[key], value)

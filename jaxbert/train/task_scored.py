@@ -127,17 +127,10 @@ def _pairwise(a: np.ndarray, b: np.ndarray, name: str) -> np.ndarray:
     return -np.linalg.norm(a - b, axis=1) if name == "euclidean" else -np.abs(a - b).sum(1)
 
 
-def similarity_names(similarity: str) -> tuple[str, ...]:
-    """The similarity functions scored: cosine, and the model's own where it is another."""
-    return ("cosine",) if similarity == "cosine" else ("cosine", similarity)
-
-
 def metric_names(similarity: str) -> tuple[str, ...]:
-    """EmbeddingSimilarityEvaluator's keys given similarity_fn_names=similarity_names (the _max pair with two),
-    spearman_cosine first: the default best-model metric."""
-    names = similarity_names(similarity)
-    found = [f"{m}_{n}" for n in names for m in ("spearman", "pearson")]
-    return (*found, *(("spearman_max", "pearson_max") if len(names) > 1 else ()))
+    """EmbeddingSimilarityEvaluator's keys by default (similarity_fn_names None: the model's own similarity function
+    alone), spearman first: its primary metric, the default best-model metric."""
+    return (f"spearman_{similarity}", f"pearson_{similarity}")
 
 
 def set_loss(a: np.ndarray, b: np.ndarray, labels: np.ndarray, loss: str) -> float:
@@ -156,17 +149,13 @@ def set_loss(a: np.ndarray, b: np.ndarray, labels: np.ndarray, loss: str) -> flo
 
 def score(outputs, data: E.Encodedset, labels, loss: str = "cosent", similarity: str = "cosine") -> dict:
     """The set's loss as one batch (independent of the evaluation batch size) and EmbeddingSimilarityEvaluator's
-    Pearson and Spearman correlations of each pair's similarity with its score."""
+    Pearson and Spearman correlations of each pair's similarity with its score, by the model's own similarity
+    function alone, as that evaluator scores by default (cosine is not added beside dot, euclidean or manhattan)."""
     emb = np.stack(outputs).astype(np.float64)  # [N, 2, E]
     a, b, gold = emb[:, 0], emb[:, 1], data.targets.astype(np.float64)
-    out = {"loss": set_loss(a, b, gold, loss)}
-    for name in similarity_names(similarity):
-        sims = _pairwise(a, b, name)
-        out |= {f"pearson_{name}": metrics.pearson(sims, gold), f"spearman_{name}": metrics.spearman(sims, gold)}
-    if similarity != "cosine":
-        for m in ("pearson", "spearman"):
-            out[f"{m}_max"] = max(out[f"{m}_cosine"], out[f"{m}_{similarity}"])
-    return out
+    sims = _pairwise(a, b, similarity)
+    pearson, spearman = metrics.pearson(sims, gold), metrics.spearman(sims, gold)
+    return {"loss": set_loss(a, b, gold, loss), f"pearson_{similarity}": pearson, f"spearman_{similarity}": spearman}
 
 
 def task(loss: str, similarity: str = "cosine"):
