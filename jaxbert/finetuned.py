@@ -308,6 +308,7 @@ def evaluate(
         trained_all_tokens,
         trained_label,
         trained_length,
+        trained_loss,
         trained_sides,
     )
 
@@ -332,12 +333,13 @@ def evaluate(
         raise ValueError(f"{flag}: applies to --task seq2seq only, not {task_name} (--max-seq-length cuts its texts)")
     if task_name != "embedding" and loss is not None:
         raise ValueError(f"--loss applies to --task embedding only, not --task {task_name}")
-    loss = loss or "mnrl"
-    if loss != "mnrl":  # scored pairs: their columns and metrics (the model's similarity is read below)
+    config = load_config(directory)
+    if task_name == "embedding":  # the loss it was trained with (task_table.COLUMNS_KEY) unless --loss says
+        loss = loss or trained_loss(config) or "mnrl"
+    if loss not in (None, "mnrl"):  # scored pairs: their columns and metrics (the model's similarity is read below)
         from jaxbert.train import task_scored
 
         task = task_scored.task(loss)
-    config = load_config(directory)
     trained_qa = qa_options(config, task_name, version_2_with_negative, null_score_diff_threshold)
     head = resolve_head(None, config)
     if head != task.head:
@@ -345,7 +347,9 @@ def evaluate(
     if head in ("BertForSequenceClassification", "BertForTokenClassification"):
         config.label_names("the file's labels are matched to the model's by name")
     trained_heads = ("BertForSequenceClassification", "BertForMultipleChoice", "BertForTokenClassification")
-    if head in (*trained_heads, "BertLMHeadModel", "EncoderDecoderModel"):
+    # An embedding model read with another loss than its own reads other data: not its columns.
+    as_trained = task_name == "embedding" and loss == trained_loss(config)
+    if head in (*trained_heads, "BertLMHeadModel", "EncoderDecoderModel") or as_trained:
         text_column, pair_column = _trained_columns(config, text_column, pair_column)
         label_column = label_column or trained_label(config)
     cols = columns(

@@ -196,6 +196,27 @@ def test_the_trained_model_evaluates_as_its_last_validation(name, runs, tmp_path
     assert json.load(open(root / "out" / "best.json"))["metric"] == "eval_spearman_cosine"
 
 
+def test_evaluate_reads_pairs_with_the_loss_the_model_was_trained_with(runs, tmp_path, capsys):
+    """OUT/final's config.json records the run's loss and columns (an extra key, which SentenceTransformer leaves
+    alone): evaluate without --loss equals evaluate --loss cosent; a --loss given wins; a model from elsewhere (no
+    record) reads (anchor, positive) rows, as before."""
+    root, model, _ = runs["cosent"]
+    final, data = root / "out" / "final", root / "data.jsonl"
+    got = {}
+    for name, flags in {"recorded": [], "cosent": ["--loss", "cosent"], "angle": ["--loss", "angle"]}.items():
+        written = tmp_path / f"{name}.json"
+        args = ["evaluate", final, "--task", "embedding", "--file", data, "--output", written, *flags]
+        assert main([str(a) for a in args]) == 0
+        got[name] = json.load(open(written))
+    assert got["recorded"] == got["cosent"] and got["angle"]["loss"] != got["cosent"]["loss"]
+    record = json.load(open(final / "config.json"))["jaxbert_text_columns"]
+    assert record == {"text": "sentence1", "pair": "sentence2", "label": None, "loss": "cosent"}
+    assert st.SentenceTransformer(str(final), device="cpu").encode(["a b"]).shape == (1, 32)
+    args = ["evaluate", model, "--task", "embedding", "--file", data, "--output", tmp_path / "m.json"]
+    capsys.readouterr()
+    cli_fails(capsys, tmp_path, *map(str, args), match="scored pairs train with --loss cosent")
+
+
 # -- bad input -------------------------------------------------------------------------------------------------
 ROW = {"sentence1": "a b", "sentence2": "c d", "score": 0.5}
 

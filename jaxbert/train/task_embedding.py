@@ -289,7 +289,13 @@ class EmbeddingRun(task_plan.TaskRun):
         )  # fmt: skip
 
     def final_config(self):
-        return self.config
+        # The loss and columns trained on (task_table.COLUMNS_KEY, an extra key of config.json, which
+        # SentenceTransformer leaves alone): evaluate reads the pairs as trained without --loss.
+        from jaxbert.train.task_table import COLUMNS_KEY, columns
+
+        text, pair, label = columns(self.task, self.cfg)
+        trained = {"text": text, "pair": pair, "label": label, "loss": self.cfg.loss}
+        return self.config.replace(extra={**self.config.extra, COLUMNS_KEY: trained})
 
     def write_model(self, params, directory: str) -> None:
         from jaxbert.sentence_out import write_sentence_model
@@ -298,7 +304,7 @@ class EmbeddingRun(task_plan.TaskRun):
         params = {**params, **({"pooler": self.pooler} if self.pooler is not None else {})}
         write_sentence_model(
             params,
-            self.config,
+            self.final_config(),
             directory,
             pooling=self.cfg.pooling,
             normalize=self.cfg.normalize,

@@ -14,6 +14,7 @@ import numpy as np
 
 from jaxbert import metrics
 from jaxbert.train import task_encode as E
+from jaxbert.train.config import EMBEDDING_LOSSES
 from jaxbert.train.task_labels import Labels, sequence_labels, tag_labels, tag_lists
 
 
@@ -284,6 +285,13 @@ def trained_label(config) -> str | None:
     saved = (config.extra or {}).get(COLUMNS_KEY)
     label = saved.get("label") if isinstance(saved, dict) else None
     return label if isinstance(label, str) else None
+
+
+def trained_loss(config) -> str | None:
+    """The --loss an embedding model was trained with (see COLUMNS_KEY), None unknown (a model from elsewhere)."""
+    saved = (config.extra or {}).get(COLUMNS_KEY)
+    loss = saved.get("loss") if isinstance(saved, dict) else None
+    return loss if loss in EMBEDDING_LOSSES else None
 
 
 def trained_columns(config) -> tuple[str | None, str | None]:
