@@ -356,6 +356,7 @@ def evaluate(
         task, SimpleNamespace(text_column=text_column, text_pair_column=pair_column, label_column=label_column)
     )
     rows = read_rows(path, "--file", cols[0] if task.lines else None)  # a causal LM's .txt: a text a line
+    cols = task.resolve(rows, cols)
     rows, _ = nonempty_rows(task, rows, cols)  # as training's validation skips them
     if not rows:
         raise ValueError(f"{path}: no examples (every text empty)")

@@ -217,6 +217,34 @@ def test_evaluate_reads_pairs_with_the_loss_the_model_was_trained_with(runs, tmp
     cli_fails(capsys, tmp_path, *map(str, args), match="scored pairs train with --loss cosent")
 
 
+@pytest.mark.parametrize("suffix", ["jsonl", "tsv"])
+def test_unnamed_pair_columns_are_read_by_position_as_sentence_transformers(suffix, tmp_path):
+    """Rows without sentence1 / sentence2 (premise, score, hypothesis: JSON keys or a TSV header in that order):
+    the texts by position and the score by name, as sentence-transformers' data collator. AnglE's similarity is not
+    symmetric, so a swapped pair shows: one step equals its step; evaluate reads OUT/final's recorded columns."""
+    model = model_dir(tmp_path / "model", **SMALL)
+    write_sentence_files(model, 32, "mean", False, 32)
+    records = [{"premise": r["sentence1"], "score": r["score"], "hypothesis": r["sentence2"]} for r in _records()]
+    data = tmp_path / f"nli.{suffix}"
+    if suffix == "jsonl":
+        data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    else:
+        lines = [list(records[0]), *(r.values() for r in records)]  # the header, then the rows
+        data.write_text("".join("\t".join(map(str, cells)) + "\n" for cells in lines))
+    assert main(_train_args(model, data, tmp_path / "out", "angle", "mean", False)) == 0
+    value, _, pt = _torch_step(model, records, "angle", {})
+    step1 = next(r for r in _log(tmp_path / "out") if r["step"] == 1 and "loss" in r)
+    assert abs(step1["loss"] - value) <= 1e-5 * max(1, value), (step1, value)
+    ours = load_file(str(tmp_path / "out" / "final" / "model.safetensors"))
+    theirs = {k: v.detach().numpy() for k, v in pt[0].auto_model.state_dict().items()}
+    noise = [k for k in ours if k.endswith("attention.self.key.bias")]
+    assert max(float(np.abs(ours[k] - theirs[k]).max()) for k in ours if k not in noise) <= 1e-6
+    written = tmp_path / "m.json"
+    assert main([str(a) for a in ("evaluate", tmp_path / "out" / "final", "--task", "embedding", "--file", data,
+                                  "--output", written)]) == 0  # fmt: skip
+    assert abs(json.load(open(written))["loss"] - _log(tmp_path / "out")[-1]["eval_loss"]) <= 1e-6
+
+
 # -- bad input -------------------------------------------------------------------------------------------------
 ROW = {"sentence1": "a b", "sentence2": "c d", "score": 0.5}
 
@@ -234,6 +262,12 @@ ROW = {"sentence1": "a b", "sentence2": "c d", "score": 0.5}
         ([ROW, {**ROW, "score": 4.2}], ["--loss", "cosine-similarity"], "score 4.2 outside [-1, 1]"),
         ([ROW, ROW], ["--symmetric"], "--symmetric applies to --loss mnrl only, not --loss cosent"),
         ([ROW, ROW], ["--loss", "mnrl"], "'score'): scored pairs train with --loss cosent, cosine-similarity or angle"),
+        (
+            [{"premise": "a", "hypothesis": "b", "score": 1}, {"hypothesis": "c", "premise": "d", "score": 0}],
+            [],
+            "data.jsonl:2: columns 'hypothesis', 'premise' in the other order than the first row's (",
+        ),
+        ([{"premise": "a b", "score": 1}] * 2, [], "data.jsonl:1: no pair of text columns beside the score 'score'"),
     ],
 )
 def test_bad_scored_rows_are_one_line(rows, flags, match, tmp_path, capsys):

@@ -291,9 +291,9 @@ class EmbeddingRun(task_plan.TaskRun):
     def final_config(self):
         # The loss and columns trained on (task_table.COLUMNS_KEY, an extra key of config.json, which
         # SentenceTransformer leaves alone): evaluate reads the pairs as trained without --loss.
-        from jaxbert.train.task_table import COLUMNS_KEY, columns
+        from jaxbert.train.task_table import COLUMNS_KEY
 
-        text, pair, label = columns(self.task, self.cfg)
+        text, pair, label = self.cols
         trained = {"text": text, "pair": pair, "label": label, "loss": self.cfg.loss}
         return self.config.replace(extra={**self.config.extra, COLUMNS_KEY: trained})
 
@@ -384,17 +384,19 @@ def prepare(cfg, steps: tuple = ()) -> EmbeddingRun:
     task = with_similarity(found.similarity if found else "cosine", cfg.loss)
     run = task_plan.prepare(cfg, task)
     fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(run)}
-    skip, recorded = _prompt_tokens(cfg, found, run.say, task)
+    named = cfg.text_column is not None or cfg.text_pair_column is not None
+    if cfg.loss != "mnrl" and not named and run.cols[:2] != task_scored.DEFAULT_PAIR:
+        run.say(f"data: the pair is columns {run.cols[0]!r}, {run.cols[1]!r}, by position (no sentence1, sentence2)")
+    skip, recorded = _prompt_tokens(cfg, found, run.say, run.cols)
     return EmbeddingRun(**fields | {"task": task, "steps": steps, "skip": skip, "prompts": recorded})
 
 
-def _prompt_tokens(cfg, found, say, task) -> tuple[tuple[int, ...], dict]:
+def _prompt_tokens(cfg, found, say, cols) -> tuple[tuple[int, ...], dict]:
     """(each column's prompt tokens the pooling leaves out: sentence-transformers' prompt_length when the Pooling
     has include_prompt false, else none; the prompts OUT/final records: the anchors' as "query" and the positives'
     as "document", the names encode_query / encode_document and its retrieval evaluator read)."""
     from jaxbert.sentence_dir import prompt_length
     from jaxbert.tokenizer import WordPiece
-    from jaxbert.train.task_table import columns
 
     default = dict(found.prompts).get(found.default_prompt_name) if found and found.default_prompt_name else None
     if default and not found.unsupported:
@@ -404,7 +406,6 @@ def _prompt_tokens(cfg, found, say, task) -> tuple[tuple[int, ...], dict]:
         )
     if cfg.prompts is None:
         return (0,), {}
-    cols = columns(task, cfg)
     per = given_prompts(cfg.prompts, cols[:2] if cfg.loss != "mnrl" else cols)  # a score column has no prompt
     recorded = {name: p for name, p in zip(("query", "document"), per) if p}
     if found is None or found.include_prompt:

@@ -42,6 +42,7 @@ class TaskRun:
     warmup_steps: int
     metric: str
     renew: str | None = None  # why the checkpoint's classifier is not reused (its labels are not the data's)
+    cols: tuple = ()  # the columns read (Task.resolve: scored pairs' texts may be found by position)
     log: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -203,6 +204,7 @@ def prepare(cfg: TrainConfig, task: Task | None = None) -> TaskRun:
                 f"{cfg.validation_split_percentage}%: pass --validation-file"
             )
         val_rows, train_rows = train_rows[:cut], train_rows[cut:]
+    cols = task.resolve([*train_rows, *val_rows], cols)  # the validation rows in the training rows' columns
     (train_rows, empty), (val_rows, val_empty) = (nonempty_rows(task, rows, cols) for rows in (train_rows, val_rows))
     for rows, path, dropped in ((train_rows, cfg.train_file, empty), (val_rows, cfg.validation_file, val_empty)):
         if not rows:  # every text empty: nothing to train on or to score
@@ -257,6 +259,7 @@ def prepare(cfg: TrainConfig, task: Task | None = None) -> TaskRun:
     total = total_steps(cfg, batches.steps_per_epoch)
     warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * total)
     run = TaskRun(cfg, labelled_config(config, task, labels), task, labels, batches, val, total, warmup, metric, renew)
+    run.cols = cols
     named = f"{len(labels.names)} labels ({_names(labels.names)})"
     run.say(
         f"data: {len(train)} training and {len(val)} validation examples ({task.name}"

@@ -29,6 +29,9 @@ LABEL_COLUMNS = ("label", "labels", "score", "scores")
 F32_MAX = float(np.finfo(np.float32).max)
 
 
+DEFAULT_PAIR = ("sentence1", "sentence2")
+
+
 # -- data ------------------------------------------------------------------------------------------------------
 def label_column(rows, given: str | None) -> str:
     """The score column: --label-column, else the first of LABEL_COLUMNS the first row has."""
@@ -42,6 +45,36 @@ def label_column(rows, given: str | None) -> str:
             "pass --label-column"
         )
     return found
+
+
+def pair_columns(rows, cols) -> tuple:
+    """The two text columns: as named (--text-column, --text-pair-column; one alone: the other's default), else
+    sentence1 and sentence2 where the first row has both, else the first row's first two columns but the score,
+    in its order (a CSV/TSV's header, a JSON line's keys), as sentence-transformers' data collator takes every
+    column but the label by position. Read by position, a row holding the two in the other order is refused: its
+    pair would be swapped (by name it is not, by position it is)."""
+    first, second, label = cols
+    head = rows[0]
+    if first is not None or second is not None or all(c in head.values for c in DEFAULT_PAIR):
+        return (first or DEFAULT_PAIR[0], second or DEFAULT_PAIR[1], label)
+    score = label_column(rows, label)
+    texts = [c for c in head.values if c != score]
+    if len(texts) < 2:
+        names = ", ".join(map(repr, head.values))
+        raise ValueError(
+            f"{head.path}:{head.line}: no pair of text columns beside the score {score!r} (columns: {names}); "
+            "name them with --text-column and --text-pair-column"
+        )
+    pair = texts[:2]
+    for row in rows:
+        seen = [c for c in row.values if c in pair]
+        if len(seen) == 2 and seen != pair:
+            raise ValueError(
+                f"{row.path}:{row.line}: columns {seen[0]!r}, {seen[1]!r} in the other order than the first row's "
+                f"({head.path}:{head.line}), which reads the pair by position as sentence-transformers does: write "
+                "every row's keys in one order, or pass --text-column and --text-pair-column"
+            )
+    return (*pair, label)
 
 
 def _score(row, column: str, loss: str) -> float:
@@ -165,7 +198,8 @@ def task(loss: str, similarity: str = "cosine"):
     embedding = TASKS["embedding"]
     return dataclasses.replace(
         embedding,
-        columns=("sentence1", "sentence2", None),
+        columns=(None, None, None),  # pair_columns: sentence1 and sentence2, else by position
+        resolve=pair_columns,
         labels=lambda rows, cols, problem, fixed: Labels((), "regression"),  # scores: correlations need 2 rows
         encode=functools.partial(encode, loss=loss),
         score=functools.partial(score, loss=loss, similarity=similarity),

@@ -34,6 +34,8 @@ class Task:
     # line_by_line (and a .txt's blank lines), run_summarization's rows without a text or a summary. A causal LM's
     # empty text is [CLS] [SEP] with nothing of its own to predict; run_glue keeps its empty texts, so others do.
     skip_empty: tuple[int, ...] = ()
+    # (the rows, the columns) -> the columns read: scored pairs take their texts by position where unnamed.
+    resolve: Callable = lambda rows, cols: cols
 
 
 def _score_sequences(logits, data: E.Encodedset, labels: Labels) -> dict:
