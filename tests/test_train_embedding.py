@@ -155,6 +155,36 @@ def test_one_step_equals_pytorch(name, runs):
         assert moved == 0 if k.startswith("pooler.") else moved > LR / 10, (k, moved)
 
 
+def test_unnamed_columns_are_read_by_position_as_sentence_transformers(tmp_path):
+    """Rows without anchor / positive ({"query", "answer", "hard"}): anchor, positive and negative by position, as
+    sentence-transformers' data collator reads every column; the loss is not symmetric, so swapped columns show:
+    one step equals its step."""
+    from sentence_transformers.base.trainer import BaseTrainer
+    from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator
+
+    model = model_dir(tmp_path / "model", **SMALL)
+    records = [dict(zip(("query", "answer", "hard"), r.values())) for r in _records(negatives=True)]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(_train_args(model, data, tmp_path / "out", "mean", False, False, "--global-batch-size", "8")) == 0
+    write_sentence_files(model, 32, "mean", False, 32)
+    pt = st.SentenceTransformer(model, device="cpu")
+    pt.train()
+    opt = adamw_as_trainer(pt, LR, DECAY)
+    batch = SentenceTransformerDataCollator(preprocess_fn=pt.preprocess)(records)
+    value = _st_loss(False, pt)(*BaseTrainer.collect_features(None, batch))
+    value.backward()
+    torch.nn.utils.clip_grad_norm_(pt.parameters(), CLIP)
+    opt.step()
+    value = float(value.detach())
+    step1 = next(r for r in _log(tmp_path / "out") if r["step"] == 1 and "loss" in r)
+    assert abs(step1["loss"] - value) <= 1e-5 * max(1, value), (step1, value)
+    ours = load_file(str(tmp_path / "out" / "final" / "model.safetensors"))
+    theirs = {k: v.detach().numpy() for k, v in pt[0].auto_model.state_dict().items()}
+    noise = [k for k in ours if k.endswith("attention.self.key.bias")]
+    assert max(float(np.abs(ours[k] - theirs[k]).max()) for k in ours if k not in noise) <= 1e-6
+
+
 def test_four_devices_equal_one(runs, tmp_path):
     """The same global batch of 8 on 4 devices (2 rows each): equal loss and parameters only if every anchor
     still sees all 8 candidates (per-device negatives would give another loss)."""
@@ -260,6 +290,12 @@ def test_minilm_fine_tune_raises_held_out_retrieval(tmp_path):
             "data.jsonl:2: column 'negative': every example needs a 'negative' like the first row",
         ),
         ([{"anchor": "a b", "positive": 3}], "data.jsonl:1: column 'positive': expected a string, got an integer"),
+        (
+            [{"q": "a b", "p": "c d"}, {"p": "e f", "q": "g h"}],
+            "data.jsonl:2: columns 'p', 'q' in another order than the first row's (",
+        ),
+        ([{"text": "a b"}], "data.jsonl:1: 1 text column(s) ('text') and none named anchor and positive"),
+        ([dict.fromkeys("wxyz", "a b")], "data.jsonl:1: 4 text column(s) ('w', 'x', 'y', 'z') and none named"),
     ],
 )
 def test_bad_rows_name_file_and_line(rows, match, tmp_path, capsys):

@@ -265,7 +265,7 @@ ROW = {"sentence1": "a b", "sentence2": "c d", "score": 0.5}
         (
             [{"premise": "a", "hypothesis": "b", "score": 1}, {"hypothesis": "c", "premise": "d", "score": 0}],
             [],
-            "data.jsonl:2: columns 'hypothesis', 'premise' in the other order than the first row's (",
+            "data.jsonl:2: columns 'hypothesis', 'premise' in another order than the first row's (",
         ),
         ([{"premise": "a b", "score": 1}] * 2, [], "data.jsonl:1: no pair of text columns beside the score 'score'"),
     ],

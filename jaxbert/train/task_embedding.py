@@ -35,6 +35,7 @@ from jaxbert.train import task_plan, task_scored
 SCALE = 20.0  # sentence-transformers' default: cosine similarities × 20 (temperature 0.05)
 DENSE = "sentence_dense"  # the Dense modules' parameters beside the base model's: {"0": {kernel, bias}, ...}
 DENSE_RNG = 0x5E47  # folded into a step's rng for the Dropout modules, apart from the model's dropout
+TRIPLET = ("anchor", "positive", "negative")  # the default columns of --text-column, --text-pair-column, --label-column
 
 
 # -- data ------------------------------------------------------------------------------------------------------
@@ -70,6 +71,27 @@ def encode_pairs(tok, rows, columns, labels, max_len: int, prompts: tuple[str, s
     flat = [t for group in texts for t in group]
     targets = np.zeros(len(rows), np.int32)  # no labels: the batch's own rows are the answers
     return [texts], lambda: E._pack(tok.encode(flat, None, max_length=max_len), len(cols), targets)
+
+
+def triplet_columns(rows, cols) -> tuple:
+    """The (anchor, positive, negative) columns: as named (one not named: its default), else those names where
+    the first row has an anchor and a positive (or a score column: encode_pairs names the scored losses), else the
+    first row's columns in their order, as sentence-transformers' data collator reads them by position
+    (MultipleNegativesRankingLoss: the anchor, the positive, then negatives; jaxbert trains one negative)."""
+    head = rows[0]
+    named = any(c is not None for c in cols) or all(c in head.values for c in TRIPLET[:2])
+    if named or any(c in head.values for c in task_scored.LABEL_COLUMNS):
+        return tuple(c or d for c, d in zip(cols, TRIPLET))
+    texts = list(head.values)
+    if not 2 <= len(texts) <= 3:
+        names = ", ".join(map(repr, texts))
+        raise ValueError(
+            f"{head.path}:{head.line}: {len(texts)} text column(s) ({names}) and none named anchor and positive: "
+            "--task embedding trains (anchor, positive[, negative]) rows; name them with --text-column, "
+            "--text-pair-column, --label-column"
+        )
+    taken = task_scored.by_position(rows, texts)
+    return (*taken, None) if len(taken) == 2 else tuple(taken)
 
 
 def given_prompts(given, cols: tuple[str, ...], where: str = "the data") -> tuple[str, ...]:
@@ -384,9 +406,11 @@ def prepare(cfg, steps: tuple = ()) -> EmbeddingRun:
     task = with_similarity(found.similarity if found else "cosine", cfg.loss)
     run = task_plan.prepare(cfg, task)
     fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(run)}
-    named = cfg.text_column is not None or cfg.text_pair_column is not None
-    if cfg.loss != "mnrl" and not named and run.cols[:2] != task_scored.DEFAULT_PAIR:
-        run.say(f"data: the pair is columns {run.cols[0]!r}, {run.cols[1]!r}, by position (no sentence1, sentence2)")
+    named = any(c is not None for c in (cfg.text_column, cfg.text_pair_column, cfg.label_column))
+    default = task_scored.DEFAULT_PAIR if cfg.loss != "mnrl" else TRIPLET[:2]
+    if not named and run.cols[:2] != default:  # read by position (triplet_columns, task_scored.pair_columns)
+        read = ", ".join(repr(c) for c in run.cols[: 2 if cfg.loss != "mnrl" else 3] if c)
+        run.say(f"data: the texts are columns {read}, by position (no {default[0]}, {default[1]})")
     skip, recorded = _prompt_tokens(cfg, found, run.say, run.cols)
     return EmbeddingRun(**fields | {"task": task, "steps": steps, "skip": skip, "prompts": recorded})
 

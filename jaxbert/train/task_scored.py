@@ -65,16 +65,23 @@ def pair_columns(rows, cols) -> tuple:
             f"{head.path}:{head.line}: no pair of text columns beside the score {score!r} (columns: {names}); "
             "name them with --text-column and --text-pair-column"
         )
-    pair = texts[:2]
+    return (*by_position(rows, texts[:2]), label)
+
+
+def by_position(rows, taken: list) -> list:
+    """`taken`, the first row's text columns read by position (as sentence-transformers' data collator reads
+    them), checked against every row: one holding them in another order is refused, since by name its texts would
+    be the first row's, by position swapped."""
+    head = rows[0]
     for row in rows:
-        seen = [c for c in row.values if c in pair]
-        if len(seen) == 2 and seen != pair:
+        seen = [c for c in row.values if c in taken]
+        if len(seen) == len(taken) and seen != taken:
             raise ValueError(
-                f"{row.path}:{row.line}: columns {seen[0]!r}, {seen[1]!r} in the other order than the first row's "
-                f"({head.path}:{head.line}), which reads the pair by position as sentence-transformers does: write "
-                "every row's keys in one order, or pass --text-column and --text-pair-column"
+                f"{row.path}:{row.line}: columns {', '.join(map(repr, seen))} in another order than the first row's "
+                f"({head.path}:{head.line}), which reads the texts by position as sentence-transformers does: write "
+                "every row's keys in one order, or name the columns (--text-column, --text-pair-column)"
             )
-    return (*pair, label)
+    return taken
 
 
 def _score(row, column: str, loss: str) -> float:

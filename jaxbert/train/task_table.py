@@ -175,12 +175,13 @@ TASKS: dict[str, Task] = {
         Task(
             "embedding",
             "BertModel",
-            ("anchor", "positive", "negative"),
+            (None, None, None),  # task_embedding.triplet_columns: anchor, positive, negative, else by position
             _no_labels,
             _embedding("encode_pairs"),
             _embedding("score"),
             lambda labels: ("mrr@10", "accuracy@1"),
             lambda cfg: {"column_prompts": cfg.prompts},
+            resolve=_embedding("triplet_columns"),
         ),
         # SQuAD rows: (question, context, answers); each window of a long context is one sequence (task_qa.py).
         Task(
