@@ -167,6 +167,17 @@ def same_everywhere(settings: dict) -> None:
     )
 
 
+def from_primary(values: list[float] | None, n: int) -> list[float]:
+    """Process 0's `n` numbers on every process (None elsewhere), bit for bit (float64 sent as integers: without
+    x64 JAX would round them to float32). A collective."""
+    if jax.process_count() == 1:
+        return list(values)
+    from jax.experimental import multihost_utils
+
+    bits = np.asarray(values if is_primary() else [0.0] * n, np.float64).view(np.uint32)
+    return np.asarray(multihost_utils.broadcast_one_to_all(bits), np.uint32).view(np.float64).tolist()
+
+
 def to_primary(tree):
     """numpy copies of a (sharded, possibly multi-process) tree on process 0, which writes it; None elsewhere.
     Every process must call it (some leaves take a collective)."""

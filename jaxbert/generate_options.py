@@ -78,8 +78,10 @@ def _from_model_config(data: dict) -> dict:
     return {**{k: decoder[k] for k in _READ if decoder.get(k) is not None}, **settings}
 
 
-def file_settings(directory: str | None) -> dict:
-    """The generation config of `directory` ({} without a directory); settings jaxbert cannot honour are refused."""
+def file_settings(directory: str | None, config: dict | None = None) -> dict:
+    """The generation config of `directory` ({} without a directory); settings jaxbert cannot honour are refused.
+    `config`: the config.json to read in place of the directory's (one a training run will write beside the
+    directory's generation_config.json, which it copies)."""
     from jaxbert.sentence_dir import transformer_dir
 
     directory = transformer_dir(directory) if directory else None
@@ -90,7 +92,7 @@ def file_settings(directory: str | None) -> dict:
         settings = {**dict.fromkeys(TOKENS), **read_json(path)}
     else:  # transformers then reads config.json's generation keys (`from_pretrained`'s fallback)
         path = existing_file(directory, "config.json") if directory else None
-        settings = _from_model_config(read_json(path)) if path else {}
+        settings = _from_model_config(config if config is not None else read_json(path)) if path else {}
     for key, unchanged in _UNSUPPORTED.items():
         if settings.get(key) is not None and not any(_same(settings[key], v) for v in unchanged):
             raise ValueError(f"{path}: {key}={settings[key]!r} is not implemented by jaxbert's generate")

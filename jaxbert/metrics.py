@@ -45,6 +45,8 @@ GREATER_IS_BETTER = {
     "mrr@10": True,
     "loss": False,
     "perplexity": False,
+    # run_summarization.py's generation scores; gen_len up, as Trainer takes any name not ending in "loss"
+    **dict.fromkeys(("rouge1", "rouge2", "rougeL", "rougeLsum", "gen_len"), True),
 }
 
 

@@ -205,6 +205,9 @@ LATER_KEYS = (
 # Meta keys that checkpoints of earlier jaxbert versions lack, implied there by another: a seq2seq run cut its
 # sources and its targets at --max-seq-length.
 IMPLIED_KEYS = {"max_source_length": "max_seq_length", "max_target_length": "max_seq_length"}
+# Meta keys of options that earlier versions did not have: there the run had the option's default (a seq2seq run
+# validated without generating), so a resume that sets it is refused as one that changes it.
+EARLIER_DEFAULTS = {"predict_with_generate": False, "num_beams": None, "val_max_target_length": None}
 
 
 # Meta keys that follow from others (the data, --max-seq-length, the batch): compared last, so that a run on more
@@ -235,6 +238,8 @@ def check_meta(meta: dict, expected: dict, where: str) -> None:
         value = expected[key]
         if key in IMPLIED_KEYS and key not in meta:  # an earlier version's: the key it was implied by
             meta = {**meta, key: meta.get(IMPLIED_KEYS[key])}
+        if key in EARLIER_DEFAULTS and key not in meta:
+            meta = {**meta, key: EARLIER_DEFAULTS[key]}
         if key in LATER_KEYS and key not in meta:
             continue
         if key not in ("step", "epoch", "offset", "model_config") and meta.get(key) != value:

@@ -103,6 +103,12 @@ class TrainConfig:
     # --max-seq-length, which cut both before they existed)
     max_source_length: int | None = None
     max_target_length: int | None = None
+    # run_summarization.py's --predict_with_generate, --num_beams and --val_max_target_length: each validation also
+    # generates (task_seq2seq_generated.py) and scores ROUGE; the validation targets are cut at the last, which
+    # bounds the generation too (default: where training cuts them)
+    predict_with_generate: bool = False
+    num_beams: int | None = None
+    val_max_target_length: int | None = None
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
@@ -180,9 +186,16 @@ class TrainConfig:
                 f"--null-score-diff-threshold {self.null_score_diff_threshold}: decides SQuAD 2.0's null answers; "
                 "give --version-2-with-negative too"
             )
-        for name in SEQ2SEQ_FIELDS:
+        for name in (*SEQ2SEQ_FIELDS, *GENERATE_FIELDS):
             if self.task != "seq2seq" and getattr(self, name) != defaults[name]:
                 raise ValueError(f"{_flag(name)} applies to --task seq2seq only, not {self.task}")
+        if self.num_beams is not None and not self.predict_with_generate:  # a search that would not run (evaluate's)
+            raise ValueError("--num-beams: the beams of --predict-with-generate's search; pass that too")
+        metric = (self.metric_for_best_model or "").removeprefix("eval_")
+        if metric in GENERATED_METRICS and not self.predict_with_generate:  # never scored: no best model
+            raise ValueError(
+                f"--metric-for-best-model {metric}: scored on the generations of --predict-with-generate; pass that too"
+            )
         for name in TAG_FIELDS:
             if self.task != "token-classification" and getattr(self, name) != defaults[name]:
                 raise ValueError(f"{_flag(name)} applies to --task token-classification only, not {self.task}")
@@ -198,13 +211,17 @@ class TrainConfig:
         if self.task == "question-answering" and self.doc_stride >= self.max_seq_length:
             raise ValueError(f"--doc-stride {self.doc_stride}: must be below --max-seq-length {self.max_seq_length}")
 
-    def seq2seq_lengths(self) -> tuple[tuple[str, int], tuple[str, int]]:
+    def seq2seq_lengths(self, validation: bool = False) -> tuple[tuple[str, int], tuple[str, int]]:
         """--task seq2seq's (flag, tokens) where sources and where targets are cut: --max-source-length and
-        --max-target-length, each side defaulting to --max-seq-length (which cut both before they existed)."""
-        return tuple(
+        --max-target-length, each side defaulting to --max-seq-length (which cut both before they existed). The
+        `validation` targets at --val-max-target-length where given (run_summarization.py's eval preprocessing)."""
+        sides = tuple(
             (_flag(n), getattr(self, n)) if getattr(self, n) is not None else ("--max-seq-length", self.max_seq_length)
             for n in SEQ2SEQ_FIELDS
         )
+        if validation and self.val_max_target_length is not None:
+            return sides[0], ("--val-max-target-length", self.val_max_target_length)
+        return sides
 
     def resume_keys(self) -> tuple[str, ...]:
         return (
@@ -222,6 +239,7 @@ class TrainConfig:
             # and OUT/final records the options `evaluate` and `predict` then use.
             + (QA_FIELDS if self.task == "question-answering" else ())
             + (TAG_FIELDS if self.task == "token-classification" else ())  # which tokens the loss reads
+            + (GENERATE_FIELDS if self.task == "seq2seq" else ())  # the validation's cut and scores (OUT/best's)
         )
 
     # Fields that decide which data and masking each step sees: a resumed run must agree on them.
@@ -265,6 +283,9 @@ EMBEDDING_LOSSES = ("mnrl", "cosent", "cosine-similarity", "angle")  # task_scor
 QA_FIELDS = ("doc_stride", "n_best_size", "max_answer_length", "version_2_with_negative", "null_score_diff_threshold")
 TAG_FIELDS = ("label_all_tokens",)
 SEQ2SEQ_FIELDS = ("max_source_length", "max_target_length")
+GENERATE_FIELDS = ("predict_with_generate", "num_beams", "val_max_target_length")
+# What --predict-with-generate adds to a seq2seq validation (run_summarization.py's compute_metrics)
+GENERATED_METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum", "gen_len")
 # Options of task fine-tuning (not flags of train-mlm, whose interface predates them).
 TASK_FIELDS = (
     "text_column",
@@ -278,6 +299,7 @@ TASK_FIELDS = (
     *QA_FIELDS,
     *TAG_FIELDS,
     *SEQ2SEQ_FIELDS,
+    *GENERATE_FIELDS,
 )
 
 
@@ -375,6 +397,9 @@ RANGES = {
     "max_seq_length": (lambda v: v >= 8, "must be at least 8"),
     "max_source_length": (lambda v: v >= 8, "must be at least 8"),
     "max_target_length": (lambda v: v >= 8, "must be at least 8"),
+    # [CLS] and [SEP] around a generated token, as evaluate's --val-max-target-length
+    "val_max_target_length": (lambda v: v >= 3, "must be at least 3"),
+    "num_beams": (lambda v: v >= 1, "must be at least 1"),
     "mlm_probability": (lambda v: 0 < v < 1, "must be between 0 and 1 (exclusive)"),
     "max_predictions_per_seq": (lambda v: v >= 1, "must be at least 1"),
     "per_device_batch_size": (lambda v: v >= 1, "must be at least 1"),

@@ -164,6 +164,10 @@ def model_and_batch(cfg: TrainConfig) -> tuple[BertConfig, int]:
             own = {"encoder": "--max-source-length", "decoder": "--max-target-length"}.get(side)
             hint = f" (--max-seq-length cuts both sides unless {own} cuts the {side}'s)" if own and flag != own else ""
             raise ValueError(f"{flag} {length} exceeds the {side}'s max_position_embeddings {limit}{hint}")
+    val = cfg.val_max_target_length  # the validation targets' cut, and the generation's bound
+    if pair and val is not None and val > config.decoder.max_position_embeddings:
+        limit = config.decoder.max_position_embeddings
+        raise ValueError(f"--val-max-target-length {val} exceeds the decoder's max_position_embeddings {limit}")
     shape = sharding.mesh_shape(cfg.mesh, jax.device_count(), config.num_attention_heads, cfg.fsdp)
     n = shape["data"] * shape["fsdp"]  # the batch is split over these (tensor-parallel devices share rows)
     batch = cfg.global_batch_size or cfg.per_device_batch_size * n

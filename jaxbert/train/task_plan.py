@@ -227,8 +227,8 @@ def prepare(cfg: TrainConfig, task: Task | None = None) -> TaskRun:
     if task.name == "embedding" and embedding_lower_case(cfg.model):  # as sentence-transformers trains it
         tok, key = tok.lowercased(), [*key, "lower-cased"]
 
-    opts = task.options(cfg)
-    pending = [task.encode(tok, rows, cols, labels, cfg.max_seq_length, **opts) for rows in (train_rows, val_rows)]
+    encodings = ((train_rows, task.options(cfg)), (val_rows, (task.val_options or task.options)(cfg)))
+    pending = [task.encode(tok, rows, cols, labels, cfg.max_seq_length, **opts) for rows, opts in encodings]
     if labels.problem_type == "single_label_classification" and len(labels.names) < 2:  # after the rows' checks
         # A softmax over one class: the loss is 0 from the start and every prediction scores 1.0.
         raise ValueError(
@@ -247,7 +247,8 @@ def prepare(cfg: TrainConfig, task: Task | None = None) -> TaskRun:
     for _, write in sets:
         write()
     # A seq2seq example is padded to its longer side before each side is cut to its own (task_seq2seq.split).
-    longest = max(n for _, n in cfg.seq2seq_lengths()) if task.name == "seq2seq" else cfg.max_seq_length
+    sides = (*cfg.seq2seq_lengths(), *cfg.seq2seq_lengths(validation=True)) if task.name == "seq2seq" else ()
+    longest = max(n for _, n in sides) if sides else cfg.max_seq_length
     buckets = batching.length_buckets(longest)
     packed = cfg.pack and task.name in PACKED_TASKS
     if packed:

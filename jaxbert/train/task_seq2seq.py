@@ -24,10 +24,10 @@ from jaxbert import batching
 from jaxbert.seq2seq import EncoderDecoderConfig, encoder_decoder, load_config
 from jaxbert.train import task_encode as E
 from jaxbert.train import task_plan
-from jaxbert.train.config import SEQ2SEQ_FIELDS
+from jaxbert.train.config import GENERATED_METRICS, SEQ2SEQ_FIELDS
 from jaxbert.train.task_causal_lm import describe_tokens, token_stats
 from jaxbert.train.task_init import task_params
-from jaxbert.train.task_table import COLUMNS_KEY
+from jaxbert.train.task_table import COLUMNS_KEY, TASKS
 
 
 def encode(tok, rows, columns, labels, max_len: int, lengths: tuple[int, int] | None = None):
@@ -158,6 +158,8 @@ class Seq2SeqRun(task_plan.TaskRun):
     warm: bool = False  # built from a BERT directory (from_encoder_decoder_pretrained)
     pooler: dict | None = None  # the encoder's, kept out of training
     buckets: tuple = ()  # (the sources' length buckets, the targets')
+    val_buckets: tuple = ()  # the validation's (its targets cut at --val-max-target-length)
+    generator: object = None  # --predict-with-generate's (task_seq2seq_generated.Generator)
 
     def initial_params(self):
         if self.warm:
@@ -183,9 +185,16 @@ class Seq2SeqRun(task_plan.TaskRun):
         return functools.partial(eval_step, config=self.config, dtype=dtype)
 
     def evaluate(self, params, eval_fn) -> dict:
-        return super().evaluate(params, lambda p, batch: eval_fn(p, fit(batch, self.buckets)))
+        result = super().evaluate(params, lambda p, batch: eval_fn(p, fit(batch, self.val_buckets)))
+        if self.generator is not None:  # --predict-with-generate: ROUGE and gen_len of the validation's generations
+            from jaxbert.train.task_seq2seq_generated import scores
 
-    describe = staticmethod(describe_tokens)
+            result.update(scores(self, params))
+        return result
+
+    def describe(self, result: dict) -> str:
+        found = [f"{k} {result[f'eval_{k}']:.4f}" for k in GENERATED_METRICS if f"eval_{k}" in result]
+        return ", ".join([describe_tokens(result), *found])
 
     def lengths(self) -> dict:
         """The sources' and targets' cut: a resume compares them (the meta), `evaluate` cuts as trained (OUT/final)."""
@@ -218,9 +227,16 @@ def prepare(cfg) -> Seq2SeqRun:
         for key in ("decoder_start_token_id", "pad_token_id"):
             if getattr(config, key) is None:  # EncoderDecoderModel refuses labels without them
                 raise ValueError(f"{cfg.model}/config.json: {key} is not set; the decoder inputs are made from it")
-    base = task_plan.prepare(cfg)
+    task = TASKS["seq2seq"]
+    if cfg.predict_with_generate:  # a missing package named before any work; its scores can choose OUT/best
+        from jaxbert.metrics_text import rouge_scorer
+
+        rouge_scorer()
+        task = dataclasses.replace(task, metrics=lambda labels: (*TASKS["seq2seq"].metrics(labels), *GENERATED_METRICS))
+    base = task_plan.prepare(cfg, task)
     run = Seq2SeqRun(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
     run.buckets = tuple(batching.length_buckets(n) for _, n in cfg.seq2seq_lengths())
+    run.val_buckets = tuple(batching.length_buckets(n) for _, n in cfg.seq2seq_lengths(validation=True))
     t = run.train
     run.train = Seq2SeqBatches(t.blocks, t.batch_size, t.accum, t.seed, t.buckets, t.pad_id, run.buckets)
     if not getattr(config, "is_encoder_decoder", False):
@@ -234,4 +250,8 @@ def prepare(cfg) -> Seq2SeqRun:
         )
     else:
         run.config = config
+    if cfg.predict_with_generate:
+        from jaxbert.train.task_seq2seq_generated import generator
+
+        run.generator = generator(run, WordPiece.from_dir(cfg.model))
     return run

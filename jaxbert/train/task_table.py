@@ -28,6 +28,7 @@ class Task:
     score: Callable  # (per-example logits, Encodedset, Labels) -> {metric: value}
     metrics: Callable[[Labels], tuple[str, ...]]  # what score reports (first: the default best-model metric)
     options: Callable = lambda cfg: {}  # the task's own TrainConfig options, passed to encode as keywords
+    val_options: Callable | None = None  # the validation set's, where they differ (None: `options`)
     lines: bool = False  # also reads a .txt file, one text a line (task_data.read_rows)
     reads: tuple[bool, bool, bool] = (True, True, True)  # which of the three column flags the task has a role for
     # Text columns whose empty (or blank) cells drop the row, as transformers' scripts drop them: run_clm's
@@ -217,6 +218,8 @@ TASKS: dict[str, Task] = {
             _from("task_causal_lm", "score"),
             lambda labels: ("loss", "perplexity", "accuracy"),
             lambda cfg: {"lengths": tuple(n for _, n in cfg.seq2seq_lengths())},
+            # run_summarization.py cuts the evaluation targets at val_max_target_length
+            val_options=lambda cfg: {"lengths": tuple(n for _, n in cfg.seq2seq_lengths(validation=True))},
             reads=(True, False, True),
             skip_empty=(0, 2),
         ),
