@@ -67,9 +67,11 @@ def test_each_validation_scores_its_generations_as_evaluate_does_and_keeps_the_b
     assert chosen is not min(candidates, key=lambda r: r["eval_loss"])
     assert len(traced) <= 2  # 6 sources in batches of 4 and 2, at 5 validations
 
-    again = ["--val-max-target-length", 6, "--num-beams", 2, "--predict-with-generate", "--batch-size", 4]
-    for directory, record in ((out / "final", evals[-1]), (out / "best", chosen)):
-        found = _evaluate(directory, data, tmp_path / "eval.json", *again)
+    # OUT/final's validation cut is evaluate's default (OUT/best's given here): the log's numbers without the flag.
+    again = ["--num-beams", 2, "--predict-with-generate", "--batch-size", 4]
+    for directory, flags in ((out / "final", again), (out / "best", [*again, "--val-max-target-length", 6])):
+        record = evals[-1] if directory.name == "final" else chosen
+        found = _evaluate(directory, data, tmp_path / "eval.json", *flags)
         assert {k: found[k] for k in GENERATED} == {k: record[f"eval_{k}"] for k in GENERATED}, directory
         assert abs(found["loss"] - record["eval_loss"]) <= 1e-5 * record["eval_loss"]
 
@@ -167,3 +169,12 @@ def test_a_checkpoint_from_before_the_flags_validated_without_generating():
         checkpoints.check_meta(earlier, {**run, "predict_with_generate": True}, "a checkpoint")
     with pytest.raises(ValueError, match="was made with val_max_target_length=None, this run has 6"):
         checkpoints.check_meta(earlier, {**run, "val_max_target_length": 6}, "a checkpoint")
+
+
+def test_evaluate_cuts_the_targets_where_the_runs_validation_did():
+    from jaxbert.config import BertConfig
+    from jaxbert.train.task_table import COLUMNS_KEY, trained_sides
+
+    saved = {"max_source_length": 12, "max_target_length": 8}
+    assert trained_sides(BertConfig(extra={COLUMNS_KEY: saved})) == (12, 8)
+    assert trained_sides(BertConfig(extra={COLUMNS_KEY: {**saved, "val_max_target_length": 6}})) == (12, 6)

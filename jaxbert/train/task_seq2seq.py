@@ -206,6 +206,8 @@ class Seq2SeqRun(task_plan.TaskRun):
     def final_config(self):
         source, _, target = (self.cfg.text_column or "source", None, self.cfg.label_column or "target")
         trained = {"text": source, "label": target, **self.lengths()}
+        if self.cfg.val_max_target_length is not None:  # the validation's cut: evaluate's default, as the log's
+            trained["val_max_target_length"] = self.cfg.val_max_target_length
         return self.config.replace(extra={**self.config.extra, COLUMNS_KEY: trained})
 
     def write_model(self, params, directory: str) -> None:

@@ -270,12 +270,14 @@ def trained_length(config) -> int | None:
 
 
 def trained_sides(config) -> tuple[int, int] | None:
-    """The (source, target) lengths a bert2bert was trained with (see COLUMNS_KEY; one --max-seq-length for both
-    before they were recorded apart), None unknown: `evaluate` cuts as training did."""
+    """The (source, target) lengths a bert2bert was validated with (see COLUMNS_KEY: the targets at
+    --val-max-target-length where the run had it; one --max-seq-length for both before the sides were recorded
+    apart), None unknown: `evaluate` cuts as the training's validation did, so its numbers are the log's."""
     saved = (config.extra or {}).get(COLUMNS_KEY)
     sides = [saved.get(k) for k in ("max_source_length", "max_target_length")] if isinstance(saved, dict) else []
     if all(type(n) is int and n > 0 for n in sides) and sides:
-        return tuple(sides)
+        val = saved.get("val_max_target_length")
+        return sides[0], val if type(val) is int and val > 0 else sides[1]
     length = trained_length(config)
     return None if length is None else (length, length)
 
