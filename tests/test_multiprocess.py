@@ -252,7 +252,8 @@ if distributed.is_primary():  # process 0 holds every part of these: no collecti
 got = distributed.to_primary(tree(across=P("data"), all=P(("data", "fsdp")), mixed=P("fsdp", "data"), **held))
 agreed = [distributed.any_process(jax.process_index() == 1), distributed.any_process(False)]
 equal = None if got is None else {k: bool(np.array_equal(v, x)) for k, v in got.items()}
-print(json.dumps({"equal": equal, "agreed": agreed}))
+sent = distributed.from_primary([1 / 3, 33.3333] if distributed.is_primary() else None, 2)
+print(json.dumps({"equal": equal, "agreed": agreed, "sent": sent}))
 """
 
 
@@ -271,6 +272,7 @@ def test_only_process_0_gathers_and_any_process_agrees():
     assert zero["equal"] == dict.fromkeys(["across", "all", "mixed", "replicated", "within"], True)
     assert one["equal"] is None  # process 1 joins the gathers but keeps no copy
     assert zero["agreed"] == one["agreed"] == [True, False]
+    assert zero["sent"] == one["sent"] == [1 / 3, 33.3333]  # process 0's numbers, not rounded to float32
 
 
 # Three processes compare their settings, process 2's differing; each prints what same_everywhere raised (outside
