@@ -18,6 +18,13 @@ SCALE_HELP = {  # the mesh and multi-process flags (see README "Running on many 
 }
 
 
+FLAG_HELP = {  # --predict-with-generate's search, as evaluate's flags of the same names
+    "num_beams": "--predict-with-generate's beams (default: the model's generation config)",
+    "val_max_target_length": "--task seq2seq: validation targets cut to N tokens, and generated at most (the "
+    "decoder's start counted; default --max-target-length)",
+}
+
+
 def _add_config_flags(parser, skip: tuple[str, ...] = ()) -> None:
     from jaxbert.train.config import EMBEDDING_LOSSES, PROBLEM_TYPES, TASKS, TrainConfig
 
@@ -97,13 +104,18 @@ def _add_config_flags(parser, skip: tuple[str, ...] = ()) -> None:
         elif field.name == "label_all_tokens":
             what = "--task token-classification: label a word's later sub-tokens too (B- as I-), as run_ner.py's"
             parser.add_argument(flag, action="store_true", help=what)
+        elif field.name == "predict_with_generate":
+            what = "--task seq2seq: each validation also generates and reports ROUGE and gen_len (run_summarization's)"
+            parser.add_argument(flag, action="store_true", help=what)
         elif field.type == "bool":
             parser.add_argument(flag, action="store_true")
         elif field.default is dataclasses.MISSING:
             parser.add_argument(flag, required=True)
         else:
             kind = {"int": int, "float": float}.get(str(field.type).split(" |")[0], str)
-            parser.add_argument(flag, type=kind, default=field.default, metavar=kind.__name__.upper())
+            parser.add_argument(
+                flag, type=kind, default=field.default, metavar=kind.__name__.upper(), help=FLAG_HELP.get(field.name)
+            )
 
 
 def _train(args) -> int:
