@@ -35,10 +35,10 @@ class Generator:
         return decoders.seq2seq(params, self.config, *arrays, search=search, bound=bound)
 
     def load(self, params) -> None:
-        """Host weights in the stored layout, laid out as EncoderDecoder lays out a float32 model's (each side's
-        layers apart, the decoder's one subtree each): other layouts round otherwise, and a near-tie could then pick
-        another token than `evaluate` does."""
-        tree = {side: to_compute(params[side], getattr(self.config, side), apart=True) for side in SIDES}
+        """Host weights in the stored layout (a copy, consumed: its layers are emptied as they are laid out), laid
+        out as EncoderDecoder lays out a float32 model's (each side's layers apart, the decoder's one subtree each):
+        other layouts round otherwise, and a near-tie could then pick another token than `evaluate` does."""
+        tree = {side: to_compute(params[side], getattr(self.config, side), consume=True, apart=True) for side in SIDES}
         tree["decoder"] = per_layer(tree["decoder"], self.config.decoder)
         if "enc_to_dec_proj" in params:
             tree["enc_to_dec_proj"] = params["enc_to_dec_proj"]
