@@ -166,7 +166,8 @@ def eval_step(params, batch: dict, *, config: BertConfig, dtype=jnp.float32):
     return jnp.sum(jnp.where(valid, nll, 0.0)), jnp.sum((logits.argmax(-1) == labels) & valid), valid.sum()
 
 
-def task_eval_step(params, batch: dict, *, config: BertConfig, head: str, dtype=jnp.float32):
-    """A task batch's logits (float32) and mean loss over its real labels."""
-    out = task_forward(params, config, head, batch, dtype=dtype)
+def task_eval_step(params, batch: dict, *, config: BertConfig, head: str, dtype=jnp.float32, label_smoothing=0.0):
+    """A task batch's logits (float32) and mean loss over its real labels, smoothed as training's (Trainer's
+    evaluation goes through the same LabelSmoother; `jaxbert evaluate` gives the plain loss)."""
+    out = task_forward(params, config, head, batch, dtype=dtype, label_smoothing=label_smoothing)
     return out.logits.astype(jnp.float32), out.loss

