@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import model_dir, train_args
+from conftest import bert2bert_dir, model_dir, train_args
 from test_train_tasks import CASES, SMALL, _records, _torch_batch
 
 from jaxbert.cli import main
@@ -27,12 +27,12 @@ def _log(out) -> list[dict]:
     return [json.loads(line) for line in open(out / "metrics.jsonl")]
 
 
-def _losses(model, batch, labels) -> tuple[float, float]:
-    """(Trainer's evaluation loss with label_smoothing_factor EPSILON, the model's own loss) on one batch."""
+def _losses(model, batch, labels, shift=False) -> tuple[float, float]:
+    """(Trainer's evaluation loss with label_smoothing_factor EPSILON, the model's own loss) on one batch; `shift`:
+    a causal LM's (Trainer.compute_loss shifts the labels of a MODEL_FOR_CAUSAL_LM_MAPPING model)."""
     with torch.no_grad():
-        outputs = model.eval()(**batch)
-        plain = model(**batch, labels=labels).loss
-    return float(LabelSmoother(EPSILON)(outputs, labels)), float(plain)
+        outputs = model.eval()(**batch, labels=labels)
+    return float(LabelSmoother(EPSILON)(outputs, labels, shift_labels=shift)), float(outputs.loss)
 
 
 @pytest.mark.parametrize("kind", ["single", "tokens", "choice"])
@@ -97,3 +97,47 @@ def test_masked_lm_validates_with_the_smoothed_loss(tmp_path, capsys):
         assert abs(record["eval_loss"] - smoothed) <= 1e-5 * smoothed, (record, smoothed, plain)
         assert abs(record["eval_perplexity"] - math.exp(smoothed)) <= 1e-4 * math.exp(smoothed)  # run_mlm's
         assert abs(smoothed - plain) > 1e-3
+
+
+def _next_token_case(task, tmp_path):
+    """(model directory, data, its one batch as transformers builds it, labels, the model's class, shift)."""
+    import test_train_causal_lm as causal
+    import test_train_seq2seq as seq2seq
+
+    if task == "causal-lm":
+        model = model_dir(tmp_path / "model", causal.HEAD, **SMALL, is_decoder=True)
+        texts = causal._texts()
+        data = tmp_path / "data.jsonl"
+        data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+        batch, labels = causal._torch_batch(texts, transformers.AutoTokenizer.from_pretrained(model), 16)
+        return model, data, batch, labels, transformers.BertLMHeadModel, True
+    model = bert2bert_dir(tmp_path / "model")
+    config = json.load(open(tmp_path / "model" / "config.json"))
+    config["pad_token_id"] = 0  # EncoderDecoderModel needs it to make decoder inputs from labels
+    json.dump(config, open(tmp_path / "model" / "config.json", "w"))
+    records = seq2seq._pairs()
+    data = seq2seq._write(tmp_path / "data.jsonl", records)
+    batch, labels = seq2seq._torch_batch(records, transformers.AutoTokenizer.from_pretrained(model), 16)
+    return model, data, batch, labels, transformers.EncoderDecoderModel, False
+
+
+@pytest.mark.parametrize("task", ["causal-lm", "seq2seq"])
+def test_next_token_tasks_validate_with_the_smoothed_loss(task, tmp_path, capsys):
+    """run_clm.py's and run_summarization.py's eval_loss (run_clm's perplexity its exp) under
+    --label_smoothing_factor; `jaxbert evaluate` of OUT/final (a transformers checkpoint as it is) its plain loss.
+    The validation set is one batch."""
+    model, data, batch, labels, cls, shift = _next_token_case(task, tmp_path)
+    out = tmp_path / "out"
+    common = ["--max-seq-length", 16, "--global-batch-size", 8, "--max-steps", 1, "--learning-rate", 1e-3]
+    assert main(train_args(task, model, data, out, *common, "--label-smoothing", EPSILON)) == 0
+    step0, step1 = (r for r in _log(out) if "eval_loss" in r)
+    for record, directory in ((step0, model), (step1, out / "final")):
+        smoothed, plain = _losses(cls.from_pretrained(directory), batch, labels, shift)
+        assert abs(record["eval_loss"] - smoothed) <= 1e-5 * smoothed, (record, smoothed, plain)
+        assert abs(record["eval_perplexity"] - math.exp(smoothed)) <= 1e-4 * math.exp(smoothed)
+        assert abs(smoothed - plain) > 1e-3
+    scored = tmp_path / "m.json"
+    assert main(["evaluate", str(out / "final"), "--task", task, "--file", str(data), "--output", str(scored)]) == 0
+    result = json.load(open(scored))
+    assert abs(result["loss"] - plain) <= 1e-5 * plain, (result, plain)
+    assert result["accuracy"] == step1["eval_accuracy"]  # the other metrics as logged

@@ -58,10 +58,10 @@ def train_loss(params, batch, rng, dtype, remat, *, config, smoothing):
     return out.logits[:, :-1], out.loss, batch["labels"][:, 1:]
 
 
-def eval_step(params, batch, *, config, dtype=jnp.float32):
+def eval_step(params, batch, *, config, dtype=jnp.float32, label_smoothing=0.0):
     """token_stats of the next-token predictions."""
     logits = _forward(params, {k: v for k, v in batch.items() if k != "labels"}, config=config, dtype=dtype).logits
-    return token_stats(logits[:, :-1], batch["labels"][:, 1:])
+    return token_stats(logits[:, :-1], batch["labels"][:, 1:], label_smoothing)
 
 
 def describe_tokens(result: dict) -> str:
@@ -72,13 +72,17 @@ def describe_tokens(result: dict) -> str:
     )
 
 
-def token_stats(logits, labels):
+def token_stats(logits, labels, label_smoothing=0.0):
     """([B, 3] per row: summed negative log-likelihood, correct predictions, predicted tokens), the batch's mean
-    loss. Per row, not the [B, L, V] logits, which evaluate_examples would keep for the whole validation set."""
+    loss. Per row, not the [B, L, V] logits, which evaluate_examples would keep for the whole validation set.
+    The loss is smoothed as training's under --label-smoothing: Trainer's evaluation (run_clm's eval_loss and
+    perplexity) goes through the same LabelSmoother; `jaxbert evaluate` gives the plain loss."""
     logits = logits.astype(jnp.float32)
     valid = labels != E.IGNORE
     logp = jax.nn.log_softmax(logits, -1)
     nll = -jnp.take_along_axis(logp, jnp.where(valid, labels, 0)[..., None], -1)[..., 0]
+    if label_smoothing:  # losses.cross_entropy's formula
+        nll = (1.0 - label_smoothing) * nll - label_smoothing * logp.mean(-1)
     nll = jnp.where(valid, nll, 0.0).sum(-1)
     correct, count = ((logits.argmax(-1) == labels) & valid).sum(-1), valid.sum(-1)
     stats = jnp.stack([nll, correct.astype(jnp.float32), count.astype(jnp.float32)], -1)
@@ -115,7 +119,7 @@ class CausalLMRun(task_plan.TaskRun):
         return functools.partial(train_loss, config=self.config, smoothing=self.cfg.label_smoothing)
 
     def eval_fn(self, dtype):
-        return functools.partial(eval_step, config=self.config, dtype=dtype)
+        return functools.partial(eval_step, config=self.config, dtype=dtype, label_smoothing=self.cfg.label_smoothing)
 
     describe = staticmethod(describe_tokens)
 

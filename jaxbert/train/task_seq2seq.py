@@ -103,8 +103,8 @@ def train_loss(params, batch, rng, dtype, remat, *, config, smoothing):
     return out.logits, out.loss, batch["labels"]
 
 
-def eval_step(params, batch, *, config, dtype=jnp.float32):
-    return token_stats(_forward(params, batch, config=config, dtype=dtype).logits, batch["labels"])
+def eval_step(params, batch, *, config, dtype=jnp.float32, label_smoothing=0.0):
+    return token_stats(_forward(params, batch, config=config, dtype=dtype).logits, batch["labels"], label_smoothing)
 
 
 def generate_all(s2s, data: E.Encodedset, batch_size: int, pad_id: int, **options) -> list[np.ndarray]:
@@ -182,7 +182,7 @@ class Seq2SeqRun(task_plan.TaskRun):
         return functools.partial(train_loss, config=self.config, smoothing=self.cfg.label_smoothing)
 
     def eval_fn(self, dtype):
-        return functools.partial(eval_step, config=self.config, dtype=dtype)
+        return functools.partial(eval_step, config=self.config, dtype=dtype, label_smoothing=self.cfg.label_smoothing)
 
     def evaluate(self, params, eval_fn) -> dict:
         result = super().evaluate(params, lambda p, batch: eval_fn(p, fit(batch, self.val_buckets)))
