@@ -24,6 +24,19 @@ def cross_entropy(
     the others take no probability, and label smoothing spreads over the row's own classes only, so a row's loss
     is the one it has alone."""
     valid = labels != ignore_index
+    return token_losses(logits, labels, ignore_index, label_smoothing, classes).sum() / jnp.maximum(valid.sum(), 1)
+
+
+def token_losses(
+    logits: Float[Array, "... C"],
+    labels: Int[Array, ...],
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    classes: Bool[Array, "... C"] | None = None,
+) -> Float[Array, ...]:
+    """cross_entropy's per-label terms (0 where ignored), float32: the validation steps sum them as they need
+    (per row, per batch) with the smoothing training has, as Trainer evaluates through the same LabelSmoother."""
+    valid = labels != ignore_index
     logits = logits.astype(jnp.float32)
     if classes is not None:
         logits = jnp.where(classes, logits, jnp.finfo(jnp.float32).min)
@@ -35,7 +48,7 @@ def cross_entropy(
         else:  # a padding row has no classes: max(.., 1) keeps its (ignored) loss and gradient finite
             spread = jnp.where(classes, logp, 0.0).sum(-1) / jnp.maximum(classes.sum(-1), 1)
         nll = (1.0 - label_smoothing) * nll - label_smoothing * spread
-    return jnp.sum(jnp.where(valid, nll, 0.0)) / jnp.maximum(valid.sum(), 1)
+    return jnp.where(valid, nll, 0.0)
 
 
 def causal_lm_loss(

@@ -10,7 +10,7 @@ import optax
 
 from jaxbert.config import BertConfig
 from jaxbert.heads import forward, mlm_logits
-from jaxbert.losses import cross_entropy
+from jaxbert.losses import cross_entropy, token_losses
 from jaxbert.model import bert
 from jaxbert.train.state import TrainState
 
@@ -163,11 +163,8 @@ def eval_step(params, batch: dict, *, config: BertConfig, dtype=jnp.float32, lab
     logits = masked_lm(params, config, batch, dtype=dtype).astype(jnp.float32)
     labels = batch["labels"]
     valid = labels != -100
-    logp = jax.nn.log_softmax(logits, -1)
-    nll = -jnp.take_along_axis(logp, jnp.where(valid, labels, 0)[..., None], -1)[..., 0]
-    if label_smoothing:
-        nll = (1.0 - label_smoothing) * nll - label_smoothing * logp.mean(-1)
-    return jnp.sum(jnp.where(valid, nll, 0.0)), jnp.sum((logits.argmax(-1) == labels) & valid), valid.sum()
+    nll = token_losses(logits, labels, label_smoothing=label_smoothing)
+    return nll.sum(), jnp.sum((logits.argmax(-1) == labels) & valid), valid.sum()
 
 
 def task_eval_step(params, batch: dict, *, config: BertConfig, head: str, dtype=jnp.float32, label_smoothing=0.0):

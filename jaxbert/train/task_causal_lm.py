@@ -19,11 +19,11 @@ import dataclasses
 import functools
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
+from jaxbert.losses import token_losses
 from jaxbert.train import task_encode as E
 from jaxbert.train import task_plan
 from jaxbert.train.task_init import task_params
@@ -79,11 +79,7 @@ def token_stats(logits, labels, label_smoothing=0.0):
     perplexity) goes through the same LabelSmoother; `jaxbert evaluate` gives the plain loss."""
     logits = logits.astype(jnp.float32)
     valid = labels != E.IGNORE
-    logp = jax.nn.log_softmax(logits, -1)
-    nll = -jnp.take_along_axis(logp, jnp.where(valid, labels, 0)[..., None], -1)[..., 0]
-    if label_smoothing:  # losses.cross_entropy's formula
-        nll = (1.0 - label_smoothing) * nll - label_smoothing * logp.mean(-1)
-    nll = jnp.where(valid, nll, 0.0).sum(-1)
+    nll = token_losses(logits, labels, E.IGNORE, label_smoothing).sum(-1)
     correct, count = ((logits.argmax(-1) == labels) & valid).sum(-1), valid.sum(-1)
     stats = jnp.stack([nll, correct.astype(jnp.float32), count.astype(jnp.float32)], -1)
     return stats, nll.sum() / jnp.maximum(count.sum(), 1)
