@@ -70,6 +70,24 @@ def model_dir(directory, head: str = "BertModel", **overrides) -> str:
     return str(directory)
 
 
+def assert_step_equals_sentence_transformers(out, value: float, pt) -> None:
+    """The run in `out` logged step 1's loss as `value` (sentence-transformers' loss of the same batch, within 1e-5
+    relative) and its OUT/final weights are the SentenceTransformer `pt`'s after its optimizer step (within 1e-6),
+    the attention key biases aside: their gradient is exactly zero (softmax ignores a shift), so Adam's first step
+    scales either framework's rounding noise to +-lr."""
+    import json
+
+    from safetensors.numpy import load_file
+
+    log = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    step1 = next(r for r in log if r["step"] == 1 and "loss" in r)
+    assert abs(step1["loss"] - value) <= 1e-5 * max(1, value), (step1, value)
+    ours = load_file(os.path.join(out, "final", "model.safetensors"))
+    theirs = {k: v.detach().numpy() for k, v in pt[0].auto_model.state_dict().items()}
+    diff = {k: float(np.abs(ours[k] - theirs[k]).max()) for k in ours if not k.endswith("attention.self.key.bias")}
+    assert max(diff.values()) <= 1e-6, sorted(diff.items(), key=lambda kv: -kv[1])[:3]
+
+
 def legacy_layout(source, directory) -> str:
     """A copy of the sentence-transformers directory `source` in the layout of older sentence-transformers versions
     (and many hub models): the Transformer module in 0_Transformer/ (config, weights, tokenizer and

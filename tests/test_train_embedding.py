@@ -10,7 +10,14 @@ import os
 
 import numpy as np
 import pytest
-from conftest import adamw_as_trainer, cli_fails, cli_on_devices, model_dir, train_args
+from conftest import (
+    adamw_as_trainer,
+    assert_step_equals_sentence_transformers,
+    cli_fails,
+    cli_on_devices,
+    model_dir,
+    train_args,
+)
 from safetensors.numpy import load_file
 
 import jaxbert
@@ -177,12 +184,7 @@ def test_unnamed_columns_are_read_by_position_as_sentence_transformers(tmp_path)
     torch.nn.utils.clip_grad_norm_(pt.parameters(), CLIP)
     opt.step()
     value = float(value.detach())
-    step1 = next(r for r in _log(tmp_path / "out") if r["step"] == 1 and "loss" in r)
-    assert abs(step1["loss"] - value) <= 1e-5 * max(1, value), (step1, value)
-    ours = load_file(str(tmp_path / "out" / "final" / "model.safetensors"))
-    theirs = {k: v.detach().numpy() for k, v in pt[0].auto_model.state_dict().items()}
-    noise = [k for k in ours if k.endswith("attention.self.key.bias")]
-    assert max(float(np.abs(ours[k] - theirs[k]).max()) for k in ours if k not in noise) <= 1e-6
+    assert_step_equals_sentence_transformers(tmp_path / "out", value, pt)
 
 
 def test_four_devices_equal_one(runs, tmp_path):

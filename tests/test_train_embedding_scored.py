@@ -9,7 +9,14 @@ import os
 
 import numpy as np
 import pytest
-from conftest import adamw_as_trainer, cli_fails, cli_on_devices, model_dir, train_args
+from conftest import (
+    adamw_as_trainer,
+    assert_step_equals_sentence_transformers,
+    cli_fails,
+    cli_on_devices,
+    model_dir,
+    train_args,
+)
 from safetensors.numpy import load_file
 
 from jaxbert.cli import main
@@ -233,12 +240,7 @@ def test_unnamed_pair_columns_are_read_by_position_as_sentence_transformers(suff
         data.write_text("".join("\t".join(map(str, cells)) + "\n" for cells in lines))
     assert main(_train_args(model, data, tmp_path / "out", "angle", "mean", False)) == 0
     value, _, pt = _torch_step(model, records, "angle", {})
-    step1 = next(r for r in _log(tmp_path / "out") if r["step"] == 1 and "loss" in r)
-    assert abs(step1["loss"] - value) <= 1e-5 * max(1, value), (step1, value)
-    ours = load_file(str(tmp_path / "out" / "final" / "model.safetensors"))
-    theirs = {k: v.detach().numpy() for k, v in pt[0].auto_model.state_dict().items()}
-    noise = [k for k in ours if k.endswith("attention.self.key.bias")]
-    assert max(float(np.abs(ours[k] - theirs[k]).max()) for k in ours if k not in noise) <= 1e-6
+    assert_step_equals_sentence_transformers(tmp_path / "out", value, pt)
     written = tmp_path / "m.json"
     assert main([str(a) for a in ("evaluate", tmp_path / "out" / "final", "--task", "embedding", "--file", data,
                                   "--output", written)]) == 0  # fmt: skip
@@ -368,12 +370,7 @@ def test_accumulated_micro_batches_are_each_their_own_loss_batch(tmp_path):
         total += float(value.detach())
     torch.nn.utils.clip_grad_norm_(pt.parameters(), CLIP)
     opt.step()
-    step1 = next(r for r in _log(tmp_path / "out") if r["step"] == 1 and "loss" in r)
-    assert abs(step1["loss"] - total) <= 1e-5 * max(1, total), (step1, total)
-    ours = load_file(str(tmp_path / "out" / "final" / "model.safetensors"))
-    theirs = {k: v.detach().numpy() for k, v in pt[0].auto_model.state_dict().items()}
-    noise = [k for k in ours if k.endswith("attention.self.key.bias")]
-    assert max(float(np.abs(ours[k] - theirs[k]).max()) for k in ours if k not in noise) <= 1e-6
+    assert_step_equals_sentence_transformers(tmp_path / "out", total, pt)
 
 
 @pytest.mark.optimized
