@@ -68,23 +68,33 @@ def _final_params(out):
     return serialization.msgpack_restore(open(os.path.join(out, "final", "flax_model.msgpack"), "rb").read())
 
 
-def test_exact_resume_after_sigkill(tiny, tmp_path):
+@pytest.fixture(scope="module")
+def short(tmp_path_factory):
+    """A fifth of the corpus, for CLI runs of a few steps of 8 sequences: each run tokenizes its file and validates
+    on its 5% split (the whole corpus: 49 validation sequences, each through a 30522-word MLM head)."""
+    path = tmp_path_factory.mktemp("short") / "short.txt"
+    path.write_text("".join(open(CORPUS).readlines()[:600]))
+    return path
+
+
+def test_exact_resume_after_sigkill(tiny, short, tmp_path, capsys):
     n = 4
-    full = _cli(*_args(tiny, tmp_path / "full", "--max-steps", 2 * n, "--save-steps", n, "--eval-steps", n))
+    flags = ("--max-steps", 2 * n, "--save-steps", n, "--eval-steps", n, "--train-file", short)
+    full = _cli(*_args(tiny, tmp_path / "full", *flags))
     # The uninterrupted run first: the killed and resumed runs then take its programs from the suite's compilation
     # cache, where two side by side would both compile them (the same compiles twice on a busy machine).
     err = full.communicate(timeout=600)[1]
     assert full.returncode == 0, err
-    killed = _cli(*_args(tiny, tmp_path / "killed", "--max-steps", 2 * n, "--save-steps", n, "--eval-steps", n))
+    killed = _cli(*_args(tiny, tmp_path / "killed", *flags))
     # kill once step n+1 is logged
     kill_when_logged(killed, tmp_path / "killed" / "metrics.jsonl", lambda r: r.get("step", 0) > n and "loss" in r)
     assert not (tmp_path / "killed" / "final").exists()
-    again = _args(
-        tiny, tmp_path / "killed", "--max-steps", 2 * n, "--save-steps", n, "--eval-steps", n, "--resume", "auto"
-    )
-    refused = _cli(*again)  # kill -9 leaves the lock behind: stale, named as such, taken over only on request
-    err = refused.communicate(timeout=300)[1]
-    assert refused.returncode == 1 and f"pid {killed.pid} on " in err and "stale lock" in err, err
+    again = _args(tiny, tmp_path / "killed", *flags, "--resume", "auto")
+    # kill -9 leaves the lock behind: stale, named as such, taken over only on request (refused before any JAX work:
+    # in this process, without a subprocess's imports)
+    capsys.readouterr()
+    rc, err = main(again), capsys.readouterr().err
+    assert rc == 1 and f"pid {killed.pid} on " in err and "stale lock" in err, err
     assert "--break-lock" in err and len(err.strip().splitlines()) == 1, err
     resumed = _cli(*again, "--break-lock")
     out, err = resumed.communicate(timeout=600)
@@ -105,18 +115,16 @@ def test_exact_resume_after_sigkill(tiny, tmp_path):
     assert os.path.getsize(tmp_path / "full" / "loss.png") > 1000
 
 
-def test_multi_device_losses_equal_single_device(tiny, tmp_path):
-    common = ("--max-steps", 3, "--grad-accum-steps", 2, "--save-steps", 100)
+def test_multi_device_losses_equal_single_device(tiny, short, tmp_path):
+    common = ("--max-steps", 3, "--grad-accum-steps", 2, "--save-steps", 100, "--train-file", short)
     # Data parallel and the other meshes are compared in process by tests/test_sharding.py; this is the CLI path.
-    one = _cli(*_args(tiny, tmp_path / "one", *common))
     four = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
     fsdp = _cli(*_args(tiny, tmp_path / "fsdp", *common, "--fsdp"), env=four)
-    printed = {}
-    for name, proc in (("one", one), ("fsdp", fsdp)):
-        out, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err
-        printed[name] = out + err
-    assert "on 4 device(s) (FSDP)" in printed["fsdp"]
+    # The single device run in this process (one device, as the suite's) while the 4-device child runs beside it.
+    assert main(_args(tiny, tmp_path / "one", *common)) == 0
+    out, err = fsdp.communicate(timeout=600)
+    assert fsdp.returncode == 0, err
+    assert "on 4 device(s) (FSDP)" in out + err
     base, other = _losses(tmp_path / "one")[0], _losses(tmp_path / "fsdp")[0]
     assert sorted(other) == sorted(base) == [1, 2, 3]
     assert max(abs(other[s] - base[s]) for s in base) <= 1e-5, (base, other)
