@@ -92,13 +92,16 @@ def test_cache_token_by_token_and_after_a_prefill_equals_the_full_forward(lm, st
     ids = np.random.default_rng(3).integers(1, SIZES["vocab_size"], (3, 9))
     states, emask = _encoder()
     enc = dict(encoder_hidden_states=states, encoder_attention_mask=emask)
-    full = _jax(params, config, input_ids=ids, **enc).logits
+    # Jitted, as generation runs it: one program per shape (the whole, each prefill, a token) where op by op each
+    # operation compiled for every shape (most of the test's time).
+    run = jax.jit(lambda p, feed: _jax(p, config, **feed))
+    full = run(params, dict(input_ids=ids, **enc)).logits
     for prefill in (1, 4):
-        out = _jax(params, config, input_ids=ids[:, :prefill], past_key_values=init_cache(config, 3, 12), **enc)
+        out = run(params, dict(input_ids=ids[:, :prefill], past_key_values=init_cache(config, 3, 12), **enc))
         logits, cache = [out.logits], out.past_key_values
         assert cache.has_cross and int(cache.index[0]) == prefill
         for t in range(prefill, 9):  # cross keys come from the cache now: no encoder states passed
-            out = _jax(params, config, input_ids=ids[:, t : t + 1], past_key_values=cache)
+            out = run(params, dict(input_ids=ids[:, t : t + 1], past_key_values=cache))
             logits.append(out.logits)
             cache = out.past_key_values
         assert_close(jnp.concatenate(logits, axis=1), full, f"prefill {prefill}")
