@@ -334,8 +334,9 @@ def evaluate(
     if task_name != "embedding" and loss is not None:
         raise ValueError(f"--loss applies to --task embedding only, not --task {task_name}")
     config = load_config(directory)
+    own_loss = trained_loss(config)  # None for a model not trained here (or not an embedding model)
     if task_name == "embedding":  # the loss it was trained with (task_table.COLUMNS_KEY) unless --loss says
-        loss = loss or trained_loss(config) or "mnrl"
+        loss = loss or own_loss or "mnrl"
     if loss not in (None, "mnrl"):  # scored pairs: their columns and metrics (the model's similarity is read below)
         from jaxbert.train import task_scored
 
@@ -348,7 +349,7 @@ def evaluate(
         config.label_names("the file's labels are matched to the model's by name")
     trained_heads = ("BertForSequenceClassification", "BertForMultipleChoice", "BertForTokenClassification")
     # An embedding model read with another loss than its own reads other data: not its columns.
-    as_trained = task_name == "embedding" and loss == trained_loss(config)
+    as_trained = task_name == "embedding" and loss == own_loss
     if head in (*trained_heads, "BertLMHeadModel", "EncoderDecoderModel") or as_trained:
         text_column, pair_column = _trained_columns(config, text_column, pair_column)
         label_column = label_column or trained_label(config)
