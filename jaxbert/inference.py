@@ -15,7 +15,6 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import traverse_util
 from jax.sharding import Mesh
 
 from jaxbert import (
@@ -31,20 +30,20 @@ from jaxbert import (
     sharding,
     tasks,
 )
+from jaxbert import weights as W
 from jaxbert.checkpoint import load_head_params, load_params
 from jaxbert.config import BertConfig, padding_id
-from jaxbert.convert import check_cast
 from jaxbert.heads import base_params, forward, mlm_logits, resolve_head
 from jaxbert.inputs import check_arrays, check_encoder_states, positive_int
-from jaxbert.layout import decoding_layout, to_compute, to_stored
+from jaxbert.layout import decoding_layout, to_stored
 from jaxbert.model import BertOutput, bert
-from jaxbert.ops import as_bits, from_bits
+from jaxbert.ops import from_bits
 from jaxbert.pooling import pool, pool_segments, projected
 from jaxbert.seq2seq import load_config
 from jaxbert.tokenizer import WordPiece, pad
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-DTYPES = (*_DTYPES, "int8")  # int8: quantize.py (the layers' matmuls in int8, all else float32)
+float_dtype = W.float_dtype  # its home before weights.py
+DTYPES = (*W.FLOAT_DTYPES, "int8")  # int8: quantize.py (the layers' matmuls in int8, all else float32)
 
 
 def _check_dtype(dtype: str | None):
@@ -53,21 +52,6 @@ def _check_dtype(dtype: str | None):
     note = cpu.slow_dtype(dtype)
     if note and jax.default_backend() == "cpu":  # asked for speed, or memory: said once (one warning location)
         warnings.warn(note, cpu.SlowDtypeWarning, stacklevel=1)
-
-
-def float_dtype(dtype: str | None):
-    """The dtype floating parameters are cast to for `dtype` (None: kept as stored; int8 keeps float32)."""
-    return jnp.float32 if dtype == "int8" else _DTYPES.get(dtype)
-
-
-def _to_devices(tree, place):
-    """place(leaf) leaf by leaf, dropping each host leaf once placed: a handed-over host tree and its device copy
-    never both exist in full."""
-    flat = traverse_util.flatten_dict(tree, sep="\0")
-    del tree
-    for key in list(flat):
-        flat[key] = place(flat.pop(key))
-    return traverse_util.unflatten_dict(flat, sep="\0")
 
 
 def _tokens(weights, input_ids, *_) -> int:
@@ -108,43 +92,23 @@ class Bert:
         self.compile_count = 0
         self._lock = threading.Lock()  # the lazily built tokenizer and the compile counter are shared state
         self.length_buckets = batching.length_buckets(config.max_position_embeddings)
-        self.mesh = sharding.check_mesh(mesh, config.num_attention_heads) if mesh is not None else sharding.make_mesh()
+        # A Bert is its process's (host arrays in, host arrays out): by default on this process's devices, which
+        # are all of them but in a multi-process program, where the others' could not take this one's inputs.
+        default = sharding.make_mesh(devices=jax.local_devices())
+        self.mesh = sharding.check_mesh(mesh, config.num_attention_heads) if mesh is not None else default
         self._data = sharding.batch_sharding(self.mesh)
         self._shards = sharding.batch_shards(self.mesh)  # the batch is split this many ways
-        replicated = sharding.replicated(self.mesh)
         _check_dtype(dtype)
         cast = float_dtype(dtype)
-        # Without jax_enable_x64, JAX runs float64 parameters as float32: a float64 checkpoint must fit it too.
-        target = jnp.float32 if cast is None and not jax.config.jax_enable_x64 else cast
-        if target is not None:
-            check_cast(params, target)
-
-        def place(x):
-            if cast is not None and jnp.issubdtype(x.dtype, jnp.floating):
-                x = x.astype(cast)
-            return jax.device_put(x, replicated) if mesh is None else x  # with a mesh: placed by path below
-
-        floats = [x.dtype for x in jax.tree_util.tree_leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)]
-        f32 = dtype != "int8" and all((cast or d) == jnp.float32 for d in floats)
+        f32 = W.is_float32(params, dtype)
         rounded = cpu.rounded_float32()
-        if rounded and any((cast or d) == jnp.float32 for d in floats):  # float32 (and int8's float32 parts)
+        if rounded and any((cast or d) == jnp.float32 for d in W.float_dtypes(params)):  # int8's float32 parts too
             warnings.warn(rounded, cpu.RoundedFloat32Warning, stacklevel=2)
-        # A float32 model's layers are held apart (layout.apart_layers: faster matmuls); 16-bit ones stay stacked,
-        # where the scan's slices of the weights run beside the matmuls and leave them in cache (apart, bfloat16
-        # 1 x 128 ran 5% slower on a Xeon with AMX); a mesh's sharding rules are written for the stacked layout.
-        apart = f32 and mesh is None
-        compute = _to_devices(to_compute(params, config, consume=consume, place=place, apart=apart), place)
+        self._layout = (dtype, mesh, sharding.replicated(self.mesh))  # how lay_out placed them: load_weights too
+        self._weights, self._dtypes = W.lay_out(params, config, *self._layout, consume=consume)
         del params
-        self._attention = None  # the dtype of attention's products, if not the layers' own
-        if dtype == "int8":
-            compute = quantize.quantize(compute)
-            self._attention = quantize.attention_dtype()
-        if mesh is not None:
-            compute = jax.device_put(compute, sharding.param_shardings(compute, self.mesh))
-        self._dtypes = jax.tree_util.tree_map(lambda a: a.dtype, compute)
-        self.weights = _to_devices(
-            compute, lambda a: as_bits(a) if mesh is not None else jax.device_put(as_bits(a), replicated)
-        )
+        self._signature = W.signature(self._weights, self._dtypes)
+        self._attention = quantize.attention_dtype() if dtype == "int8" else None  # of attention's products
         self._tokenizer = None
         # Float32 models' large calls compile with oneDNN's matmuls where they win (cpu.onednn_jit).
         jit = functools.partial(cpu.onednn_jit, tokens=_tokens, enabled=f32)
@@ -172,6 +136,35 @@ class Bert:
 
     def _unbits(self, weights):
         return jax.tree_util.tree_map(from_bits, weights, self._dtypes)
+
+    @property
+    def weights(self):
+        """The device weights every jitted entry point takes (see the class docstring)."""
+        if self._weights is None:
+            raise ValueError("this model's weights were dropped (drop_weights): give it new ones with load_weights")
+        return self._weights
+
+    def load_weights(self, params, *, consume: bool = False) -> None:
+        """Replace the weights by `params` (the stored layout, as the constructor takes them), laid out, cast and
+        placed as the constructor placed its own. The compiled programs take the weights as an argument, so they
+        run on the new ones as compiled: nothing compiles again. Their leaves, shapes and dtypes must be the
+        model's (ValueError naming the first that differs; the weights are then unchanged). Both copies are on the
+        devices until the new one is placed: `drop_weights` first to hold one."""
+        self._take(self._laid_out(params, consume))
+
+    def drop_weights(self) -> None:
+        """Free the device copy of the weights (and decoding's); the model runs again after `load_weights`."""
+        with self._lock:
+            self._weights, self._apart = None, None
+
+    def _laid_out(self, params, consume: bool, what: str = "load_weights"):
+        weights, dtypes = W.lay_out(params, self.config, *self._layout, consume=consume)
+        W.check_same(self._signature, W.signature(weights, dtypes), what)
+        return weights
+
+    def _take(self, weights) -> None:
+        with self._lock:  # decoding's copy is of the weights it was made from: made again at the next generate
+            self._weights, self._apart = weights, None
 
     def _forward_impl(
         self,

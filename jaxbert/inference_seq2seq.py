@@ -10,6 +10,7 @@ import threading
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 
 from jaxbert import decoders, generate_inputs
 from jaxbert.convert import check_cast
@@ -30,18 +31,18 @@ class EncoderDecoder:
         *,
         dtype: str | None = None,
         consume: bool = False,
+        settings: dict | None = None,
     ):
+        """As `Bert`'s, for each side. `settings`: the generation config `generate` defaults to (as
+        generate_options.file_settings reads one); None: the directory's."""
         self.config, self.directory, self.head = config, directory, "EncoderDecoderModel"
-        proj = params.pop("enc_to_dec_proj", None) if consume else params.get("enc_to_dec_proj")
+        self.settings, self._dtype = settings, dtype
+        proj = self._projection(params, consume)
         self.encoder = Bert(config.encoder, params["encoder"], "BertModel", directory, dtype=dtype, consume=consume)
         self.decoder = Bert(
             config.decoder, params["decoder"], "BertLMHeadModel", directory, dtype=dtype, consume=consume
         )
-        cast = functools.partial(jnp.asarray, dtype=float_dtype(dtype))  # as the sides
-        if proj is not None:  # narrowed as the sides are (Bert checks theirs): float64 runs as float32 without x64
-            target = float_dtype(dtype) or (jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
-            check_cast({"enc_to_dec_proj": proj}, target)
-        self.proj = None if proj is None else jax.tree_util.tree_map(cast, proj)
+        self.proj, self._proj_signature = proj, _signature(proj)
         self._lock = threading.Lock()
         self._own_compiles = 0
         self._forward = jax.jit(
@@ -57,6 +58,43 @@ class EncoderDecoder:
             return fn(*args, **kwargs)
 
         return traced
+
+    def _projection(self, params, consume: bool):
+        """The projection of stored `params`, narrowed as the sides are (Bert checks theirs): float64 runs as
+        float32 without x64."""
+        proj = params.pop("enc_to_dec_proj", None) if consume else params.get("enc_to_dec_proj")
+        if proj is None:
+            return None
+        target = float_dtype(self._dtype) or (jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
+        check_cast({"enc_to_dec_proj": proj}, target)
+        return jax.tree_util.tree_map(functools.partial(jnp.asarray, dtype=float_dtype(self._dtype)), proj)
+
+    def load_weights(self, params, *, consume: bool = False) -> None:
+        """Replace the weights by `params` (the stored layout, as the constructor takes them), laid out as the
+        constructor laid out its own (each side as `Bert.load_weights` lays it, the projection cast as there):
+        the compiled forward and search take the weights as arguments and run on the new ones, nothing compiles
+        again. A tree that is not the model's (a side or the projection missing, a leaf of another shape or
+        dtype) is refused in one line naming it, the weights unchanged. `drop_weights` first holds one copy."""
+        for side in ("encoder", "decoder"):
+            if not isinstance(params.get(side), dict):
+                raise ValueError(f"load_weights: no {side!r} tree (a bert2bert's weights have 'encoder', 'decoder')")
+        proj = self._projection(params, consume)
+        new, had = _signature(proj), self._proj_signature
+        if new != had:
+            why = "the model has none" if had is None else "the model's is " + ", ".join(f"{k} {had[k]}" for k in had)
+            raise ValueError(f"load_weights: enc_to_dec_proj {'missing' if new is None else new}: {why}")
+        # Both sides laid out and checked before either is taken: a refused tree leaves the model as it was.
+        pairs = (("encoder", self.encoder), ("decoder", self.decoder))
+        laid = [(bert, bert._laid_out(params[side], consume, f"load_weights: {side}")) for side, bert in pairs]
+        for bert, weights in laid:
+            bert._take(weights)
+        self.proj = proj
+
+    def drop_weights(self) -> None:
+        """Free the device copy of the weights; the model runs again after `load_weights`."""
+        self.encoder.drop_weights()
+        self.decoder.drop_weights()
+        self.proj = None
 
     @property
     def compile_count(self) -> int:
@@ -183,7 +221,7 @@ class EncoderDecoder:
             repetition_penalty=repetition_penalty,
             decoder_start_token_id=decoder_start_token_id,
         )
-        settings = generate_inputs.file_settings(self.directory)
+        settings = self.settings if self.settings is not None else generate_inputs.file_settings(self.directory)
         req = generate_inputs.seq2seq_request(
             self.config, self.encoder.length_buckets, settings, input_ids, attention_mask, given
         )
@@ -191,3 +229,10 @@ class EncoderDecoder:
             self.encoder.weights, self.decoder.weights, self.proj, *req.arrays, search=req.search, bound=req.bound
         )
         return req.assemble(*out)
+
+
+def _signature(proj) -> dict | None:
+    """{leaf: (shape, dtype)} of a projection, None without one."""
+    if proj is None:
+        return None
+    return {"/".join(k): f"{tuple(v.shape)} {v.dtype}" for k, v in sorted(traverse_util.flatten_dict(proj).items())}

@@ -42,10 +42,11 @@ def test_each_validation_scores_its_generations_as_evaluate_does_and_keeps_the_b
     so the scores are of the weights being trained, and OUT/best (the best rougeL) is not the lowest loss's. The
     search is traced once per shape (the validation's two batches), however many validations run: the weights are
     its argument, not the constants of a new program each time."""
-    from jaxbert.train import task_seq2seq_generated as G
+    from jaxbert.inference_seq2seq import EncoderDecoder
 
-    traced, search = [], G.Generator._search_impl
-    monkeypatch.setattr(G.Generator, "_search_impl", lambda self, *a, **k: traced.append(1) or search(self, *a, **k))
+    traced, search = [], EncoderDecoder._generate_impl
+    counted = lambda self, *a, **k: traced.append(1) or search(self, *a, **k)  # noqa: E731
+    monkeypatch.setattr(EncoderDecoder, "_generate_impl", counted)
     model = _model(tmp_path)
     records = [{**r, "target": f"the quick {r['source'].split()[0]}"} for r in _pairs(6, seed=3)]
     data = _write(tmp_path / "data.jsonl", records)

@@ -1,54 +1,49 @@
 """`jaxbert train --task seq2seq --predict-with-generate` (run_summarization.py through Seq2SeqTrainer): each
 validation also generates for the validation sources with the parameters being trained and reports ROUGE and
 gen_len beside the loss: the numbers `jaxbert evaluate --predict-with-generate` gives for the model written then
-(the same search, on the same layout of the same weights, with the generation config that model will have).
+(the same EncoderDecoder search, on the same layout of the same weights, with the generation config that model
+will have).
 
-The search is compiled once per shape bucket for the whole run (an EncoderDecoder built at each validation would
-compile again each time). It runs on process 0, on a host copy of the weights gathered as OUT/best's are; the
-scores reach the other processes, which keep the best model and stop early by them as process 0 does.
+One EncoderDecoder serves the whole run: built at the first validation, then given each validation's weights
+(`load_weights`), so its search is compiled once per shape bucket (one built at each validation would compile
+again each time), and dropping them between validations. It runs on process 0, on a host copy of the weights
+gathered as OUT/best's are; the scores reach the other processes, which keep the best model and stop early by
+them as process 0 does.
 """
 
 from __future__ import annotations
 
-import jax
+import dataclasses
 
-from jaxbert import batching, decoders, distributed, generate_inputs
-from jaxbert.layout import per_layer, to_compute
+from jaxbert import distributed, generate_inputs
 from jaxbert.train.config import GENERATED_METRICS
 
-SIDES = ("encoder", "decoder")
 
-
+@dataclasses.dataclass
 class Generator:
-    """`EncoderDecoder.generate` as task_seq2seq.generate_all calls it, on the weights last `load`ed; `tok`
-    decodes what it writes."""
+    """What the run's validations generate with: the EncoderDecoder (None until the first), its generation
+    config, and the tokenizer that decodes what it writes (`pad`: its padding id)."""
 
-    def __init__(self, config, settings: dict, tok):
-        self.config, self.settings, self.params = config, settings, None
-        self.tok, self.pad = tok, tok.token_to_id(tok.special_tokens["pad_token"])
-        self.length_buckets = batching.length_buckets(config.encoder.max_position_embeddings)  # the encoder's, as there
-        self.compiles = 0
-        self._search = jax.jit(self._search_impl, static_argnames=("search", "bound"))
+    config: object
+    settings: dict
+    tok: object
+    model: object = None
 
-    def _search_impl(self, params, *arrays, search, bound):
-        self.compiles += 1  # runs only while tracing
-        return decoders.seq2seq(params, self.config, *arrays, search=search, bound=bound)
+    @property
+    def pad(self) -> int:
+        return self.tok.token_to_id(self.tok.special_tokens["pad_token"])
 
-    def load(self, params) -> None:
-        """Host weights in the stored layout (a copy, consumed: its layers are emptied as they are laid out), laid
-        out as EncoderDecoder lays out a float32 model's (each side's layers apart, the decoder's one subtree each):
-        other layouts round otherwise, and a near-tie could then pick another token than `evaluate` does."""
-        tree = {side: to_compute(params[side], getattr(self.config, side), consume=True, apart=True) for side in SIDES}
-        tree["decoder"] = per_layer(tree["decoder"], self.config.decoder)
-        if "enc_to_dec_proj" in params:
-            tree["enc_to_dec_proj"] = params["enc_to_dec_proj"]
-        self.params = jax.device_put(tree)
+    def load(self, params):
+        """The EncoderDecoder on `params` (host weights in the stored layout, a copy: consumed, its layers emptied
+        as they are laid out), laid out as `evaluate`'s EncoderDecoder lays out the model written then: other
+        layouts round otherwise, and a near-tie could then pick another token than `evaluate` does."""
+        from jaxbert.inference_seq2seq import EncoderDecoder
 
-    def generate(self, input_ids, attention_mask=None, **given):
-        req = generate_inputs.seq2seq_request(
-            self.config, self.length_buckets, self.settings, input_ids, attention_mask, given
-        )
-        return req.assemble(*self._search(self.params, *req.arrays, search=req.search, bound=req.bound))
+        if self.model is None:
+            self.model = EncoderDecoder(self.config, params, consume=True, settings=self.settings)
+        else:
+            self.model.load_weights(params, consume=True)
+        return self.model
 
 
 def generator(run, tok) -> Generator:
@@ -68,12 +63,14 @@ def scores(run, params) -> dict:
     host = distributed.to_primary(params)  # None but on process 0
     values = None
     if distributed.is_primary():
-        gen.load(host)
+        s2s = gen.load(host)
         del host
         length = cfg.seq2seq_lengths(validation=True)[1][1]  # transformers' max_length: the start token counted
         options = dict(num_beams=cfg.num_beams, max_new_tokens=length - 1)
-        generated = generate_all(gen, run.val, run.train.batch_size, gen.pad, **options)
-        gen.params = None  # the device copy goes until the next validation
+        try:
+            generated = generate_all(s2s, run.val, run.train.batch_size, gen.pad, **options)
+        finally:
+            s2s.drop_weights()  # the device copy goes until the next validation
         found, _ = generation_scores(generated, run.val, gen.tok, gen.pad)
         values = [found[k] for k in GENERATED_METRICS]
     return {f"eval_{k}": v for k, v in zip(GENERATED_METRICS, distributed.from_primary(values, len(GENERATED_METRICS)))}
