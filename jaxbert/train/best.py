@@ -16,6 +16,8 @@ from jaxbert.files import atomic_file
 from jaxbert.metrics import greater_is_better
 from jaxbert.transfer import write_jaxbert_dir
 
+RESCORED = "best_rescored"  # a metrics.jsonl record's key: the best evaluation measured again (rescore.py)
+
 
 def write_model(run, params, directory: str) -> None:
     """OUT/final or OUT/best: the run's own writer when it has one (embeddings: a sentence-transformers
@@ -33,7 +35,12 @@ class Best:
         self.up = greater_is_better(metric) if metric else True
         self.value, self.step, self.bad = None, None, 0
         for record in records:
-            self.update(record["step"], record)
+            if RESCORED in record:  # the best's value as later evaluations measure it (rescore.py)
+                again = record[RESCORED]
+                if (again.get("step"), again.get("metric")) == (self.step, self.key):
+                    self.value = again["value"]
+            else:
+                self.update(record["step"], record)
 
     def update(self, step: int, result: dict) -> bool:
         """Whether `result` (an evaluation at `step`) is the best so far; a non-finite value never is."""
@@ -54,8 +61,11 @@ class Best:
         return bool(self.patience) and self.bad >= self.patience
 
     def save(self, run, params) -> None:
-        out = run.cfg.output_dir
-        write_model(run, jax.device_get(params), os.path.join(out, "best"))
-        with atomic_file(os.path.join(out, "best.json")) as tmp:
+        write_model(run, jax.device_get(params), os.path.join(run.cfg.output_dir, "best"))
+        self.write_record(run)
+
+    def write_record(self, run) -> None:
+        """OUT/best.json: OUT/best's step, and its value by the metric."""
+        with atomic_file(os.path.join(run.cfg.output_dir, "best.json")) as tmp:
             with open(tmp, "w", encoding="utf-8") as f:
                 json.dump({"step": self.step, "metric": self.key, "value": self.value}, f)

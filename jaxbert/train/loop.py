@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from jaxbert import cpu, distributed, failures, hub, sharding
 from jaxbert.files import check_disjoint, sweep_partials
-from jaxbert.train import checkpoints, lock, outputs, plan, task_plan
+from jaxbert.train import checkpoints, lock, outputs, plan, rescore, task_plan
 from jaxbert.train import data as D
 from jaxbert.train.best import Best, write_model
 from jaxbert.train.config import TrainConfig
@@ -134,6 +134,7 @@ def _meta(run, step: int) -> dict:
         **{k: json.loads(json.dumps(getattr(run.cfg, k))) for k in run.cfg.resume_keys()},
         # OUT/best holds the best by this metric so far: by another, it would be a step that cannot be rebuilt.
         "metric_for_best_model": run.metric,
+        checkpoints.EVAL_SMOOTHING: run.cfg.label_smoothing,  # the validation loss's (every task's now)
         **run.meta(),
     }
 
@@ -265,17 +266,22 @@ def _train(cfg: TrainConfig) -> dict:
     point = checkpoints.resume_point(cfg, own, meta, run.say)
     metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl")
     records = [r for r in outputs.read_metrics(metrics_path) if r["step"] <= point[1]] if point else []
+    best = Best(run.metric, cfg.early_stopping_patience, records)
+    again = rescore.plan(run, best, *point) if point else None  # a refusal comes before anything compiles
     state, step_fn, eval_fn = _build(run, params)
-    start, last_good = 0, None
+    start, last_good, rescored = 0, None, None
     if point:
         source, start = point
         abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+        if again is not None:  # before the resumed state is restored: one train state besides the initial one
+            rescored = rescore.rescore(run, best, source, abstract, eval_fn, start)
         state = checkpoints.restore_state(source, start, abstract)
         last_good = (start, source.directory.as_posix())
         pos = run.train.position(start)
         run.say(f"resume: restored step {start} (epoch {pos['epoch']}, sequence {pos['offset']} of the epoch)")
     metrics = outputs.Metrics(metrics_path, records) if distributed.is_primary() else _Unwritten(records)
-    best = Best(run.metric, cfg.early_stopping_patience, records)
+    if rescored:
+        rescore.record(run, best, metrics, rescored)
     if start == 0:
         before = run.evaluate(state.params, eval_fn)
         metrics.add({"step": 0, **before})
