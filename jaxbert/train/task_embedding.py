@@ -77,21 +77,17 @@ def triplet_columns(rows, cols) -> tuple:
     """The (anchor, positive, negative) columns: as named (one not named: its default), else those names where
     the first row has an anchor and a positive (or a score column: encode_pairs names the scored losses), else the
     first row's columns in their order, as sentence-transformers' data collator reads them by position
-    (MultipleNegativesRankingLoss: the anchor, the positive, then negatives; jaxbert trains one negative)."""
-    head = rows[0]
-    named = any(c is not None for c in cols) or all(c in head.values for c in TRIPLET[:2])
-    if named or any(c in head.values for c in task_scored.LABEL_COLUMNS):
-        return tuple(c or d for c, d in zip(cols, TRIPLET))
-    texts = list(head.values)
-    if not 2 <= len(texts) <= 3:
-        names = ", ".join(map(repr, texts))
-        raise ValueError(
-            f"{head.path}:{head.line}: {len(texts)} text column(s) ({names}) and none named anchor and positive: "
+    (MultipleNegativesRankingLoss: the anchor, the positive, then negatives; jaxbert trains one negative):
+    task_scored.text_columns."""
+
+    def refused(head, texts) -> str:
+        return (
+            f"{len(texts)} text column(s) ({', '.join(map(repr, texts))}) and none named anchor and positive: "
             "--task embedding trains (anchor, positive[, negative]) rows; name them with --text-column, "
             "--text-pair-column, --label-column"
         )
-    taken = task_scored.by_position(rows, texts)
-    return (*taken, None) if len(taken) == 2 else tuple(taken)
+
+    return task_scored.text_columns(rows, cols, TRIPLET, None, refused, most=3, hints=task_scored.LABEL_COLUMNS)
 
 
 def given_prompts(given, cols: tuple[str, ...], where: str = "the data") -> tuple[str, ...]:

@@ -51,21 +51,42 @@ def pair_columns(rows, cols) -> tuple:
     """The two text columns: as named (--text-column, --text-pair-column; one alone: the other's default), else
     sentence1 and sentence2 where the first row has both, else the first row's first two columns but the score,
     in its order (a CSV/TSV's header, a JSON line's keys), as sentence-transformers' data collator takes every
-    column but the label by position. Read by position, a row holding the two in the other order is refused: its
-    pair would be swapped (by name it is not, by position it is)."""
+    column but the label by position (text_columns). Read by position, a row holding the two in the other order
+    is refused: its pair would be swapped (by name it is not, by position it is)."""
     first, second, label = cols
-    head = rows[0]
-    if first is not None or second is not None or all(c in head.values for c in DEFAULT_PAIR):
-        return (first or DEFAULT_PAIR[0], second or DEFAULT_PAIR[1], label)
-    score = label_column(rows, label)
-    texts = [c for c in head.values if c != score]
-    if len(texts) < 2:
+
+    def refused(head, texts) -> str:
         names = ", ".join(map(repr, head.values))
-        raise ValueError(
-            f"{head.path}:{head.line}: no pair of text columns beside the score {score!r} (columns: {names}); "
-            "name them with --text-column and --text-pair-column"
+        return (
+            f"no pair of text columns beside the score {label_column(rows, label)!r} (columns: {names}); name them "
+            "with --text-column and --text-pair-column"
         )
-    return (*by_position(rows, texts[:2]), label)
+
+    score = lambda: (label_column(rows, label),)  # noqa: E731 - read only by position: named pairs need none yet
+    return (*text_columns(rows, (first, second), DEFAULT_PAIR, 2, refused, exclude=score), label)
+
+
+def text_columns(
+    rows, given: tuple, defaults: tuple, columns: int | None, refused, *, most=None, hints=(), exclude=tuple
+) -> tuple:
+    """The text columns read, in the three steps of both embedding losses' data: `given` (the column flags, or
+    the columns a model records) as named, each unnamed one its default (`defaults`); else `defaults` where the
+    first row has their first two (or one of `hints`: columns that say what the rows are, named by the encoder);
+    else the first row's columns but `exclude()` (the score), in its order, as sentence-transformers' data
+    collator reads every column but the label by position: the first `columns` of them (None: every one), checked
+    on every row by by_position and padded with None to len(defaults). Fewer than two (or more than `most`) are
+    refused with `refused(first row, its text columns)`, a message after the first row's file:line."""
+    head = rows[0]
+    if any(c is not None for c in given) or all(c in head.values for c in defaults[:2]):
+        return tuple(c or d for c, d in zip(given, defaults))
+    if any(c in head.values for c in hints):
+        return tuple(defaults)
+    skipped = exclude()
+    texts = [c for c in head.values if c not in skipped]
+    if len(texts) < 2 or (most is not None and len(texts) > most):
+        raise ValueError(f"{head.path}:{head.line}: {refused(head, texts)}")
+    taken = by_position(rows, texts[:columns])
+    return (*taken, *[None] * (len(defaults) - len(taken)))
 
 
 def by_position(rows, taken: list) -> list:
