@@ -162,28 +162,38 @@ def test_one_step_equals_pytorch(name, runs):
         assert moved == 0 if k.startswith("pooler.") else moved > LR / 10, (k, moved)
 
 
-def test_unnamed_columns_are_read_by_position_as_sentence_transformers(tmp_path):
-    """Rows without anchor / positive ({"query", "answer", "hard"}): anchor, positive and negative by position, as
-    sentence-transformers' data collator reads every column; the loss is not symmetric, so swapped columns show:
-    one step equals its step."""
+def collated_step(model, records, symmetric: bool):
+    """One step of sentence-transformers on `records` as its trainer feeds them: SentenceTransformerDataCollator
+    (every column but a label, by position), MultipleNegatives(Symmetric)RankingLoss, clipping and AdamW (a mean
+    pooled, unnormalized SentenceTransformer of `model`) -> (the loss, the forward MNRL of the batch before the
+    step, the model after it)."""
     from sentence_transformers.base.trainer import BaseTrainer
     from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator
 
-    model = model_dir(tmp_path / "model", **SMALL)
-    records = [dict(zip(("query", "answer", "hard"), r.values())) for r in _records(negatives=True)]
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in records))
-    assert main(_train_args(model, data, tmp_path / "out", "mean", False, False, "--global-batch-size", "8")) == 0
     write_sentence_files(model, 32, "mean", False, 32)
     pt = st.SentenceTransformer(model, device="cpu")
     pt.train()
     opt = adamw_as_trainer(pt, LR, DECAY)
     batch = SentenceTransformerDataCollator(preprocess_fn=pt.preprocess)(records)
-    value = _st_loss(False, pt)(*BaseTrainer.collect_features(None, batch))
+    with torch.no_grad():
+        forward = float(_st_loss(False, pt)(*BaseTrainer.collect_features(None, batch)))
+    value = _st_loss(symmetric, pt)(*BaseTrainer.collect_features(None, batch))
     value.backward()
     torch.nn.utils.clip_grad_norm_(pt.parameters(), CLIP)
     opt.step()
-    value = float(value.detach())
+    return float(value.detach()), forward, pt
+
+
+def test_unnamed_columns_are_read_by_position_as_sentence_transformers(tmp_path):
+    """Rows without anchor / positive ({"query", "answer", "hard"}): anchor, positive and negative by position, as
+    sentence-transformers' data collator reads every column; the loss is not symmetric, so swapped columns show:
+    one step equals its step."""
+    model = model_dir(tmp_path / "model", **SMALL)
+    records = [dict(zip(("query", "answer", "hard"), r.values())) for r in _records(negatives=True)]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(_train_args(model, data, tmp_path / "out", "mean", False, False, "--global-batch-size", "8")) == 0
+    value, _, pt = collated_step(model, records, False)
     assert_step_equals_sentence_transformers(tmp_path / "out", value, pt)
 
 
@@ -297,7 +307,12 @@ def test_minilm_fine_tune_raises_held_out_retrieval(tmp_path):
             "data.jsonl:2: columns 'p', 'q' in another order than the first row's (",
         ),
         ([{"text": "a b"}], "data.jsonl:1: 1 text column(s) ('text') and none named anchor and positive"),
-        ([dict.fromkeys("wxyz", "a b")], "data.jsonl:1: 4 text column(s) ('w', 'x', 'y', 'z') and none named"),
+        # Four columns by position: anchor, positive and two negatives (test_train_embedding_negatives.py), in
+        # every row (this case read "4 text column(s) ... and none named" while jaxbert trained one negative).
+        (
+            [dict.fromkeys("wxyz", "a b"), dict.fromkeys("wxy", "a b")],
+            "data.jsonl:2: column 'z': every example needs a 'z' like the first row (",
+        ),
     ],
 )
 def test_bad_rows_name_file_and_line(rows, match, tmp_path, capsys):

@@ -67,15 +67,15 @@ def pair_columns(rows, cols) -> tuple:
 
 
 def text_columns(
-    rows, given: tuple, defaults: tuple, columns: int | None, refused, *, most=None, hints=(), exclude=tuple
+    rows, given: tuple, defaults: tuple, columns: int | None, refused, *, hints=(), exclude=tuple
 ) -> tuple:
     """The text columns read, in the three steps of both embedding losses' data: `given` (the column flags, or
     the columns a model records) as named, each unnamed one its default (`defaults`); else `defaults` where the
     first row has their first two (or one of `hints`: columns that say what the rows are, named by the encoder);
     else the first row's columns but `exclude()` (the score), in its order, as sentence-transformers' data
     collator reads every column but the label by position: the first `columns` of them (None: every one), checked
-    on every row by by_position and padded with None to len(defaults). Fewer than two (or more than `most`) are
-    refused with `refused(first row, its text columns)`, a message after the first row's file:line."""
+    on every row by by_position and padded with None to len(defaults). Fewer than two are refused with
+    `refused(first row, its text columns)`, a message after the first row's file:line."""
     head = rows[0]
     if any(c is not None for c in given) or all(c in head.values for c in defaults[:2]):
         return tuple(c or d for c, d in zip(given, defaults))
@@ -83,7 +83,7 @@ def text_columns(
         return tuple(defaults)
     skipped = exclude()
     texts = [c for c in head.values if c not in skipped]
-    if len(texts) < 2 or (most is not None and len(texts) > most):
+    if len(texts) < 2:
         raise ValueError(f"{head.path}:{head.line}: {refused(head, texts)}")
     taken = by_position(rows, texts[:columns])
     return (*taken, *[None] * (len(defaults) - len(taken)))
