@@ -15,7 +15,7 @@ from test_train_embedding import SMALL, WORDS, _train_args, collated_step
 
 from jaxbert.cli import main
 from jaxbert.train.task_data import Row
-from jaxbert.train.task_embedding import encode_pairs, triplet_columns
+from jaxbert.train.task_embedding_rows import encode_pairs, triplet_columns
 
 st = pytest.importorskip("sentence_transformers")
 

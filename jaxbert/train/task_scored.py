@@ -122,8 +122,8 @@ def _score(row, column: str, loss: str) -> float:
 
 def encode(tok, rows, columns, labels, max_len: int, prompts=("", ""), column_prompts=None, loss: str = "cosent"):
     """(sentence1, sentence2) of every row, its score the target (float32, as the collator's torch.tensor);
-    `prompts` / `column_prompts` as task_embedding.encode_pairs."""
-    from jaxbert.train.task_embedding import _text, given_prompts
+    `prompts` / `column_prompts` as task_embedding_rows.encode_pairs."""
+    from jaxbert.train.task_embedding_rows import _text, given_prompts
 
     first, second, label = columns
     cols, label = (first, second), label_column(rows, label)
