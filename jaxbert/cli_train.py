@@ -89,8 +89,8 @@ def _add_config_flags(parser, skip: tuple[str, ...] = ()) -> None:
                 flag,
                 choices=EMBEDDING_LOSSES,
                 default="mnrl",
-                help="--task embedding: mnrl on (anchor, positive[, negative]) rows; cosent, cosine-similarity or "
-                "angle on (sentence1, sentence2, score) pairs, as sentence-transformers' losses",
+                help="--task embedding: mnrl on (anchor, positive[, negative_1, ...]) rows; cosent, "
+                "cosine-similarity or angle on (sentence1, sentence2, score) pairs, as sentence-transformers' losses",
             )
         elif field.name == "prompts":
             parser.add_argument(

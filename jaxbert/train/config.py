@@ -88,8 +88,8 @@ class TrainConfig:
     pooling: str | None = None
     normalize: bool | None = None
     symmetric: bool = False
-    # mnrl: (anchor, positive[, negative]) rows, in-batch negatives; cosent, cosine-similarity, angle: scored pairs
-    # (sentence-transformers' CoSENTLoss, CosineSimilarityLoss, AnglELoss; task_scored.py)
+    # mnrl: (anchor, positive[, negative_1, ...]) rows, in-batch negatives; cosent, cosine-similarity, angle:
+    # scored pairs (sentence-transformers' CoSENTLoss, CosineSimilarityLoss, AnglELoss; task_scored.py)
     loss: str = "mnrl"
     # sentence-transformers' `prompts`: one prompt (a str) before every column's texts, or (column, prompt) pairs
     # (given as {column: prompt}, or as the flag's COLUMN=PROMPT values); _prompts

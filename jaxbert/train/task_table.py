@@ -172,7 +172,7 @@ TASKS: dict[str, Task] = {
             _score_choices,
             lambda labels: ("accuracy",),
         ),
-        # (anchor, positive[, negative]) texts; the base model and a pooling are trained (task_embedding.py).
+        # (anchor, positive[, negative_1, ...]) texts; the base model and a pooling are trained (task_embedding.py).
         Task(
             "embedding",
             "BertModel",
