@@ -1,6 +1,7 @@
 """The training numerics of ops.py: dropout's hashed masks (rate, independence, determinism) and 16-bit matmuls
 whose gradient products stay 16-bit, under every composition of grad and vmap the model uses."""
 
+import functools
 import re
 
 import jax
@@ -157,30 +158,39 @@ def test_float32_matmul_is_the_plain_product():
     np.testing.assert_allclose(np.asarray(ops.matmul(x, w)), np.asarray(x) @ np.asarray(w), rtol=1e-5, atol=1e-5)
 
 
+@functools.cache
+def _mlm_grads(dropout: float, dtype, remat: bool) -> list:
+    """The MLM loss's gradients (path, leaf) for a tiny random model of `dropout` with its weights cast to `dtype`
+    (cached: the float32 reference serves both remat cases). Two layers, not conftest's three: without remat the
+    layers are unrolled, and compiling the backward pass of each (about 4 s on a shared 2-core machine) was most
+    of the test's time; two still give the scan under remat a stacked axis to index."""
+    from conftest import SIZES
+
+    import jaxbert
+
+    sizes = {k: v for k, v in SIZES.items() if k != "num_labels"}
+    sizes["num_hidden_layers"] = 2  # still distinct from every other size
+    config = jaxbert.BertConfig(**sizes, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    params = jaxbert.init_params(config, jax.random.key(0), "BertForMaskedLM")
+    ids = jnp.asarray(np.random.default_rng(0).integers(1, SIZES["vocab_size"], (3, 16)), jnp.int32)
+
+    def loss(p):
+        p = jax.tree_util.tree_map(lambda a: a.astype(dtype), p)
+        mask = jnp.ones_like(ids)
+        return jaxbert.forward(p, config, "mlm", ids, mask, labels=ids, remat=remat, rng=jax.random.key(1)).loss
+
+    return jax.tree_util.tree_flatten_with_path(jax.jit(jax.grad(loss))(params))[0]
+
+
 @pytest.mark.parametrize("remat", [False, True])
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_bf16_gradients_reach_every_parameter(remat, dropout):
     """16-bit weights are indexed as their bits (embedding rows, the scanned layers under remat); the gradient
     must still reach them: bfloat16 gradients agree with float32's for every parameter, embeddings included.
     With dropout (the same hashed masks in both dtypes) attention runs through ops' 16-bit products."""
-    from conftest import SIZES
-
-    import jaxbert
-
-    sizes = {k: v for k, v in SIZES.items() if k != "num_labels"}
-    config = jaxbert.BertConfig(**sizes, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
-    params = jaxbert.init_params(config, jax.random.key(0), "BertForMaskedLM")
-    ids = jnp.asarray(np.random.default_rng(0).integers(1, SIZES["vocab_size"], (3, 16)), jnp.int32)
-
-    def grads(dtype, remat):
-        def loss(p):
-            p = jax.tree_util.tree_map(lambda a: a.astype(dtype), p)
-            mask = jnp.ones_like(ids)
-            return jaxbert.forward(p, config, "mlm", ids, mask, labels=ids, remat=remat, rng=jax.random.key(1)).loss
-
-        return jax.tree_util.tree_flatten_with_path(jax.jit(jax.grad(loss))(params))[0]
-
-    for (path, ref), (_, got) in zip(grads(jnp.float32, False), grads(jnp.bfloat16, remat)):
+    reference, ours = _mlm_grads(dropout, jnp.float32, False), _mlm_grads(dropout, jnp.bfloat16, remat)
+    assert len(reference) == len(ours)
+    for (path, ref), (_, got) in zip(reference, ours):
         if "key" in jax.tree_util.keystr(path) and "bias" in jax.tree_util.keystr(path):
             continue  # exactly zero: softmax ignores a shift shared by all keys (bfloat16 leaves rounding noise)
         ref, got = np.asarray(ref, np.float32), np.asarray(got, np.float32)
