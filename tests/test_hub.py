@@ -46,7 +46,13 @@ def _cache_entry(cache, repo: str, source: str, link=None) -> str:
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    source = model_dir(tmp_path / "source", "BertForMaskedLM")
+    return _cached_tiny_bert(tmp_path, monkeypatch)
+
+
+def _cached_tiny_bert(tmp_path, monkeypatch, **overrides) -> str:
+    """A random BertForMaskedLM (conftest's sizes and `overrides`) as the hub cache's acme/tiny-bert, offline; the
+    working directory is tmp_path. Returns the source directory."""
+    source = model_dir(tmp_path / "source", "BertForMaskedLM", **overrides)
     cache = tmp_path / "hub"
     _cache_entry(str(cache), "acme/tiny-bert", source)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
@@ -302,7 +308,9 @@ def test_a_snapshot_file_linking_out_of_its_cache_entry_is_refused(tmp_path, mon
         jaxbert.load("acme/sly")
 
 
-def test_training_takes_a_hub_id(cache, tmp_path, capsys):
+def test_training_takes_a_hub_id(tmp_path, monkeypatch, capsys):
+    # One layer: the hub id is the point, and compiling the train step's unrolled layers was most of the time.
+    _cached_tiny_bert(tmp_path, monkeypatch, num_hidden_layers=1)
     (tmp_path / "train.txt").write_text("\n".join(f"line {i} of a small corpus about paris" for i in range(40)))
     rc = main(
         [
