@@ -166,7 +166,9 @@ def test_training_puts_no_default_prompt_as_sentence_transformers_trainer(tmp_pa
     from conftest import train_args
 
     settings = {"prompts": {"query": "query: "}, "default_prompt_name": "query"}
-    directory = _prompted(model_dir(tmp_path / "m"), {"pooling_mode": "mean"}, settings)
+    # One layer: the prompt settings are the point, and compiling the train and eval steps' unrolled layers was
+    # most of the test's time.
+    directory = _prompted(model_dir(tmp_path / "m", num_hidden_layers=1), {"pooling_mode": "mean"}, settings)
     data = tmp_path / "pairs.jsonl"
     data.write_text(json.dumps({"anchor": "a b", "positive": "c d"}) + "\n")
     capsys.readouterr()  # transformers' progress bars
