@@ -125,9 +125,11 @@ def test_use_cache_without_a_cache_returns_a_full_one(lm):
 def test_writing_past_the_cache_capacity_is_nan_not_a_silent_overwrite(lm):
     _, config, params = lm
     cache = init_cache(config, 1, 4)
-    out = _jax(params, config, input_ids=np.array([[5, 6, 7]]), past_key_values=cache)
+    # Jitted, as generation runs it: a program per shape where op by op each operation compiled for both.
+    run = jax.jit(lambda p, feed: _jax(p, config, **feed))
+    out = run(params, dict(input_ids=np.array([[5, 6, 7]]), past_key_values=cache))
     assert np.isfinite(np.asarray(out.logits)).all()
-    out = _jax(params, config, input_ids=np.array([[8, 9]]), past_key_values=out.past_key_values)
+    out = run(params, dict(input_ids=np.array([[8, 9]]), past_key_values=out.past_key_values))
     assert np.isnan(np.asarray(out.logits)).all()
 
 
