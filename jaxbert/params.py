@@ -61,7 +61,14 @@ def init_params(config: BertConfig, rng: jax.Array, head: str | None = None, dty
     and the padding token's embedding row zeroed. `only` (Flax paths) builds just those leaves, with the values
     the whole tree gives them: a fine-tune's fresh head without a second model's worth of memory."""
     flat = traverse_util.flatten_dict(param_spec(config, head), is_leaf=lambda _, v: isinstance(v, tuple))
-    keys = jax.random.split(rng, len(flat))
+    split = jax.random.split(rng, len(flat))
+    # One key per leaf, taken apart on the host: iterating the device array compiles a slicing program with an
+    # output per key (100 at a time), seconds of XLA for every fresh head; wrapping a host row compiles nothing.
+    if jnp.issubdtype(split.dtype, jax.dtypes.prng_key):
+        impl = jax.random.key_impl(split)
+        keys = [jax.random.wrap_key_data(row, impl=impl) for row in np.asarray(jax.random.key_data(split))]
+    else:  # legacy uint32 keys (jax.random.PRNGKey) are their own data
+        keys = list(np.asarray(split))
     out = {}
     for key, (path, (shape, init)) in zip(keys, sorted(flat.items())):
         if only is not None and path not in only:

@@ -242,3 +242,26 @@ def test_another_tasks_classifier_lends_neither_its_names_nor_its_weights(source
     assert f"model: the checkpoint's classifier is a {source}'s, not a {head}'s: initialized a new classifier" in (
         printed
     ), printed
+
+
+def test_fresh_parameters_take_the_split_keys_without_compiling_a_program_to_unstack_them(caplog):
+    """init_params gives leaf i (in sorted path order) normal(split(rng, n)[i]); the keys were taken apart by
+    iterating the device array, which compiled a program unstacking up to 100 keys at a time (seconds of XLA for each
+    fine-tune's fresh head). A legacy uint32 key draws the same values."""
+    from flax import traverse_util
+
+    from jaxbert.params import param_spec
+
+    config = jaxbert.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                intermediate_size=24, max_position_embeddings=20, initializer_range=0.1)  # fmt: skip
+    spec = traverse_util.flatten_dict(param_spec(config, SEQ), is_leaf=lambda _, v: isinstance(v, tuple))
+    with jax.log_compiles(True), caplog.at_level("WARNING"):
+        ours = traverse_util.flatten_dict(init_params(config, jax.random.key(7), SEQ))
+    programs = [r.getMessage().split()[1] for r in caplog.records if r.getMessage().startswith("Compiling ")]
+    assert programs and not [p for p in programs if "unstack" in p or "slice" in p], programs
+    legacy = traverse_util.flatten_dict(init_params(config, jax.random.PRNGKey(7), SEQ))
+    keys = jax.random.split(jax.random.key(7), len(spec))
+    for i, (path, (shape, init)) in enumerate(sorted(spec.items())):
+        if init == "normal" and path[-2:] != ("word_embeddings", "embedding"):
+            want = 0.1 * np.asarray(jax.random.normal(keys[i], shape))
+            assert np.array_equal(ours[path], want) and np.array_equal(legacy[path], want), path
