@@ -351,14 +351,10 @@ def test_random_replacements_are_tokens_of_the_tokenizer(tmp_path):
     assert replaced.size > 1000 and replaced.max() < 30522
 
 
-def test_final_directory_exports_to_transformers(tiny, tmp_path, capsys):
+def test_final_directory_exports_to_transformers(tiny, short, tmp_path, capsys):
     out = tmp_path / "run"
-    assert (
-        main(
-            _args(tiny, out, "--max-steps", 2, "--whole-word-mask", "--line-by-line", "--dtype", "bfloat16", "--remat")
-        )
-        == 0
-    )
+    flags = ("--max-steps", 2, "--whole-word-mask", "--line-by-line", "--dtype", "bfloat16", "--train-file", short)
+    assert main(_args(tiny, out, *flags, "--remat")) == 0
     printed = capsys.readouterr().out
     assert "initialized a new one tied to the word embeddings" in printed
     config = json.load(open(out / "final" / "config.json"))
@@ -368,7 +364,7 @@ def test_final_directory_exports_to_transformers(tiny, tmp_path, capsys):
     model, info = transformers.BertForMaskedLM.from_pretrained(tmp_path / "pt", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     cached = sorted(os.listdir(out / "cache"))
-    again = _args(tiny, out, "--max-steps", 2, "--whole-word-mask", "--line-by-line", "--dtype", "bfloat16")
+    again = _args(tiny, out, *flags)
     assert main(again) == 1
     assert "has checkpoints up to step 2: pass --resume" in capsys.readouterr().err
     assert main(again + ["--resume", "auto"]) == 0
