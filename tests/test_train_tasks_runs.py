@@ -84,8 +84,10 @@ def test_resume_after_sigkill_equals_the_uninterrupted_run(tmp_path, child_env):
             *extra,
         ]
 
-    full = _start(child_env, *args(tmp_path / "full"))
-    assert full.wait(timeout=600) == 0, full.stderr.read()
+    # The uninterrupted run in this process: only the killed run and its resumption must be processes of their own.
+    from jaxbert.cli import main
+
+    assert main([str(a) for a in args(tmp_path / "full")]) == 0
     killed = _start({**child_env, "SLOW_STEP": "0.3"}, *args(tmp_path / "killed"))
     # kill once step 5 is logged (checkpoint 4 saved)
     kill_when_logged(killed, tmp_path / "killed" / "metrics.jsonl", lambda r: r["step"] == 5 and "loss" in r)
@@ -153,12 +155,14 @@ def _fine_tune(tmp_path, task, name, steps, lr, *extra):
     return evals[0], evals[-1]
 
 
+@pytest.mark.optimized  # 30 MiniLM steps and two validations: its time is in running them
 def test_minilm_learns_sentiment(tmp_path):
     """Held-out nouns in the validation set: 30 steps (480 examples) reach accuracy >= 0.95 from chance."""
     before, after = _fine_tune(tmp_path, "sequence-classification", "reviews", 30, 1e-4)
     assert before["eval_accuracy"] <= 0.7 and after["eval_accuracy"] >= 0.95, (before, after)
 
 
+@pytest.mark.optimized  # 40 MiniLM steps and two validations: its time is in running them
 def test_minilm_learns_entities(tmp_path):
     """Held-out names and places: 40 steps reach entity-level F1 >= 0.8 (seqeval's default mode) from ~0."""
     before, after = _fine_tune(tmp_path, "token-classification", "entities", 40, 3e-4)
