@@ -64,7 +64,9 @@ def init_params(config: BertConfig, rng: jax.Array, head: str | None = None, dty
     split = jax.random.split(rng, len(flat))
     # One key per leaf, taken apart on the host: iterating the device array compiles a slicing program with an
     # output per key (100 at a time), seconds of XLA for every fresh head; wrapping a host row compiles nothing.
-    if jnp.issubdtype(split.dtype, jax.dtypes.prng_key):
+    if isinstance(split, jax.core.Tracer):  # under jit / eval_shape: no host values; slicing is traced, not run
+        keys = list(split)
+    elif jnp.issubdtype(split.dtype, jax.dtypes.prng_key):
         impl = jax.random.key_impl(split)
         keys = [jax.random.wrap_key_data(row, impl=impl) for row in np.asarray(jax.random.key_data(split))]
     else:  # legacy uint32 keys (jax.random.PRNGKey) are their own data
