@@ -42,7 +42,6 @@ from jaxbert.pooling import pool, pool_segments, projected
 from jaxbert.seq2seq import load_config
 from jaxbert.tokenizer import WordPiece, pad
 
-float_dtype = W.float_dtype  # its home before weights.py
 DTYPES = (*W.FLOAT_DTYPES, "int8")  # int8: quantize.py (the layers' matmuls in int8, all else float32)
 
 
@@ -99,7 +98,7 @@ class Bert:
         self._data = sharding.batch_sharding(self.mesh)
         self._shards = sharding.batch_shards(self.mesh)  # the batch is split this many ways
         _check_dtype(dtype)
-        cast = float_dtype(dtype)
+        cast = W.float_dtype(dtype)
         f32 = W.is_float32(params, dtype)
         rounded = cpu.rounded_float32()
         if rounded and any((cast or d) == jnp.float32 for d in W.float_dtypes(params)):  # int8's float32 parts too

@@ -13,8 +13,8 @@ import numpy as np
 from flax import traverse_util
 
 from jaxbert import decoders, generate_inputs
-from jaxbert.convert import check_cast
-from jaxbert.inference import Bert, float_dtype
+from jaxbert import weights as W
+from jaxbert.inference import Bert
 from jaxbert.inputs import check_arrays
 from jaxbert.layout import per_layer
 from jaxbert.seq2seq import EncoderDecoderConfig, Seq2SeqOutput, encoder_decoder
@@ -65,9 +65,8 @@ class EncoderDecoder:
         proj = params.pop("enc_to_dec_proj", None) if consume else params.get("enc_to_dec_proj")
         if proj is None:
             return None
-        target = float_dtype(self._dtype) or (jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
-        check_cast({"enc_to_dec_proj": proj}, target)
-        return jax.tree_util.tree_map(functools.partial(jnp.asarray, dtype=float_dtype(self._dtype)), proj)
+        W.check_castable({"enc_to_dec_proj": proj}, self._dtype)
+        return jax.tree_util.tree_map(functools.partial(jnp.asarray, dtype=W.float_dtype(self._dtype)), proj)
 
     def load_weights(self, params, *, consume: bool = False) -> None:
         """Replace the weights by `params` (the stored layout, as the constructor takes them), laid out as the

@@ -43,15 +43,21 @@ def to_devices(tree, place):
     return traverse_util.unflatten_dict(flat, sep="\0")
 
 
+def check_castable(params, dtype: str | None) -> None:
+    """Refuse a stored tree with a float that `dtype`'s cast would turn infinite (convert.check_cast, naming the
+    key). Without jax_enable_x64, JAX runs float64 parameters as float32: a float64 checkpoint must fit it too."""
+    cast = float_dtype(dtype)
+    target = jnp.float32 if cast is None and not jax.config.jax_enable_x64 else cast
+    if target is not None:
+        check_cast(params, target)
+
+
 def lay_out(params, config: BertConfig, dtype: str | None, mesh, replicated, consume: bool = False):
     """(weights, dtypes) of a stored tree: the compute layout (a float32 model's layers apart without a `mesh`,
     else stacked; int8's quantized), floats cast to `dtype`, placed replicated (or split by sharding.py's rules
     over a given `mesh`), 16-bit floats held as their bits (`dtypes`: what each leaf's bits stand for)."""
+    check_castable(params, dtype)
     cast = float_dtype(dtype)
-    # Without jax_enable_x64, JAX runs float64 parameters as float32: a float64 checkpoint must fit it too.
-    target = jnp.float32 if cast is None and not jax.config.jax_enable_x64 else cast
-    if target is not None:
-        check_cast(params, target)
 
     def place(x):
         if cast is not None and jnp.issubdtype(x.dtype, jnp.floating):

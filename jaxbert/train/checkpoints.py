@@ -184,6 +184,9 @@ def model_fields(config) -> dict:
 
 
 RUN_OUTPUTS = ("final", "best", "best.json", "metrics.jsonl")  # what a run writes in OUT beside its checkpoints
+# The label smoothing of the validation loss (OUT/best by loss compares it across the run). Equal to
+# --label-smoothing, which the meta holds too: its absence is what tells an earlier checkpoint (rescore.py).
+EVAL_SMOOTHING = "eval_label_smoothing"
 # Meta keys that checkpoints of earlier jaxbert versions lack: checked only where stored.
 LATER_KEYS = (
     "train_file_sha256",
@@ -199,11 +202,8 @@ LATER_KEYS = (
     "special_tokens_sha256",
     *OPTIMIZER_KEYS,
     "loss",  # the embedding task's (--loss): before it, always mnrl
-    "eval_label_smoothing",  # before it, validation used the plain loss (train/rescore.py)
+    EVAL_SMOOTHING,  # before it, validation used the plain loss (train/rescore.py)
 )
-# The label smoothing of the validation loss (OUT/best by loss compares it across the run). Equal to
-# --label-smoothing, which the meta holds too: its absence is what tells an earlier checkpoint (rescore.py).
-EVAL_SMOOTHING = "eval_label_smoothing"
 
 
 # Meta keys that checkpoints of earlier jaxbert versions lack, implied there by another: a seq2seq run cut its
