@@ -23,6 +23,35 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # `optimized` and compiles as users' programs do (the `_optimized` fixture). Both ways pass every parity check:
 # LLVM reorders no float arithmetic at any level (XLA enables no fast-math on CPU).
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+# With it, XLA:CPU's MLIR fusion emitters still took most of a tiny program's backend compile: its older LLVM IR
+# emitters compile the suite's programs in half the CPU time (a SIZES model's loss-and-gradient + AdamW step, its
+# forward and a KV-cache greedy decode in fresh processes without the cache: 8.3 s of CPU against 18.6 s), and
+# whole files in 19-44% less (test_generate.py 140 -> 78 s of CPU, test_train_seq2seq.py 118 -> 79,
+# test_train_embedding.py 169 -> 137). Both compute the same float32 operations (no fast-math either way): no
+# tolerance changed. (XLA's FAST_COMPILE preset, --xla_cpu_opt_preset, saved nothing more on those files.)
+# Appended to the caller's XLA_FLAGS (XLA reads them once, when the backend starts) unless they name these options;
+# the caller's own are kept in JAXBERT_TESTS_CALLER_XLA_FLAGS for the `optimized` fixture (xdist's workers inherit
+# XLA_FLAGS with the options appended). XLA_DEFAULTS: XLA's defaults of the same options
+# (DefaultDebugOptionsIgnoringFlags in xla/debug_options_flags.cc).
+FAST_COMPILE = {"xla_cpu_use_fusion_emitters": "false"}
+XLA_DEFAULTS = {"xla_cpu_use_fusion_emitters": True}
+
+
+def xla_flags(*flags: str) -> str:
+    """This process's XLA_FLAGS followed by `flags` (of a flag given twice XLA keeps the last): the environment of a
+    child process that needs flags of its own (virtual devices) keeps the suite's compile options, or inside an
+    `optimized` test the caller's flags."""
+    return " ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip()
+
+
+os.environ.setdefault("JAXBERT_TESTS_CALLER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+CALLER_XLA_FLAGS = os.environ["JAXBERT_TESTS_CALLER_XLA_FLAGS"]
+_FAST = os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"].lower() in ("1", "y", "yes", "t", "true", "on") and not any(
+    f"--{name}=" in CALLER_XLA_FLAGS for name in FAST_COMPILE
+)
+_FAST_FLAGS = [f"--{name}={value}" for name, value in FAST_COMPILE.items()]
+if _FAST and not set(_FAST_FLAGS) <= set(os.environ.get("XLA_FLAGS", "").split()):
+    os.environ["XLA_FLAGS"] = xla_flags(*_FAST_FLAGS)
 
 import jax  # noqa: E402
 
@@ -219,7 +248,8 @@ def cli_on_devices(args, devices: int = 4):
     import subprocess
     import sys
 
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
+    devices_flag = f"--xla_force_host_platform_device_count={devices}"
+    env = {**os.environ, "XLA_FLAGS": xla_flags(devices_flag), "JAX_PLATFORMS": "cpu"}
     code = "import sys; from jaxbert.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, env=env,
                           timeout=600)  # fmt: skip
@@ -239,6 +269,17 @@ def _optimized(request, monkeypatch):
         yield
         return
     monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0")
+    monkeypatch.setenv("XLA_FLAGS", CALLER_XLA_FLAGS)
+    if _FAST:  # this process's backend read FAST_COMPILE at its start: XLA's defaults come back per compilation
+        from jax._src import compiler
+
+        get = compiler.get_compile_options
+
+        def callers(*args, env_options_overrides=None, **kwargs):
+            overrides = {**XLA_DEFAULTS, **(env_options_overrides or {})}  # jax.jit's compiler_options win
+            return get(*args, env_options_overrides=overrides, **kwargs)
+
+        monkeypatch.setattr(compiler, "get_compile_options", callers)
     before = jax.config.values["jax_disable_most_optimizations"]
     jax.config.update("jax_disable_most_optimizations", False)
     try:
