@@ -44,6 +44,12 @@ def xla_flags(*flags: str) -> str:
     return " ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip()
 
 
+def devices_env(devices: int) -> dict:
+    """The environment of a child process on `devices` virtual CPU devices (with the suite's compile options)."""
+    flag = f"--xla_force_host_platform_device_count={devices}"
+    return {**os.environ, "XLA_FLAGS": xla_flags(flag), "JAX_PLATFORMS": "cpu"}
+
+
 os.environ.setdefault("JAXBERT_TESTS_CALLER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
 CALLER_XLA_FLAGS = os.environ["JAXBERT_TESTS_CALLER_XLA_FLAGS"]
 _FAST = os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"].lower() in ("1", "y", "yes", "t", "true", "on") and not any(
@@ -248,8 +254,7 @@ def cli_on_devices(args, devices: int = 4):
     import subprocess
     import sys
 
-    devices_flag = f"--xla_force_host_platform_device_count={devices}"
-    env = {**os.environ, "XLA_FLAGS": xla_flags(devices_flag), "JAX_PLATFORMS": "cpu"}
+    env = devices_env(devices)
     code = "import sys; from jaxbert.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, env=env,
                           timeout=600)  # fmt: skip

@@ -2,13 +2,12 @@
 equal the single-device ones."""
 
 import json
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from conftest import xla_flags
+from conftest import devices_env
 
 import jaxbert
 
@@ -42,7 +41,7 @@ print(json.dumps({"devices": jax.device_count(), "mesh": len(bert.mesh.devices.f
 
 
 def test_four_virtual_devices_split_the_batch_and_agree():
-    env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=4"), "JAX_PLATFORMS": "cpu"}
+    env = devices_env(4)
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, MINILM, json.dumps(TEXTS)], capture_output=True, text=True, env=env, timeout=600
     )

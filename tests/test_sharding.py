@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import model_dir, xla_flags
+from conftest import devices_env, model_dir
 
 from jaxbert.cli import main
 from jaxbert.sharding import mesh_shape
@@ -124,7 +124,7 @@ FACTOR = {"dp": 1, "fsdp": 4, "tp": 4, "fsdp_tp": 4, "dp_fsdp": 2}
 
 @pytest.fixture(scope="module")
 def runs():
-    env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=4"), "JAX_PLATFORMS": "cpu"}
+    env = devices_env(4)
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, *MESHES.values()], capture_output=True, text=True, env=env, timeout=600
     )

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import kill_when_logged, model_dir, xla_flags
+from conftest import devices_env, kill_when_logged, model_dir
 from flax import serialization
 
 from jaxbert.cli import main
@@ -118,7 +118,7 @@ def test_exact_resume_after_sigkill(tiny, short, tmp_path, capsys):
 def test_multi_device_losses_equal_single_device(tiny, short, tmp_path):
     common = ("--max-steps", 3, "--grad-accum-steps", 2, "--save-steps", 100, "--train-file", short)
     # Data parallel and the other meshes are compared in process by tests/test_sharding.py; this is the CLI path.
-    four = {"XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=4"), "JAX_PLATFORMS": "cpu"}
+    four = devices_env(4)
     fsdp = _cli(*_args(tiny, tmp_path / "fsdp", *common, "--fsdp"), env=four)
     # The single device run in this process (one device, as the suite's) while the 4-device child runs beside it.
     assert main(_args(tiny, tmp_path / "one", *common)) == 0
@@ -131,12 +131,7 @@ def test_multi_device_losses_equal_single_device(tiny, short, tmp_path):
 
 
 def test_global_batch_must_divide_across_devices(tiny, tmp_path):
-    proc = _cli(
-        *_args(tiny, tmp_path / "x", "--max-steps", 1)[:-2],
-        "--global-batch-size",
-        "6",
-        env={"XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=4"), "JAX_PLATFORMS": "cpu"},
-    )
+    proc = _cli(*_args(tiny, tmp_path / "x", "--max-steps", 1)[:-2], "--global-batch-size", "6", env=devices_env(4))
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1 and "batch size 6 does not divide across 4 devices" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "x" / "checkpoints").exists()
