@@ -83,10 +83,11 @@ def triplet_columns(rows, cols) -> tuple:
 
 def further_negatives(rows, read: tuple) -> tuple[str, ...]:
     """The columns beyond `read` (anchor, positive[, the named negative]) that sentence-transformers' collator
-    reads as negatives: every column of any row but those and a label, in the order first met, where the first
-    row's first two (a label aside) are the anchor and the positive; none where they are not."""
-    skip = {*read, *task_scored.LABEL_COLUMNS}
-    lead = [c for c in rows[0].values if c in read or c not in task_scored.LABEL_COLUMNS][:2]
+    reads as negatives: every column of any row but those, a label and dataset_name (which the collator drops), in
+    the order first met, where the first row's first two (those aside) are the anchor and the positive; none where
+    they are not."""
+    skip = {*read, *task_scored.LABEL_COLUMNS, task_scored.DATASET_NAME}
+    lead = [c for c in rows[0].values if c in read or c not in skip][:2]
     if set(lead) != set(read[:2]):
         return ()
     return tuple(dict.fromkeys(c for row in rows for c in row.values if c not in skip))

@@ -26,6 +26,9 @@ SCORED = ("cosent", "cosine-similarity", "angle")  # config.EMBEDDING_LOSSES but
 SCALE = 20.0  # CoSENTLoss's and AnglELoss's default scale
 # The label columns sentence-transformers' data collator takes, the first found (its DEFAULT_LABEL_COLUMNS).
 LABEL_COLUMNS = ("label", "labels", "score", "scores")
+# The column sentence-transformers' data collator removes before it reads the others by position (a multi-dataset
+# row's name of its dataset): never a text, neither an anchor, a positive nor a negative.
+DATASET_NAME = "dataset_name"
 F32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -81,7 +84,7 @@ def text_columns(
         return tuple(c or d for c, d in zip(given, defaults))
     if any(c in head.values for c in hints):
         return tuple(defaults)
-    skipped = exclude()
+    skipped = (*exclude(), DATASET_NAME)
     texts = [c for c in head.values if c not in skipped]
     if len(texts) < 2:
         raise ValueError(f"{head.path}:{head.line}: {refused(head, texts)}")
