@@ -2,7 +2,10 @@
 (sentence-transformers' data collator, transformers' run_*.py), or the row is refused in one line naming file, line
 and column, exit 1, nothing written."""
 
+import json
+
 import pytest
+from conftest import cli_fails, model_dir, train_args
 
 from jaxbert.train import task_scored
 from jaxbert.train.task_data import Row
@@ -58,3 +61,32 @@ def test_dataset_name_is_no_text_as_the_collator_drops_it(record):
 def test_dataset_name_is_no_text_of_a_scored_pair(record):
     first, second, _ = task_scored.pair_columns(_rows(record), (None, None, None))
     assert (first, second) == _collated(record)
+
+
+# -- bad rows: one line naming file, line and column; exit 1; nothing written ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return model_dir(tmp_path_factory.mktemp("tiny"), max_position_embeddings=64, num_hidden_layers=1)
+
+
+def _jsonl(path, records) -> str:
+    path.write_text(records if isinstance(records, str) else "".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def _refused(tiny, tmp_path, capsys, task, train, val, *flags, match):
+    data, held = _jsonl(tmp_path / "train.jsonl", train), _jsonl(tmp_path / "val.jsonl", val)
+    args = train_args(task, tiny, data, tmp_path / "out", "--max-seq-length", "32", "--validation-file", held, *flags)
+    cli_fails(capsys, tmp_path, *args, match=match)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_regression_label_beyond_float32_is_refused(tiny, tmp_path, capsys):
+    # 1e39 is a finite JSON number but inf as the float32 target: the run stopped at step 1's loss (inf), its cache
+    # and checkpoints written.
+    rows = '{"text": "a", "label": 1e39}\n{"text": "b", "label": 0.5}\n'
+    match = "train.jsonl:1: column 'label': regression label 1e+39 is not finite (in float32)"
+    flags = ("--problem-type", "regression", "--per-device-batch-size", "2", "--max-steps", "1")
+    _refused(tiny, tmp_path, capsys, "sequence-classification", rows, rows, *flags, match=match)

@@ -16,6 +16,8 @@ import dataclasses
 import math
 from collections import Counter
 
+from jaxbert.train.config import F32_MAX
+
 # Integer labels are class ids 0..max: from this max on, ids of which the data use at most half are refused (a label
 # 1000000000 had built a billion-class classifier).
 SPARSE_IDS = 1000
@@ -227,8 +229,10 @@ def check_scorable(rows, labels: Labels, where: str = "") -> None:
 def regression_target(row, column: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{row.where(column)}: regression label {value!r} is not a number")
-    if not math.isfinite(value):
-        raise ValueError(f"{row.where(column)}: regression label {value!r} is not finite")
+    # Targets are float32: 1e39 became inf there and the run stopped at step 1's loss, its cache and checkpoints
+    # written (transformers trains on the inf).
+    if not (math.isfinite(value) and abs(value) <= F32_MAX):
+        raise ValueError(f"{row.where(column)}: regression label {value!r} is not finite (in float32)")
     return float(value)
 
 
