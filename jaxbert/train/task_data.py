@@ -190,11 +190,27 @@ def _records(path: str, delimiter: str):
     limit = csv.field_size_limit(_MAX_CELL)
     try:
         records = [(reader.line_num, fields) for fields in reader]
+        _closed(path, text, records[-2][0] + 1 if len(records) > 1 else 1)
     except csv.Error as e:
         raise ValueError(f"{path}:{reader.line_num}: not valid CSV ({e})") from None
     finally:
         csv.field_size_limit(limit)
     yield from records
+
+
+def _closed(path: str, text: str, start: int) -> None:
+    """The last record, from line `start`, closes its quotes: the csv module (not strict) ends a quoted cell left
+    open at the end of the file there, so one stray quote made the rest of the file one cell, its rows lost inside
+    a text or a label (pandas, behind `datasets`, refuses it: "EOF inside string"). Read strict, only that record
+    (strict also refuses text after a closing quote, which the lenient reading keeps)."""
+    tail = "".join(io.StringIO(text, newline="").readlines()[start - 1 :])
+    try:
+        for _ in csv.reader(io.StringIO(tail, newline=""), strict=True):
+            pass
+    except csv.Error as e:
+        if "unexpected end of data" in str(e):
+            why = "a quoted cell is never closed (its quote runs to the end of the file)"
+            raise ValueError(f"{path}:{start}: {why}") from None
 
 
 def _read_csv(path: str, delimiter: str) -> list[Row]:
