@@ -110,3 +110,30 @@ def test_a_quote_left_open_to_the_end_of_a_csv_file_is_refused(tiny, tmp_path, c
     closed = tmp_path / "closed.csv"  # a quoted cell over two lines, closed, is one text with its line break
     closed.write_text('label,text\npos,fine\nneg,"bad\nday"\npos,good\n')
     assert [r.values["text"] for r in read_rows(str(closed))] == ["fine", "bad\nday", "good"]
+
+
+@pytest.mark.parametrize(
+    "task, row, match",
+    [
+        # A null word or option was "expected a list of strings, got a list": neither the item nor what it is.
+        (
+            "token-classification",
+            {"tokens": ["Anna", None], "ner_tags": ["B-PER", "O"]},
+            "train.jsonl:1: column 'tokens': expected a list of strings; item 1 is null",
+        ),
+        (
+            "multiple-choice",
+            {"context": "he sat", "choices": ["down", 3], "label": 0},
+            "train.jsonl:1: column 'choices': expected a list of strings; item 1 is an integer",
+        ),
+        # -100 (transformers' ignored label) as a tag id: the bound was printed as a placeholder, "[0, n)".
+        (
+            "token-classification",
+            {"tokens": ["Anna", "x"], "ner_tags": [-100, 0]},
+            "train.jsonl:1: column 'ner_tags': label -100 out of range (integer labels are class ids, from 0)",
+        ),
+    ],
+)
+def test_a_bad_item_of_a_list_is_named(tiny, tmp_path, capsys, task, row, match):
+    rows = [row, {"tokens": ["Bob"], "ner_tags": [1]} if task == "token-classification" else row]
+    _refused(tiny, tmp_path, capsys, task, rows, rows, match=match)

@@ -82,8 +82,11 @@ class Row:
         value = self.get(column)
         if not self.typed and isinstance(value, str):
             value = parse_cell(self, column, value, want_list=True)
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        if not isinstance(value, list):
             raise ValueError(f"{self.where(column)}: expected a list of strings, got {_kind(value)}")
+        if (bad := next((i for i, v in enumerate(value) if not isinstance(v, str)), None)) is not None:
+            # "got a list" named neither the item nor what it is (a null word, a number for an option)
+            raise ValueError(f"{self.where(column)}: expected a list of strings; item {bad} is {_kind(value[bad])}")
         return self.unicode(column, value)
 
     def label(self, column: str):

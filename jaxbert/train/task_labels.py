@@ -97,7 +97,8 @@ def _names(items, column: str, fixed, path: str, sentence: bool) -> tuple[tuple[
         _class_label(row, column, value, first, sentence)
         first = first or (row.path, row.line, value)
         if isinstance(value, int) and value < 0:
-            raise ValueError(f"{row.where(column)}: label {value} out of range [0, {len(fixed) if fixed else 'n'})")
+            ids = f"[0, {len(fixed)})" if fixed else "(integer labels are class ids, from 0)"
+            raise ValueError(f"{row.where(column)}: label {value} out of range {ids}")
         if fixed and isinstance(value, int) and value >= len(fixed):
             raise LabelMismatch(f"{row.where(column)}: label {value} out of range [0, {len(fixed)})")
         if fixed and isinstance(value, str) and value not in fixed:
