@@ -137,3 +137,18 @@ def test_a_quote_left_open_to_the_end_of_a_csv_file_is_refused(tiny, tmp_path, c
 def test_a_bad_item_of_a_list_is_named(tiny, tmp_path, capsys, task, row, match):
     rows = [row, {"tokens": ["Bob"], "ner_tags": [1]} if task == "token-classification" else row]
     _refused(tiny, tmp_path, capsys, task, rows, rows, match=match)
+
+
+@pytest.mark.parametrize("short", ["train", "val"])
+def test_mlm_text_shorter_than_one_block_names_its_file(tiny, tmp_path, capsys, short):
+    # Grouped MLM cuts the concatenated texts into whole blocks: a file shorter than one has none. The training file
+    # was "the training set has 0 sequences, fewer than one step needs (8 per batch ...)", the validation file "the
+    # validation set is shorter than one --max-seq-length block", neither naming the file.
+    text = {"train": "the cat sat on the mat\n" * 40, "val": "the dog ran far away\n" * 40}
+    text[short] = "hi\n"
+    for name, content in text.items():
+        (tmp_path / f"{name}.txt").write_text(content)
+    args = ["train-mlm", "--model", tiny, "--train-file", tmp_path / "train.txt", "--output-dir", tmp_path / "out"]
+    args += ["--validation-file", tmp_path / "val.txt", "--max-seq-length", "32", "--no-progress"]
+    cli_fails(capsys, tmp_path, *args, match=f"{short}.txt: shorter than one --max-seq-length block (32 tokens")
+    assert not (tmp_path / "out").exists()

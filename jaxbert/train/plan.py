@@ -228,8 +228,15 @@ def prepare(cfg: TrainConfig) -> Run:
     packed = cfg.line_by_line and cfg.pack
     train_blocks = D.tokenized(tok, train_texts, *args, "train", key, packed)
     val_blocks = D.tokenized(tok, val_texts, *args, "validation", key, packed)
-    if len(val_blocks) == 0:
-        raise ValueError("the validation set is shorter than one --max-seq-length block")
+    # Grouped texts are cut into whole blocks: a set shorter than one has none. Named by its file, not as "fewer
+    # sequences than one step needs" (the training set) or "the validation set" (which file's?).
+    held = cfg.validation_file or f"{cfg.train_file}'s {cfg.validation_split_percentage}% validation split"
+    for where, blocks in ((cfg.train_file, train_blocks), (held, val_blocks)):
+        if len(blocks) == 0:
+            raise ValueError(
+                f"{where}: shorter than one --max-seq-length block ({cfg.max_seq_length} tokens, texts concatenated); "
+                "give more text, a smaller --max-seq-length, or --line-by-line"
+            )
     for name, blocks in (("training", train_blocks), ("validation", val_blocks)):
         _check_vocabulary(blocks.ids, config.vocab_size, tok, name)
     batches = D.Batches(train_blocks, batch, cfg.grad_accum_steps, cfg.seed)
