@@ -3,10 +3,12 @@
 and column, exit 1, nothing written."""
 
 import json
+import os
 
 import pytest
 from conftest import cli_fails, model_dir, train_args
 
+from jaxbert.cli import main
 from jaxbert.train import task_scored
 from jaxbert.train.task_data import Row, read_rows
 from jaxbert.train.task_embedding_rows import triplet_columns
@@ -152,3 +154,21 @@ def test_mlm_text_shorter_than_one_block_names_its_file(tiny, tmp_path, capsys, 
     args += ["--validation-file", tmp_path / "val.txt", "--max-seq-length", "32", "--no-progress"]
     cli_fails(capsys, tmp_path, *args, match=f"{short}.txt: shorter than one --max-seq-length block (32 tokens")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_resume_refused_for_changed_data_leaves_out_as_it_was(tiny, tmp_path, capsys):
+    # The refusal comes after the new data is tokenized: its cache entries stayed in OUT/cache (a run with an earlier
+    # run's metrics.jsonl kept whatever it wrote), one set per refused attempt.
+    out = tmp_path / "out"
+    good = [{"text": "good film", "label": "pos"}, {"text": "bad film", "label": "neg"}] * 2
+    data, held = _jsonl(tmp_path / "train.jsonl", good), _jsonl(tmp_path / "val.jsonl", good)
+    flags = ("--max-seq-length", "32", "--per-device-batch-size", "2", "--save-steps", "1", "--validation-file", held)
+    args = train_args("sequence-classification", tiny, data, out, *flags)
+    assert main([*args, "--max-steps", "1"]) == 0
+    state = lambda: (os.path.getsize(out / "metrics.jsonl"), sorted(os.listdir(out / "cache")))  # noqa: E731
+    before = state()
+    _jsonl(tmp_path / "train.jsonl", [{"text": "great film", "label": "pos"}, *good])
+    capsys.readouterr()
+    cli_fails(capsys, tmp_path, *args, "--max-steps", "2", "--resume", match="was made with train_file_sha256=")
+    assert state() == before
+    assert os.listdir(out / "checkpoints") == ["1"]

@@ -202,14 +202,18 @@ def train(cfg: TrainConfig) -> dict:
 def _undone_on_failure(out: str):
     """A run that fails (or is stopped) before it has logged anything leaves OUT as it found it: the token cache
     entries and the empty checkpoint directory it made while checking its inputs go again (lock.hold then removes
-    an OUT it created). Once metrics.jsonl exists the run has a record, and everything it wrote stays."""
+    an OUT it created). Once it has logged to metrics.jsonl the run has a record, and everything it wrote stays.
+    A resume refused before logging (its data changed) is such a run too: the earlier run's metrics.jsonl is
+    there, as it was (its size), and the refused run's cache entries of the new data went with it no more."""
     cache, checkpoints, metrics = (os.path.join(out, name) for name in ("cache", "checkpoints", "metrics.jsonl"))
-    had = {path: os.path.lexists(path) for path in (cache, checkpoints, metrics)}
+    had = {path: os.path.lexists(path) for path in (cache, checkpoints)}
+    logged = lambda: os.path.getsize(metrics) if os.path.lexists(metrics) else None  # noqa: E731
+    before = logged()
     cached = set(os.listdir(cache)) if os.path.isdir(cache) else set()
     try:
         yield
     except BaseException:
-        if not had[metrics] and not os.path.lexists(metrics):
+        if logged() == before:
             if os.path.isdir(cache) and not os.path.islink(cache):
                 for name in set(os.listdir(cache)) - cached:  # the entries it made: the next run rebuilds them
                     with contextlib.suppress(OSError):
