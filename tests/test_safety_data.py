@@ -9,6 +9,7 @@ import pytest
 from conftest import cli_fails, model_dir, train_args
 
 from jaxbert.cli import main
+from jaxbert.tokenizer import WordPiece
 from jaxbert.train import task_scored
 from jaxbert.train.task_data import Row, read_rows
 from jaxbert.train.task_embedding_rows import triplet_columns
@@ -172,3 +173,54 @@ def test_a_resume_refused_for_changed_data_leaves_out_as_it_was(tiny, tmp_path, 
     cli_fails(capsys, tmp_path, *args, "--max-steps", "2", "--resume", match="was made with train_file_sha256=")
     assert state() == before
     assert os.listdir(out / "checkpoints") == ["1"]
+
+
+def _datasets_cut(rows: int, percentage: int) -> int:
+    """Where run_mlm.py / run_clm.py's `train[:P%]` ends: datasets' _pct_to_abs_closest (its default rounding)."""
+    return int(round(percentage * rows / 100.0))
+
+
+@pytest.mark.parametrize("rows, percentage", [(30, 5), (70, 5), (50, 5), (27, 10)])
+def test_the_validation_split_holds_out_the_lines_run_mlm_holds_out(tiny, tmp_path, rows, percentage):
+    # jaxbert took the floor of P% of the lines, datasets rounds to the closest: 30 lines at 5% held out 1 line where
+    # run_mlm.py validates on 2 (and trains on one line fewer).
+    from jaxbert.train.config import TrainConfig
+    from jaxbert.train.plan import prepare
+
+    lines = [f"line {i} of the corpus" for i in range(rows)]
+    (tmp_path / "t.txt").write_text("\n".join(lines) + "\n")
+    cfg = TrainConfig(
+        tiny, str(tmp_path / "t.txt"), str(tmp_path / "o"), max_seq_length=16, global_batch_size=2,
+        line_by_line=True, pack=False, validation_split_percentage=percentage,
+    )  # fmt: skip
+    run = prepare(cfg)
+    cut = _datasets_cut(rows, percentage)
+    assert (len(run.val), len(run.train.blocks)) == (cut, rows - cut)
+    tok = WordPiece.from_dir(tiny)
+    assert [tok.decode([int(i) for i in row[0] if i > 102]) for row in run.val] == lines[:cut]
+    # A checkpoint cut by the floor (an earlier version's meta, without the key) is refused where the cuts differ.
+    floor = rows * percentage // 100
+    assert run.split == ({"validation_rows": cut} if cut != floor else {})
+
+
+def test_a_task_s_validation_split_holds_out_the_rows_run_clm_holds_out(tiny, tmp_path):
+    from jaxbert.train.config import TrainConfig
+    from jaxbert.train.task_plan import prepare
+
+    rows = [{"text": f"text number {i}", "label": ["pos", "neg"][i % 2]} for i in range(30)]
+    data = _jsonl(tmp_path / "t.jsonl", rows)
+    cfg = TrainConfig(tiny, data, str(tmp_path / "o"), task="sequence-classification", max_seq_length=16,
+                      global_batch_size=2, validation_split_percentage=5)  # fmt: skip
+    run = prepare(cfg)
+    assert (len(run.val), len(run.train.blocks)) == (_datasets_cut(30, 5), 28) == (2, 28)
+
+
+def test_a_checkpoint_cut_by_the_floor_is_refused_where_the_cut_moved():
+    from jaxbert.train.checkpoints import check_meta
+    from jaxbert.train.config import held_out
+
+    earlier = {"model_config": {"hidden_size": 32}, "validation_split_percentage": 5}  # no validation_rows
+    moved = {**earlier, **held_out(30, 5)[1]}  # 30 lines: the floor held out 1, datasets' rounding 2
+    with pytest.raises(ValueError, match=r"was made with validation_rows=None, this run has 2$"):
+        check_meta(earlier, moved, "checkpoint 1")
+    check_meta(earlier, {**earlier, **held_out(40, 5)[1]}, "checkpoint 1")  # 40 lines: 2 either way, resumed

@@ -436,6 +436,16 @@ RANGES = {
 }
 
 
+def held_out(rows: int, percentage: int) -> tuple[int, dict]:
+    """(how many of the first `rows` --validation-split-percentage holds out, the checkpoint meta that records it).
+    run_mlm.py and run_clm.py take `train[:P%]` and `train[P%:]`, which datasets cuts at round(P% of rows) (Python's
+    round: halves to even); jaxbert took the floor, holding out one line fewer in about half the files (30 lines
+    at 5%: 1, not 2). The meta names the cut only where the floor's differs, so a checkpoint of an earlier version,
+    cut there by the floor, is refused on resume exactly when this run would hold out other rows."""
+    cut = int(round(rows * percentage / 100))
+    return cut, ({"validation_rows": cut} if cut != rows * percentage // 100 else {})
+
+
 def total_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
     """--max-steps, else --num-train-epochs of `steps_per_epoch`: at most MAX_STEPS, or the schedule's first
     call overflows int32 (a traceback after the first evaluation)."""

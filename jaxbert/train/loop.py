@@ -122,6 +122,7 @@ def _meta(run, step: int) -> dict:
         "train_file_sha256": checkpoints.file_sha256(run.cfg.train_file),  # the same data, not only as many
         # The share of it held out for validation (None: a validation file; it all trains): the same training rows.
         "validation_split_percentage": None if run.cfg.validation_file else run.cfg.validation_split_percentage,
+        **run.split,  # the rows it holds out, where an earlier version's floor held out others
         # best/ and early stopping compare evaluations across the run: on another validation set they would mix two.
         "validation_file_sha256": run.cfg.validation_file and checkpoints.file_sha256(run.cfg.validation_file),
         "tokenizer_sha256": D.tokenizer_key(run.cfg.model, D.TOKENIZER_FILES),  # another vocabulary: other ids

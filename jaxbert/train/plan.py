@@ -18,7 +18,7 @@ from jaxbert import cpu, distributed, malloc, sharding
 from jaxbert.config import BertConfig, padding_id
 from jaxbert.texts import read_text_file
 from jaxbert.train import data as D
-from jaxbert.train.config import TrainConfig, total_steps
+from jaxbert.train.config import TrainConfig, held_out, total_steps
 from jaxbert.train.masking import default_max_predictions, mask_tokens
 from jaxbert.train.state import mlm_params
 from jaxbert.train.step import eval_step
@@ -42,6 +42,7 @@ class Run:
     metric: str | None = None  # --metric-for-best-model (None: no OUT/best)
     packed: bool = False  # line-by-line rows hold several lines (segment_ids and position_ids from data.positions)
     tokens: int | None = None  # the tokenizer's vocabulary size: random replacements are drawn below it
+    split: dict = dataclasses.field(default_factory=dict)  # config.held_out's meta of --validation-split-percentage
     head = "BertForMaskedLM"
 
     def say(self, message: str) -> None:
@@ -208,12 +209,12 @@ def prepare(cfg: TrainConfig) -> Run:
 
     config, batch = model_and_batch(cfg)
     n = jax.device_count()
-    train_text = _texts(cfg.train_file, "--train-file")
+    train_text, split = _texts(cfg.train_file, "--train-file"), {}
     if cfg.validation_file:
         val_texts = _texts(cfg.validation_file, "--validation-file").texts
         train_texts = train_text.texts
     else:
-        cut = len(train_text.texts) * cfg.validation_split_percentage // 100
+        cut, split = held_out(len(train_text.texts), cfg.validation_split_percentage)
         if cut == 0:
             raise ValueError(
                 f"{cfg.train_file}: {len(train_text.texts)} lines leave no validation set at "
@@ -265,6 +266,7 @@ def prepare(cfg: TrainConfig) -> Run:
         warmup,
         packed=packed,
         tokens=len(tok.vocab),  # as the collator's len(tokenizer): a padded vocab_size's last rows have no token
+        split=split,
     )
     if cfg.metric_for_best_model or cfg.early_stopping_patience:
         from jaxbert.train.task_table import metric_name

@@ -21,7 +21,7 @@ from jaxbert.seq2seq import config_sides
 from jaxbert.train import data as D
 from jaxbert.train import task_encode as E
 from jaxbert.train import task_pack as P
-from jaxbert.train.config import PACKED_TASKS, TrainConfig, total_steps
+from jaxbert.train.config import PACKED_TASKS, TrainConfig, held_out, total_steps
 from jaxbert.train.plan import model_and_batch
 from jaxbert.train.step import task_eval_step
 from jaxbert.train.task_data import read_rows
@@ -44,6 +44,7 @@ class TaskRun:
     renew: str | None = None  # why the checkpoint's classifier is not reused (its labels are not the data's)
     cols: tuple = ()  # the columns read (Task.resolve: scored pairs' texts may be found by position)
     log: list[str] = dataclasses.field(default_factory=list)
+    split: dict = dataclasses.field(default_factory=dict)  # config.held_out's meta of --validation-split-percentage
 
     @property
     def head(self) -> str:
@@ -196,11 +197,11 @@ def prepare(cfg: TrainConfig, task: Task | None = None) -> TaskRun:
     config, batch = model_and_batch(cfg)
     n = jax.device_count()
     lines = cols[0] if task.lines else None
-    train_rows = read_rows(cfg.train_file, "--train-file", lines)
+    train_rows, split = read_rows(cfg.train_file, "--train-file", lines), {}
     if cfg.validation_file:
         val_rows = read_rows(cfg.validation_file, "--validation-file", lines)
     else:
-        cut = len(train_rows) * cfg.validation_split_percentage // 100
+        cut, split = held_out(len(train_rows), cfg.validation_split_percentage)
         if cut == 0:
             raise ValueError(
                 f"{cfg.train_file}: {len(train_rows)} examples leave no validation set at "
@@ -263,7 +264,7 @@ def prepare(cfg: TrainConfig, task: Task | None = None) -> TaskRun:
     total = total_steps(cfg, batches.steps_per_epoch)
     warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * total)
     run = TaskRun(cfg, labelled_config(config, task, labels), task, labels, batches, val, total, warmup, metric, renew)
-    run.cols = cols
+    run.cols, run.split = cols, split
     named = f"{len(labels.names)} labels ({_names(labels.names)})"
     run.say(
         f"data: {len(train)} training and {len(val)} validation examples ({task.name}"
