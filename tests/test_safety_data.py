@@ -2,6 +2,7 @@
 (sentence-transformers' data collator, transformers' run_*.py), or the row is refused in one line naming file, line
 and column, exit 1, nothing written."""
 
+import dataclasses
 import json
 import os
 
@@ -213,6 +214,9 @@ def test_a_task_s_validation_split_holds_out_the_rows_run_clm_holds_out(tiny, tm
                       global_batch_size=2, validation_split_percentage=5)  # fmt: skip
     run = prepare(cfg)
     assert (len(run.val), len(run.train.blocks)) == (_datasets_cut(30, 5), 28) == (2, 28)
+    assert run.split == {"validation_rows": 2}  # the floor held out 1
+    held = dataclasses.replace(cfg, validation_file=data, validation_split_percentage=None)
+    assert prepare(held).split == {}
 
 
 def test_a_checkpoint_cut_by_the_floor_is_refused_where_the_cut_moved():

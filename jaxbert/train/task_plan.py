@@ -197,11 +197,11 @@ def prepare(cfg: TrainConfig, task: Task | None = None) -> TaskRun:
     config, batch = model_and_batch(cfg)
     n = jax.device_count()
     lines = cols[0] if task.lines else None
-    train_rows, split = read_rows(cfg.train_file, "--train-file", lines), {}
+    train_rows, held = read_rows(cfg.train_file, "--train-file", lines), {}
     if cfg.validation_file:
         val_rows = read_rows(cfg.validation_file, "--validation-file", lines)
     else:
-        cut, split = held_out(len(train_rows), cfg.validation_split_percentage)
+        cut, held = held_out(len(train_rows), cfg.validation_split_percentage)
         if cut == 0:
             raise ValueError(
                 f"{cfg.train_file}: {len(train_rows)} examples leave no validation set at "
@@ -264,7 +264,7 @@ def prepare(cfg: TrainConfig, task: Task | None = None) -> TaskRun:
     total = total_steps(cfg, batches.steps_per_epoch)
     warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * total)
     run = TaskRun(cfg, labelled_config(config, task, labels), task, labels, batches, val, total, warmup, metric, renew)
-    run.cols, run.split = cols, split
+    run.cols, run.split = cols, held
     named = f"{len(labels.names)} labels ({_names(labels.names)})"
     run.say(
         f"data: {len(train)} training and {len(val)} validation examples ({task.name}"
