@@ -228,3 +228,25 @@ def test_a_checkpoint_cut_by_the_floor_is_refused_where_the_cut_moved():
     with pytest.raises(ValueError, match=r"was made with validation_rows=None, this run has 2$"):
         check_meta(earlier, moved, "checkpoint 1")
     check_meta(earlier, {**earlier, **held_out(40, 5)[1]}, "checkpoint 1")  # 40 lines: 2 either way, resumed
+
+
+@pytest.mark.parametrize(
+    "task, flags, match",
+    [
+        ("sequence-classification", (), "train.jsonl: the training set has 2 sequences, fewer than one step needs (8"),
+        # 4 lines packed into one row: "1 sequences" read as lines lost
+        ("mlm", ("--line-by-line",), "train.txt: the training set has 1 sequences, fewer than one step needs (2 per "),
+    ],
+)
+def test_a_batch_larger_than_the_training_set_names_the_file(tiny, tmp_path, capsys, task, flags, match):
+    # The refusal named no file (transformers' Trainer would train on a short batch; jaxbert refuses, as before).
+    if task == "mlm":
+        path = tmp_path / "train.txt"
+        path.write_text("the cat sat\nthe dog ran\nbirds fly\nfish swim\n")
+        flags = (*flags, "--per-device-batch-size", "2")
+        match += "batch × 1 accumulation steps) (its lines share packed rows: --no-pack reads one a row)"
+    else:
+        path = _jsonl(tmp_path / "train.jsonl", GOOD)
+    args = train_args(task, tiny, path, tmp_path / "out", "--max-seq-length", "32", *flags)
+    cli_fails(capsys, tmp_path, *args, match=match)
+    assert not (tmp_path / "out").exists()

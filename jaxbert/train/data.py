@@ -122,6 +122,20 @@ def tokenizer_key(directory: str, names: tuple[str, ...] = TOKENIZER_FILES + SPE
     return h.hexdigest()
 
 
+class TooFewForAStep(ValueError):
+    """A training set smaller than one optimizer step (Batches); `of_file` names its file."""
+
+
+def of_file(path: str, packed: bool, make):
+    """make() (a Batches), its refusal of a set smaller than one step naming the training file `path` (the message
+    named no file, and its count of packed rows looked like lines lost)."""
+    try:
+        return make()
+    except TooFewForAStep as e:
+        hint = " (its lines share packed rows: --no-pack reads one a row)" if packed else ""
+        raise ValueError(f"{path}: {e}{hint}") from None
+
+
 @dataclasses.dataclass
 class Batches:
     """Deterministic batches of `blocks`: step s uses rows of a per-epoch permutation seeded by (seed, epoch). Every
@@ -137,7 +151,7 @@ class Batches:
         self.per_step = self.batch_size * self.accum
         self.steps_per_epoch = -(-len(self.blocks) // self.per_step)
         if len(self.blocks) < self.per_step:
-            raise ValueError(
+            raise TooFewForAStep(
                 f"the training set has {len(self.blocks)} sequences, fewer than one step needs "
                 f"({self.batch_size} per batch × {self.accum} accumulation steps)"
             )

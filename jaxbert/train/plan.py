@@ -240,7 +240,7 @@ def prepare(cfg: TrainConfig) -> Run:
             )
     for name, blocks in (("training", train_blocks), ("validation", val_blocks)):
         _check_vocabulary(blocks.ids, config.vocab_size, tok, name)
-    batches = D.Batches(train_blocks, batch, cfg.grad_accum_steps, cfg.seed)
+    batches = D.of_file(cfg.train_file, packed, lambda: D.Batches(train_blocks, batch, cfg.grad_accum_steps, cfg.seed))
     total = total_steps(cfg, batches.steps_per_epoch)
     warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * total)
     continuation = None

@@ -255,12 +255,13 @@ def prepare(cfg: TrainConfig, task: Task | None = None) -> TaskRun:
     longest = max(n for _, n in sides) if sides else cfg.max_seq_length
     buckets = batching.length_buckets(longest)
     packed = cfg.pack and task.name in PACKED_TASKS
+    common = (train, batch, cfg.grad_accum_steps, cfg.seed, buckets, padding_id(config))
     if packed:
         segments = P.segments_per_row(train, cfg.max_seq_length)
-        args = (cfg.max_seq_length, segments, n)
-        batches = P.PackedTaskBatches(train, batch, cfg.grad_accum_steps, cfg.seed, buckets, padding_id(config), *args)
+        make = lambda: P.PackedTaskBatches(*common, cfg.max_seq_length, segments, n)  # noqa: E731
     else:
-        batches = E.TaskBatches(train, batch, cfg.grad_accum_steps, cfg.seed, buckets, padding_id(config))
+        make = lambda: E.TaskBatches(*common)  # noqa: E731
+    batches = D.of_file(cfg.train_file, False, make)  # packed per step: the count is of examples
     total = total_steps(cfg, batches.steps_per_epoch)
     warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * total)
     run = TaskRun(cfg, labelled_config(config, task, labels), task, labels, batches, val, total, warmup, metric, renew)
