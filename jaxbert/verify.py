@@ -24,17 +24,29 @@ SENTENCES = (
 
 def fixed_batch(config: BertConfig, head: str, directory: str | None = None) -> dict[str, np.ndarray]:
     """Sentence pairs through the checkpoint's tokenizer when it has one (realistic activations), else
-    deterministic random ids; either way with padded rows and token types 0/1."""
+    deterministic random ids; either way with padded rows, and token types 0/1 where the model has two."""
     try:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(directory)
         feed = dict(tokenizer(*map(list, zip(*SENTENCES)), padding=True, return_tensors="np"))
-        if int(feed["input_ids"].max()) < config.vocab_size:
+        if _fits(config, feed):
             return {k: v[None] for k, v in feed.items()} if head == "BertForMultipleChoice" else feed
     except (OSError, ValueError, TypeError):  # no tokenizer files in the source: random ids below
         pass
     return _random_batch(config, head)
+
+
+def _fits(config: BertConfig, feed: dict[str, np.ndarray]) -> bool:
+    """Whether the tokenized pairs index inside the model's tables: a model with one token type (or fewer
+    positions than the pairs' tokens) made PyTorch's reference fail with a traceback (IndexError) instead of
+    verifying."""
+    types = feed.get("token_type_ids", np.zeros(1, np.int64))
+    return (
+        int(feed["input_ids"].max()) < config.vocab_size
+        and int(types.max()) < config.type_vocab_size
+        and feed["input_ids"].shape[-1] <= config.max_position_embeddings
+    )
 
 
 def _random_batch(config: BertConfig, head: str, batch: int = 3, length: int = 16) -> dict[str, np.ndarray]:
