@@ -59,6 +59,11 @@ def _is_index(key) -> bool:
     return _is_kind(key, int) or (isinstance(key, str) and key.isdigit() and key.isascii())
 
 
+def is_class_list(value) -> bool:
+    """config.json's `architectures`: a list of class names (a string would be taken apart into characters)."""
+    return isinstance(value, (list, tuple)) and all(isinstance(a, str) for a in value)
+
+
 def padding_id(config) -> int:
     """The id jaxbert's own batches pad with (unattended, and no label): the config's pad_token_id, else (null:
     transformers' BertEmbeddings then has no padding_idx) 0, BERT's [PAD], which its tokenizers pad with."""
@@ -130,9 +135,7 @@ class BertConfig:
             isinstance(self.label2id, dict) and all(_is_kind(v, int) for v in self.label2id.values())
         ):
             self._bad("label2id", "must be an object of label name -> label index")
-        if self.architectures is not None and not (
-            isinstance(self.architectures, (list, tuple)) and all(isinstance(a, str) for a in self.architectures)
-        ):
+        if self.architectures is not None and not is_class_list(self.architectures):
             self._bad("architectures", "must be a list of class names")
         if self.pruned_heads is not None and not (
             isinstance(self.pruned_heads, dict)

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int
 
-from jaxbert.config import BertConfig
+from jaxbert.config import BertConfig, is_class_list
 from jaxbert.files import existing_file, read_json
 from jaxbert.ops import dense, dense_spec
 
@@ -42,6 +42,11 @@ class EncoderDecoderConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "extra", dict(self.extra or {}))
+        if self.architectures is not None:  # a string was written back as its letters: "E", "n", "c", ...
+            if not is_class_list(self.architectures):
+                why = "must be a list of class names"
+                raise ValueError(f"EncoderDecoderConfig.architectures={self.architectures!r}: {why}")
+            object.__setattr__(self, "architectures", tuple(self.architectures))
         if not (self.decoder.is_decoder and self.decoder.add_cross_attention):
             raise ValueError("EncoderDecoderConfig.decoder: needs is_decoder=true and add_cross_attention=true")
         cross = self.decoder.extra.get("cross_attention_hidden_size")
@@ -95,7 +100,7 @@ class EncoderDecoderConfig:
         data.pop("is_encoder_decoder", None)
         kwargs = {k: data.pop(k) for k in _TOP_KEYS if k in data}
         architectures = data.pop("architectures", None) or (ARCHITECTURE,)
-        return cls(**parts, **kwargs, architectures=tuple(architectures), extra=data)
+        return cls(**parts, **kwargs, architectures=architectures, extra=data)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -6,7 +6,7 @@ repeated here)."""
 import json
 
 import pytest
-from conftest import model_dir
+from conftest import bert2bert_dir, cli_fails, model_dir
 
 from jaxbert.cli import main
 
@@ -32,3 +32,21 @@ def test_verify_runs_models_whose_tables_the_tokenized_pairs_do_not_fit(tmp_path
     assert "verify last_hidden_state" in out and "verify pooler_output" in out
     assert all(line.endswith(" ok") for line in out.splitlines() if line.strip().startswith("verify ")), out
     assert json.loads((tmp_path / "dst" / "config.json").read_text())[next(iter(sizes))] == next(iter(sizes.values()))
+
+
+def _edit(path, **changes):
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+@pytest.mark.parametrize("value", ["EncoderDecoderModel", 5, [5]])
+def test_a_bert2bert_s_architectures_must_be_a_list_of_class_names(tmp_path, capsys, value):
+    """A bert2bert config.json's architectures "EncoderDecoderModel" (a string, which transformers keeps as it is)
+    was taken apart: convert wrote ["E", "n", "c", ...] into the new config.json; 5 failed as "'int' object is not
+    iterable" and [5] was written back. Refused as BertConfig refuses them, naming the file and key."""
+    src = tmp_path / "src"
+    bert2bert_dir(src)
+    _edit(src / "config.json", architectures=value)
+    capsys.readouterr()  # transformers' progress bars
+    why = f"config.json: EncoderDecoderConfig.architectures={value!r}: must be a list of class names"
+    cli_fails(capsys, tmp_path, "convert", src, match=why)
+    cli_fails(capsys, tmp_path, "info", src, match=why)
