@@ -11,8 +11,10 @@ decoder from decoder_start_token_id, else bos_token_id (generation/utils.py `_pr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import re
 
 import numpy as np
 
@@ -78,6 +80,26 @@ def _from_model_config(data: dict) -> dict:
     return {**{k: decoder[k] for k in _READ if decoder.get(k) is not None}, **settings}
 
 
+class FileSettings(dict):
+    """A generation config read from `path` (generation_config.json, else config.json), for `resolve`'s errors."""
+
+    path: str | None = None
+
+
+@contextlib.contextmanager
+def _naming_the_file(settings: dict, given: dict):
+    """An error about a setting the file gave (the caller did not) starts with the file's path: "num_beams 0: must
+    be ≥ 1" from a generation_config.json did not say where the 0 came from, nor that no argument had set it."""
+    try:
+        yield
+    except (TypeError, ValueError) as e:
+        key = re.match(r"\w*", str(e)).group()
+        path = getattr(settings, "path", None)
+        if path and settings.get(key) is not None and given.get(key) is None:
+            raise type(e)(f"{path}: {e}") from None
+        raise
+
+
 def file_settings(directory: str | None, config: dict | None = None) -> dict:
     """The generation config of `directory` ({} without a directory); settings jaxbert cannot honour are refused.
     `config`: the config.json to read in place of the directory's (one a training run will write beside the
@@ -96,7 +118,9 @@ def file_settings(directory: str | None, config: dict | None = None) -> dict:
     for key, unchanged in _UNSUPPORTED.items():
         if settings.get(key) is not None and not any(_same(settings[key], v) for v in unchanged):
             raise ValueError(f"{path}: {key}={settings[key]!r} is not implemented by jaxbert's generate")
-    return settings
+    named = FileSettings(settings)
+    named.path = path
+    return named
 
 
 def _same(a, b) -> bool:
@@ -213,6 +237,11 @@ def _warp(o: dict) -> tuple[float, int, float]:
 def resolve(config, settings: dict, given: dict) -> Options:
     """`given` (the caller's arguments, None for unset) over `settings` (the generation config) over the model
     config's special tokens (`config_tokens`) where `settings` has no such key, over transformers' defaults (KNOBS)."""
+    with _naming_the_file(settings, given):
+        return _resolve(config, settings, given)
+
+
+def _resolve(config, settings: dict, given: dict) -> Options:
     tokens = config_tokens(config)
     fallback = {**KNOBS, **{k: None if k in settings else v for k, v in tokens.items()}}
     o = {k: next((v for v in (given.get(k), settings.get(k)) if v is not None), fallback.get(k)) for k in fallback}
@@ -225,6 +254,8 @@ def resolve(config, settings: dict, given: dict) -> Options:
     start = _start_tokens(o["decoder_start_token_id"], V)
     search, expand = _search(o)
     warp = _warp(o) if search.do_sample else (1.0, 0, 1.0)  # greedy and beams ignore them, as transformers does
+    if o["max_new_tokens"] is not None:  # here, where an error can name the file that set it
+        positive_int("max_new_tokens", o["max_new_tokens"])
     seed = given.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed must be an integer, got {type(seed).__name__} {seed!r}")
@@ -251,10 +282,11 @@ def max_new_tokens(
     # Derived counts below 1 are refused as transformers refuses them, naming what set them (not max_new_tokens).
     if n is None and settings.get("max_length") is not None:  # null: unset, as transformers reads it
         n = positive_int("max_length", settings["max_length"]) - prompt_length
-        if n < 1:
+        if n < 1 or prompt_length + n > limit:  # not "max_new_tokens 999999998", a setting never given
+            why = f"exceeds max_position_embeddings {limit}" if n > 0 else "leaves no room for new tokens after the"
             raise ValueError(
-                f"max_length {settings['max_length']} (generation_config.json, else config.json) leaves no room "
-                f"for new tokens after the {prompt} {prompt_length}; pass max_new_tokens"
+                f"max_length {settings['max_length']} (generation_config.json, else config.json) {why}"
+                + ("" if n > 0 else f" {prompt} {prompt_length}; pass max_new_tokens")
             )
     elif n is None:
         n = min(20, limit - prompt_length) if capped else 20

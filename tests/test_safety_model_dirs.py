@@ -50,3 +50,50 @@ def test_a_bert2bert_s_architectures_must_be_a_list_of_class_names(tmp_path, cap
     why = f"config.json: EncoderDecoderConfig.architectures={value!r}: must be a list of class names"
     cli_fails(capsys, tmp_path, "convert", src, match=why)
     cli_fails(capsys, tmp_path, "info", src, match=why)
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    return model_dir(tmp_path_factory.mktemp("lm"), "BertLMHeadModel", is_decoder=True, num_hidden_layers=1)
+
+
+@pytest.mark.parametrize(
+    "settings,why",
+    [
+        ({"num_beams": 0}, "num_beams 0: must be ≥ 1"),
+        ({"num_beams": "2"}, "num_beams must be an integer, got str '2'"),
+        ({"do_sample": True, "temperature": float("nan")}, "temperature nan: must be in (0.0, inf)"),
+        ({"eos_token_id": [7, 10**6]}, "eos_token_id [7, 1000000]: token ids must be integers in [0, vocab_size="),
+        ({"max_new_tokens": -3}, "max_new_tokens -3: must be ≥ 1"),
+    ],
+)
+def test_a_generation_config_s_bad_value_is_named_with_its_file(lm, tmp_path, capsys, settings, why):
+    """A bad value of generation_config.json was reported as "num_beams 0: must be ≥ 1", as if an argument had set
+    it: no argument had, and the message did not say which file had. It now starts with the file; the same value
+    given as an argument is reported as before, without the file."""
+    import shutil
+
+    directory = tmp_path / "lm"
+    shutil.copytree(lm, directory)
+    (directory / "generation_config.json").write_text(json.dumps(settings))
+    path = directory / "generation_config.json"
+    key, value = next((k, v) for k, v in settings.items() if k != "do_sample")
+    length = [] if key == "max_new_tokens" else ["--max-new-tokens=2"]
+    cli_fails(capsys, tmp_path, "generate", directory, "hello", *length, match=f"{path}: {why}")
+    if key in ("num_beams", "max_new_tokens") and isinstance(value, int):
+        (directory / "generation_config.json").write_text("{}")
+        flag = f"--{key.replace('_', '-')}={value}"
+        line = cli_fails(capsys, tmp_path, "generate", directory, "hello", *length, flag, match=why)
+        assert str(path) not in line
+
+
+def test_a_generation_config_s_max_length_beyond_the_positions_is_named(lm, tmp_path, capsys):
+    """max_length 10**9 (generation_config.json) was reported as "max_new_tokens 999999998 ... exceeds
+    max_position_embeddings 40", a setting no one gave."""
+    import shutil
+
+    directory = tmp_path / "lm"
+    shutil.copytree(lm, directory)
+    (directory / "generation_config.json").write_text(json.dumps({"max_length": 10**9}))
+    why = "max_length 1000000000 (generation_config.json, else config.json) exceeds max_position_embeddings 40"
+    cli_fails(capsys, tmp_path, "generate", directory, "hello", match=why)
