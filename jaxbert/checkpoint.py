@@ -185,9 +185,13 @@ def _read_sharded(index_path: str, read_one) -> dict[str, np.ndarray]:
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise ValueError(f"{index_path}: weight_map must be an object of tensor name -> shard file name")
     directory = os.path.dirname(index_path)
-    state, origin = {}, {}
+    state, origin, files = {}, {}, {}
     for shard in sorted(set(weight_map.values())):
         path = checkpoint_file(directory, shard)
+        # One file named two ways ("./a" and "a") is read once, as transformers reads it: its keys were refused
+        # as "also in shard ./a", though no key had two values to choose between.
+        files.setdefault(os.path.realpath(path), (shard, path))
+    for shard, path in files.values():
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path}: shard named by {os.path.basename(index_path)} not found")
         for key, value in read_one(path).items():

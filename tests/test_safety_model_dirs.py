@@ -4,9 +4,11 @@ line naming the file, key and problem, with nothing written (the tests the other
 repeated here)."""
 
 import json
+import os
 
 import pytest
 from conftest import bert2bert_dir, cli_fails, model_dir
+from safetensors.numpy import load_file, save_file
 
 from jaxbert.cli import main
 
@@ -97,3 +99,29 @@ def test_a_generation_config_s_max_length_beyond_the_positions_is_named(lm, tmp_
     (directory / "generation_config.json").write_text(json.dumps({"max_length": 10**9}))
     why = "max_length 1000000000 (generation_config.json, else config.json) exceeds max_position_embeddings 40"
     cli_fails(capsys, tmp_path, "generate", directory, "hello", match=why)
+
+
+def test_a_shard_index_naming_one_file_two_ways_loads_as_in_transformers(tmp_path, capsys):
+    """An index whose weight_map names one shard as "model-1.safetensors" for some keys and "./model-1.safetensors"
+    for others (transformers loads it) was refused: "key ... is also in shard ./model-1.safetensors", the same file
+    read twice. A key that two files hold is still refused."""
+    src = tmp_path / "src"
+    model_dir(src, num_hidden_layers=1)
+    state = load_file(src / "model.safetensors")
+    os.remove(src / "model.safetensors")
+    keys = sorted(state)
+    halves = {"model-1.safetensors": keys[::2], "model-2.safetensors": keys[1::2]}
+    for name, part in halves.items():
+        save_file({k: state[k] for k in part}, src / name, metadata={"format": "pt"})
+    weight_map = {k: f"./{name}" if i % 2 else name for name, part in halves.items() for i, k in enumerate(part)}
+    (src / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    reference = pytest.importorskip("transformers").BertModel.from_pretrained(src).state_dict()
+    rc, out, err = _cli(capsys, "convert", src, tmp_path / "jax")
+    assert rc == 0, err
+    exported = tmp_path / "exported"
+    assert _cli(capsys, "export", tmp_path / "jax", exported)[0] == 0
+    for key, value in load_file(exported / "model.safetensors").items():
+        assert (value == reference[key].numpy()).all(), key
+    second = {k: state[k] for k in [keys[0], *halves["model-2.safetensors"]]}  # the first key in both files
+    save_file(second, src / "model-2.safetensors", metadata={"format": "pt"})
+    cli_fails(capsys, tmp_path, "info", src, match=f"key {keys[0]!r} is also in shard")
