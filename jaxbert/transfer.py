@@ -32,6 +32,7 @@ from jaxbert.convert import canonical_key, cast_checked, flax_to_torch, one_floa
 from jaxbert.files import atomic_directory, check_disjoint, existing_file
 from jaxbert.heads import resolve_head
 from jaxbert.params import count_params
+from jaxbert.sentence_dir import transformer_dir
 from jaxbert.seq2seq import load_config
 from jaxbert.tokenizer import WordPiece
 
@@ -75,7 +76,8 @@ def _read(src: str, dtype: str | None):
         raise FileNotFoundError(f"{src}: no such directory")
     config = load_config(src)
     head = resolve_head(None, config)
-    if existing_file(src, "tokenizer.json") or existing_file(src, "vocab.txt"):
+    model = transformer_dir(src)  # an older sentence-transformers layout keeps the tokenizer in 0_Transformer/
+    if existing_file(model, "tokenizer.json") or existing_file(model, "vocab.txt"):
         WordPiece.from_dir(src)  # copied verbatim later: a corrupt tokenizer fails here, not at the user's first call
     source_file = find_weights(src)
     params, report, head = load_head_params(src, config, head, given=None)

@@ -7,7 +7,7 @@ import json
 import os
 
 import pytest
-from conftest import bert2bert_dir, cli_fails, model_dir
+from conftest import bert2bert_dir, cli_fails, legacy_layout, model_dir
 from safetensors.numpy import load_file, save_file
 
 from jaxbert.cli import main
@@ -125,3 +125,34 @@ def test_a_shard_index_naming_one_file_two_ways_loads_as_in_transformers(tmp_pat
     second = {k: state[k] for k in [keys[0], *halves["model-2.safetensors"]]}  # the first key in both files
     save_file(second, src / "model-2.safetensors", metadata={"format": "pt"})
     cli_fails(capsys, tmp_path, "info", src, match=f"key {keys[0]!r} is also in shard")
+
+
+def _sentence_dir(directory) -> str:
+    """A sentence-transformers directory of a one-layer random BERT: the Transformer at the root, mean pooling."""
+    model_dir(directory, num_hidden_layers=1)
+    (directory / "1_Pooling").mkdir()
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32}))
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    (directory / "modules.json").write_text(json.dumps(modules))
+    return str(directory)
+
+
+@pytest.mark.parametrize(
+    "name,content,why",
+    [
+        ("tokenizer.json", '{"version": "1.0", "model": 7}', "tokenizer.json: not a readable tokenizer file"),
+        ("tokenizer_config.json", '{"model_max_length": 0}', "tokenizer_config.json: model_max_length=0 must be"),
+    ],
+)
+def test_convert_checks_the_tokenizer_of_an_older_sentence_transformers_layout(tmp_path, capsys, name, content, why):
+    """convert checks the tokenizer it copies (a corrupt one fails there, not at the user's first call), but looked
+    for it at the directory's root: a 0_Transformer/ folder's corrupt tokenizer.json was copied, the conversion
+    reported as done, and the converted directory's first embed failed on it."""
+    legacy = legacy_layout(_sentence_dir(tmp_path / "st"), tmp_path / "legacy")
+    with open(os.path.join(legacy, "0_Transformer", name), "w") as f:
+        f.write(content)
+    capsys.readouterr()  # transformers' progress bars
+    cli_fails(capsys, tmp_path, "convert", legacy, match=f"0_Transformer/{why}")
