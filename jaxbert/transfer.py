@@ -29,7 +29,7 @@ from jaxbert.checkpoint import (
 )
 from jaxbert.config import BertConfig
 from jaxbert.convert import canonical_key, cast_checked, flax_to_torch, one_float_dtype
-from jaxbert.files import atomic_directory, check_disjoint, existing_file
+from jaxbert.files import atomic_directory, check_disjoint, existing_file, read_json
 from jaxbert.heads import resolve_head
 from jaxbert.params import count_params
 from jaxbert.sentence_dir import transformer_dir
@@ -79,6 +79,9 @@ def _read(src: str, dtype: str | None):
     model = transformer_dir(src)  # an older sentence-transformers layout keeps the tokenizer in 0_Transformer/
     if existing_file(model, "tokenizer.json") or existing_file(model, "vocab.txt"):
         WordPiece.from_dir(src)  # copied verbatim later: a corrupt tokenizer fails here, not at the user's first call
+    settings = existing_file(model, "generation_config.json")
+    if settings:  # copied verbatim too: broken JSON was copied, and refused by the converted directory's generate
+        read_json(settings)
     source_file = find_weights(src)
     params, report, head = load_head_params(src, config, head, given=None)
     params = params.pop()

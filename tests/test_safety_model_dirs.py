@@ -156,3 +156,16 @@ def test_convert_checks_the_tokenizer_of_an_older_sentence_transformers_layout(t
         f.write(content)
     capsys.readouterr()  # transformers' progress bars
     cli_fails(capsys, tmp_path, "convert", legacy, match=f"0_Transformer/{why}")
+
+
+@pytest.mark.parametrize("content,why", [("{broken", "invalid JSON"), ("[1]", "expected a JSON object, got array")])
+def test_convert_refuses_a_generation_config_it_cannot_read(lm, tmp_path, capsys, content, why):
+    """convert copies generation_config.json verbatim; an unreadable one was copied and the conversion reported as
+    done (modules.json or a tokenizer file as broken is refused there), and the converted directory's generate
+    failed on it. transformers' generate would not run on it either (GenerationConfig.from_pretrained refuses it)."""
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(lm, src)
+    (src / "generation_config.json").write_text(content)
+    cli_fails(capsys, tmp_path, "convert", src, match=f"generation_config.json: {why}")
