@@ -18,7 +18,7 @@ import ml_dtypes
 import numpy as np
 from flax import traverse_util
 
-from jaxbert import hub, seq2seq
+from jaxbert import hub, sentence_dir, seq2seq
 from jaxbert.checkpoint import (
     FLAX_MSGPACK,
     SAFETENSORS,
@@ -32,7 +32,6 @@ from jaxbert.convert import canonical_key, cast_checked, flax_to_torch, one_floa
 from jaxbert.files import atomic_directory, check_disjoint, existing_file, read_json
 from jaxbert.heads import resolve_head
 from jaxbert.params import count_params
-from jaxbert.sentence_dir import transformer_dir
 from jaxbert.seq2seq import load_config
 from jaxbert.tokenizer import WordPiece
 
@@ -76,12 +75,15 @@ def _read(src: str, dtype: str | None):
         raise FileNotFoundError(f"{src}: no such directory")
     config = load_config(src)
     head = resolve_head(None, config)
-    model = transformer_dir(src)  # an older sentence-transformers layout keeps the tokenizer in 0_Transformer/
+    model = sentence_dir.transformer_dir(src)  # where the tokenizer is: 0_Transformer/ in an older layout
     if existing_file(model, "tokenizer.json") or existing_file(model, "vocab.txt"):
         WordPiece.from_dir(src)  # copied verbatim later: a corrupt tokenizer fails here, not at the user's first call
     settings = existing_file(model, "generation_config.json")
     if settings:  # copied verbatim too: broken JSON was copied, and refused by the converted directory's generate
         read_json(settings)
+    # And the sentence-transformers files: an unreadable one fails here (a pipeline jaxbert cannot run is read as
+    # `unsupported`, and still copied for embed to refuse).
+    sentence_dir.read(src)
     source_file = find_weights(src)
     params, report, head = load_head_params(src, config, head, given=None)
     params = params.pop()

@@ -5,6 +5,7 @@ repeated here)."""
 
 import json
 import os
+import shutil
 
 import pytest
 from conftest import bert2bert_dir, cli_fails, legacy_layout, model_dir
@@ -73,10 +74,7 @@ def test_a_generation_config_s_bad_value_is_named_with_its_file(lm, tmp_path, ca
     """A bad value of generation_config.json was reported as "num_beams 0: must be ≥ 1", as if an argument had set
     it: no argument had, and the message did not say which file had. It now starts with the file; the same value
     given as an argument is reported as before, without the file."""
-    import shutil
-
-    directory = tmp_path / "lm"
-    shutil.copytree(lm, directory)
+    directory = shutil.copytree(lm, tmp_path / "lm")
     (directory / "generation_config.json").write_text(json.dumps(settings))
     path = directory / "generation_config.json"
     key, value = next((k, v) for k, v in settings.items() if k != "do_sample")
@@ -92,10 +90,7 @@ def test_a_generation_config_s_bad_value_is_named_with_its_file(lm, tmp_path, ca
 def test_a_generation_config_s_max_length_beyond_the_positions_is_named(lm, tmp_path, capsys):
     """max_length 10**9 (generation_config.json) was reported as "max_new_tokens 999999998 ... exceeds
     max_position_embeddings 40", a setting no one gave."""
-    import shutil
-
-    directory = tmp_path / "lm"
-    shutil.copytree(lm, directory)
+    directory = shutil.copytree(lm, tmp_path / "lm")
     (directory / "generation_config.json").write_text(json.dumps({"max_length": 10**9}))
     why = "max_length 1000000000 (generation_config.json, else config.json) exceeds max_position_embeddings 40"
     cli_fails(capsys, tmp_path, "generate", directory, "hello", match=why)
@@ -163,9 +158,26 @@ def test_convert_refuses_a_generation_config_it_cannot_read(lm, tmp_path, capsys
     """convert copies generation_config.json verbatim; an unreadable one was copied and the conversion reported as
     done (modules.json or a tokenizer file as broken is refused there), and the converted directory's generate
     failed on it. transformers' generate would not run on it either (GenerationConfig.from_pretrained refuses it)."""
-    import shutil
-
-    src = tmp_path / "src"
-    shutil.copytree(lm, src)
+    src = shutil.copytree(lm, tmp_path / "src")
     (src / "generation_config.json").write_text(content)
     cli_fails(capsys, tmp_path, "convert", src, match=f"generation_config.json: {why}")
+
+
+@pytest.mark.parametrize(
+    "name,content,why",
+    [
+        ("1_Pooling/config.json", "{broken", "1_Pooling/config.json: invalid JSON"),
+        ("sentence_bert_config.json", "{broken", "sentence_bert_config.json: invalid JSON"),
+        ("config_sentence_transformers.json", "[1]", "config_sentence_transformers.json: expected a JSON object"),
+        ("sentence_bert_config.json", '{"max_seq_length": -1}', "max_seq_length -1 is not a positive integer"),
+    ],
+)
+def test_convert_refuses_sentence_transformers_files_it_cannot_read(tmp_path, capsys, name, content, why):
+    """convert copies a sentence-transformers directory's files verbatim; a broken Pooling config, settings file or
+    prompts file was copied with the conversion reported as done (a broken modules.json was refused there), and
+    the converted directory's embed (and SentenceTransformer) failed on it."""
+    src = tmp_path / "st"
+    _sentence_dir(src)
+    (src / name).write_text(content)
+    capsys.readouterr()  # transformers' progress bars
+    cli_fails(capsys, tmp_path, "convert", src, match=why)
