@@ -100,8 +100,10 @@ def verify(src: str, dst: str) -> dict[str, tuple[float, float]]:
     feed = fixed_batch(sides[0], head, src)
     if head == "EncoderDecoderModel":  # the decoder reads the start token then the first tokens of the input
         start = config.decoder_start_token_id if config.decoder_start_token_id is not None else 0
+        end = min(5, config.decoder.max_position_embeddings)  # 5 positions crashed a decoder of 4 (RuntimeError)
         feed["decoder_input_ids"] = np.concatenate(
-            [np.full((len(feed["input_ids"]), 1), start), feed["input_ids"][:, 1:5] % config.decoder.vocab_size], axis=1
+            [np.full((len(feed["input_ids"]), 1), start), feed["input_ids"][:, 1:end] % config.decoder.vocab_size],
+            axis=1,
         )
         feed.pop("token_type_ids", None)
     with torch.no_grad():

@@ -181,3 +181,24 @@ def test_convert_refuses_sentence_transformers_files_it_cannot_read(tmp_path, ca
     (src / name).write_text(content)
     capsys.readouterr()  # transformers' progress bars
     cli_fails(capsys, tmp_path, "convert", src, match=why)
+
+
+def test_verify_runs_a_bert2bert_whose_decoder_has_fewer_positions_than_its_prompt(tmp_path, capsys):
+    """convert --verify fed a bert2bert's reference 5 decoder tokens (the start token and 4 of the input): a decoder
+    of 4 positions failed in PyTorch (RuntimeError, a traceback) though the checkpoint is valid. It now reads as
+    many as the decoder holds."""
+    transformers = pytest.importorskip("transformers")
+    src = model_dir(tmp_path / "src")  # the tokenizer files; the weights are replaced below
+    sizes = dict(vocab_size=30522, num_hidden_layers=1, intermediate_size=37)
+    enc = transformers.BertConfig(hidden_size=32, num_attention_heads=4, max_position_embeddings=40, **sizes)
+    dec = transformers.BertConfig(
+        hidden_size=24, num_attention_heads=3, is_decoder=True, add_cross_attention=True, max_position_embeddings=4,
+        **sizes,
+    )  # fmt: skip
+    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(enc, dec, decoder_start_token_id=101)
+    transformers.EncoderDecoderModel(config=config).save_pretrained(src)
+    capsys.readouterr()
+    rc, out, err = _cli(capsys, "convert", src, tmp_path / "dst", "--verify")
+    assert rc == 0, err
+    lines = [line.strip() for line in out.splitlines() if line.strip().startswith("verify ")]
+    assert [line.split()[1] for line in lines] == ["logits", "greedy"] and all(x.endswith(" ok") for x in lines), out
