@@ -1,7 +1,8 @@
-"""What jaxbert reads from a model directory, attacked: configs and generation configs whose values are wrong or odd,
-models whose tables are smaller than a tokenizer's output. Each case ends as transformers would end it or in one
-line naming the file, key and problem, with nothing written (the tests the other test_safety_*.py files hold are not
-repeated here)."""
+"""What jaxbert reads from a model directory, attacked: config.json and generation_config.json values that are wrong
+or odd, a shard index naming one file two ways, broken files that convert copies verbatim (a tokenizer in an older
+sentence-transformers layout, the generation config, the sentence-transformers files), models whose tables are
+smaller than convert --verify's batch. Each case ends as transformers would end it or in one line naming the file,
+key and problem, with nothing written (what the other test_safety_*.py files test is not repeated here)."""
 
 import json
 import os
