@@ -117,6 +117,17 @@ def _with_unknown(path: str, tok: Tokenizer) -> Tokenizer:
     return tok
 
 
+def _no_byte_order_mark(path: str) -> None:
+    """vocab.txt has no UTF-8 byte order mark: BertWordPieceTokenizer (and transformers' BertTokenizer) would keep
+    it as part of the first token, so "[PAD]" there became "\ufeff[PAD]", unknown to the tokenizer, and the error
+    named a special token, not the mark."""
+    with open(path, "rb") as f:
+        if f.read(3) == b"\xef\xbb\xbf":
+            first = f.readline().decode("utf-8", "replace").rstrip("\r\n")
+            raise ValueError(f"{path}: starts with a UTF-8 byte order mark, which would be part of its first token "
+                             f"({first!r}); save the file without one")  # fmt: skip
+
+
 def _tokens(value) -> list:
     """The token strings of a special-tokens entry: a string, an AddedToken dict, or a list of them."""
     if isinstance(value, list):
@@ -426,6 +437,7 @@ class WordPiece:
         vocab = existing_file(directory, "vocab.txt")
         if not vocab:
             raise FileNotFoundError(f"{directory}: no tokenizer (looked for tokenizer.json, vocab.txt)")
+        _no_byte_order_mark(vocab)
         _builds_bert_tokenizer(directory, config, config_path, vocab_only=True)
         side = _side(config, config_path, "truncation_side")
         options.update(special)

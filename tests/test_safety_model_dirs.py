@@ -203,3 +203,21 @@ def test_verify_runs_a_bert2bert_whose_decoder_has_fewer_positions_than_its_prom
     assert rc == 0, err
     lines = [line.strip() for line in out.splitlines() if line.strip().startswith("verify ")]
     assert [line.split()[1] for line in lines] == ["logits", "greedy"] and all(x.endswith(" ok") for x in lines), out
+
+
+def test_a_vocab_txt_with_a_byte_order_mark_is_named(tmp_path, capsys):
+    """A vocab.txt saved with a UTF-8 byte order mark: transformers' BertTokenizer keeps the mark as part of the
+    first token ("\\ufeff[PAD]"), so [PAD] is no token of it; jaxbert's refusal named special_tokens_map.json's
+    [PAD], not the mark. It names the mark and the file."""
+    from transformers import BertTokenizer
+
+    src = tmp_path / "src"
+    model_dir(src, num_hidden_layers=1)
+    (src / "tokenizer.json").unlink()  # the vocab.txt path
+    vocab = src / "vocab.txt"
+    vocab.write_bytes(b"\xef\xbb\xbf" + vocab.read_bytes())
+    theirs = BertTokenizer(str(vocab))
+    assert theirs.convert_tokens_to_ids("\ufeff[PAD]") == 0 and theirs.convert_tokens_to_ids("[PAD]") != 0
+    capsys.readouterr()
+    why = "vocab.txt: starts with a UTF-8 byte order mark, which would be part of its first token ('[PAD]')"
+    cli_fails(capsys, tmp_path, "convert", src, match=why)
