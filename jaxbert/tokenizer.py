@@ -570,12 +570,13 @@ class WordPiece:
             [e.special_tokens_mask for e in encs],
         )
 
-    def _clip(self, text: str, limit: int, floor: int = 0) -> str:
+    def _clip(self, text: str, limit: int, floor: int = 0, step: int | None = None) -> str:
         """`text` cut at a space once the part before holds more than `limit` tokens, which truncation keeps the
         first of: the tokenizers library encodes a whole text before cutting it, and a 100 MB line took some 15 GB of
         token records (1.7 GB for 11 MB) to keep 128 tokens. Counted a chunk at a time between spaces, each chunk's
-        tokens are the whole text's there (_splits_at_spaces): what is kept is exactly the whole text's truncation."""
-        step = max(8 * limit, 1 << 14)  # characters a chunk: more than `limit` tokens in most texts
+        tokens are the whole text's there (_splits_at_spaces): what is kept is exactly the whole text's truncation.
+        `step`: characters a chunk (by default more than `limit` tokens in most texts, and few chunks)."""
+        step = step or max(8 * limit, 1 << 14)
         if len(text) <= step:
             return text
         for end, count in self._counted_chunks(text, step):
@@ -591,15 +592,29 @@ class WordPiece:
         overflowing window of each, paired with every one of the other's: two 100,000-token texts, GBs."""
         clipped_a, clipped_b = self._clip(a, limit), self._clip(b, limit)
         cut_a, cut_b = len(clipped_a) < len(a), len(clipped_b) < len(b)
-        if not (cut_a or cut_b):
-            return a, b
         if cut_a and cut_b:  # both long: the first is the longer (and gets the odd token) only if strictly longer
             first_longer = self._count(a) > self._count(b)
         else:
             first_longer = cut_a  # a long text is longer than the short one, clipped or not
         if first_longer:
-            return self._clip(a, limit, self._count(clipped_b)), clipped_b
-        return clipped_a, self._clip(b, limit, self._count(clipped_a))
+            a, b = self._clip(a, limit, self._count(clipped_b)), clipped_b
+        elif cut_a or cut_b:
+            a, b = clipped_a, self._clip(b, limit, self._count(clipped_a))
+        return self._trim_pair(a, b, limit)
+
+    def _trim_pair(self, a: str, b: str, limit: int) -> tuple[str, str]:
+        """(a, b) cut again, in chunks of a few times `limit` characters, to little more than longest-first keeps,
+        their order by tokens kept (the longer in full the longer, the second on a tie): tokenizers records every
+        overflowing window of one text paired with every one of the other's, so two texts of 4,000 tokens (the
+        16,384-character chunks _clip cuts at) made 10,000 windows at max_length 40, seconds for one pair."""
+        if len(a) + len(b) <= 8 * limit:
+            return a, b
+        step = 8 * limit
+        if self._count(a) > self._count(b):
+            b = self._clip(b, limit, step=step)
+            return self._clip(a, limit, self._count(b), step), b
+        a = self._clip(a, limit, step=step)
+        return a, self._clip(b, limit, self._count(a), step)
 
     def _count(self, text: str) -> int:
         """`text`'s tokens, counted a chunk at a time between spaces (the memory of one chunk; _splits_at_spaces)."""
