@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from jaxbert import entities, sentence_dense, sentence_dir, windows
 from jaxbert.inputs import check_encoded, positive_int
-from jaxbert.tokenizer import NO_LIMIT, check_texts
+from jaxbert.tokenizer import NO_LIMIT, check_texts, ordered
 
 _MLM_HEADS = ("BertForMaskedLM", "BertForPreTraining")
 
@@ -221,7 +221,7 @@ def tag(
     if is_split_into_words:
         texts, enc = _joined(bert.tokenizer, texts, delimiter)
     else:
-        texts = texts if isinstance(texts, str) else list(texts)  # read twice: by the tokenizer, then for the words
+        texts = check_texts(texts)  # read twice: by the tokenizer, then for the words
         enc = bert.tokenizer.encode(texts, max_length=NO_LIMIT, truncation=False)
     stride = _stride(stride, length, bert.tokenizer)
     check_encoded(bert.config, enc)  # named by text and position in it, not by window
@@ -261,7 +261,7 @@ def _joined(tok, texts, delimiter: str):
         raise TypeError(f"delimiter must be a string, got {type(delimiter).__name__}")
     if isinstance(texts, str):
         raise TypeError("is_split_into_words: texts must be lists of words, got a single string")
-    texts = list(texts)
+    texts = ordered(texts)
     lists = [isinstance(t, (list, tuple)) for t in texts]
     if any(lists) and not all(lists):
         i = lists.index(False)

@@ -11,6 +11,7 @@ cleared, but its truncation direction is the side cut where tokenizer_config.jso
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import re
 import threading
@@ -47,11 +48,21 @@ class Encoded:
         return np.array([len(x) for x in self.ids], dtype=np.int64)
 
 
+def ordered(texts, name="texts") -> list:
+    """`texts` as a list, in its order; a set or a mapping is refused: it has no order of its own, so outputs
+    "in input order" would be in whatever order it iterates (a dict: its keys). sentence-transformers' encode refuses
+    both (a set is no input type there, a dict one multimodal input keyed by modality)."""
+    if isinstance(texts, (collections.abc.Set, collections.abc.Mapping)):
+        kind = type(texts).__name__
+        raise TypeError(f"{name} is a {kind}, which has no order for the outputs to follow; give a list")
+    return list(texts)
+
+
 def check_texts(texts, name="texts") -> list[str]:
     """`texts` as a list of strings, or a TypeError naming the first that is not (a single string: wrap it)."""
     if isinstance(texts, str):
         raise TypeError(f"{name} must be a list of strings, got a single string (wrap it in a list)")
-    texts = list(texts)
+    texts = ordered(texts, name)
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"{name}[{i}] is {type(text).__name__}, not a string")

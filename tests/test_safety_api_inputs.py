@@ -1,0 +1,48 @@
+"""No silent wrong answers from the inference API's inputs: texts in a collection without an order, arrays that are
+not rectangular, an argument named by another's name. (Inputs audited and found right are listed in the commits.)"""
+
+import numpy as np
+import pytest
+from conftest import model_dir
+
+import jaxbert
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("api_inputs")
+    heads = {"BertModel": {}, "BertForSequenceClassification": {}, "BertForTokenClassification": {}}
+    heads["BertForQuestionAnswering"] = {"num_labels": 2}
+    return {head: model_dir(root / head, head, max_position_embeddings=64, **kw) for head, kw in heads.items()}
+
+
+def test_texts_without_an_order_are_refused_as_sentence_transformers_refuses_them(dirs):
+    """A set (or a dict, whose keys are its texts) has no order for "vectors in input order" to follow: jaxbert
+    embedded, classified and tagged them in whatever order they iterated; sentence-transformers' encode refuses both
+    ('Unsupported input type: set'; a dict is one multimodal input there, keyed by modality). Lists, tuples and
+    generators keep their order and are read as before."""
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(dirs["BertModel"], device="cpu")
+    for given in ({"a text", "another text"}, {"a text": 0, "another text": 1}):
+        with pytest.raises(ValueError, match="Unsupported input type: set|unrecognized modality keys"):
+            st.encode(given)
+    bert = jaxbert.load(dirs["BertModel"])
+    cls, tagger = jaxbert.load(dirs["BertForSequenceClassification"]), jaxbert.load(dirs["BertForTokenClassification"])
+    for kind, given in (("set", {"a text", "another text"}), ("dict", {"a text": 0, "another text": 1})):
+        refused = f"texts is a {kind}, which has no order for the outputs to follow; give a list"
+        with pytest.raises(TypeError, match=refused):
+            bert.embed(given)
+        with pytest.raises(TypeError, match=refused):
+            bert.embed(given, packing=False)
+        with pytest.raises(TypeError, match=refused):
+            cls.classify(given)
+        with pytest.raises(TypeError, match=refused):
+            tagger.tag(given)
+        with pytest.raises(TypeError, match=refused):
+            tagger.tag({("a", "text"): 0} if kind == "dict" else {("a", "text")}, is_split_into_words=True)
+        with pytest.raises(TypeError, match=refused.replace("texts", "pairs")):
+            cls.classify(["a text", "another text"], pairs=given)
+    texts = ["a text", "another text"]
+    np.testing.assert_array_equal(bert.embed(iter(texts)), bert.embed(texts))
+    np.testing.assert_array_equal(bert.embed(tuple(texts)), bert.embed(texts))
