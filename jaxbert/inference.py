@@ -34,7 +34,7 @@ from jaxbert import weights as W
 from jaxbert.checkpoint import load_head_params, load_params
 from jaxbert.config import BertConfig, padding_id
 from jaxbert.heads import base_params, forward, mlm_logits, resolve_head
-from jaxbert.inputs import check_arrays, check_encoder_states, positive_int
+from jaxbert.inputs import as_array, check_arrays, check_encoder_states, positive_int
 from jaxbert.layout import decoding_layout, to_stored
 from jaxbert.model import BertOutput, bert
 from jaxbert.ops import from_bits
@@ -326,7 +326,7 @@ class Bert:
             self.config, np.shape(input_ids)[0], encoder_hidden_states, encoder_attention_mask
         )
         states, states_mask = (None if a is None else jnp.asarray(a) for a in (states, states_mask))
-        head_mask = None if head_mask is None else jnp.asarray(head_mask, jnp.float32)
+        head_mask = None if head_mask is None else jnp.asarray(as_array("head_mask", head_mask, np.float32))
         return self._forward(
             self.weights,
             *self._put(input_ids, attention_mask, token_type_ids, position_ids),

@@ -50,8 +50,17 @@ def check_unicode(texts: list[str], name: str = "texts") -> None:
         )
 
 
+def as_array(name: str, value, dtype=None) -> np.ndarray:
+    """np.asarray, its error naming the argument: rows of different lengths or an item that is no number got numpy's
+    message alone ('setting an array element with a sequence...', 'could not convert string to float')."""
+    try:
+        return np.asarray(value, dtype)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{name} is not a rectangular array of numbers ({str(e).splitlines()[0]})") from None
+
+
 def _integer_array(name: str, value, allow_bool: bool = False) -> np.ndarray:
-    arr = np.asarray(value)
+    arr = as_array(name, value)
     if not (np.issubdtype(arr.dtype, np.integer) or (allow_bool and arr.dtype == np.bool_)):
         raise TypeError(f"{name} must be integers{' or booleans' if allow_bool else ''}, got dtype {arr.dtype}")
     return arr
@@ -61,7 +70,7 @@ def _mask_array(name: str, label: str, value) -> np.ndarray:
     """An attention mask as integers: integers or booleans, or floats (transformers takes 0./1. masks, as a
     tokenizer's output cast to float gives them) each exactly 0 or 1: the int32 cast on the way to the devices
     would turn 0.5 into 0 and NaN into anything, so any other float is named by position."""
-    arr = np.asarray(value)
+    arr = as_array(name, value)
     if not (np.issubdtype(arr.dtype, np.floating) or arr.dtype.name == "bfloat16"):
         return _integer_array(name, arr, allow_bool=True).astype(np.int64)
     bad = np.argwhere((arr != 0) & (arr != 1))

@@ -3,7 +3,7 @@ not rectangular, an argument named by another's name. (Inputs audited and found 
 
 import numpy as np
 import pytest
-from conftest import model_dir
+from conftest import ATOL, model_dir
 
 import jaxbert
 
@@ -46,3 +46,24 @@ def test_texts_without_an_order_are_refused_as_sentence_transformers_refuses_the
     texts = ["a text", "another text"]
     np.testing.assert_array_equal(bert.embed(iter(texts)), bert.embed(texts))
     np.testing.assert_array_equal(bert.embed(tuple(texts)), bert.embed(texts))
+
+
+def test_arrays_that_are_not_rectangular_name_their_argument(dirs):
+    """Rows of different lengths (a batch not padded) or a string where numbers go were numpy's message alone
+    ('setting an array element with a sequence...', 'could not convert string to float'), naming no argument;
+    torch.tensor refuses the same lists, so transformers takes none of them."""
+    torch = pytest.importorskip("torch")
+    bert = jaxbert.load(dirs["BertModel"])
+    ragged = [[101, 2023, 102], [101, 102]]
+    with pytest.raises(ValueError):
+        torch.tensor(ragged)
+    with pytest.raises(ValueError, match=r"^input_ids is not a rectangular array of numbers \(setting an array"):
+        bert(ragged)
+    with pytest.raises(ValueError, match=r"^attention_mask is not a rectangular array of numbers \("):
+        bert([[101, 102], [101, 102]], [[1, 1], [1]])
+    with pytest.raises(ValueError, match=r"^token_type_ids is not a rectangular array of numbers \("):
+        bert([[101, 102], [101, 102]], None, [[0, 0], [0]])
+    with pytest.raises(ValueError, match=r"^head_mask is not a rectangular array of numbers \(could not convert"):
+        bert([[101, 102]], head_mask="all")
+    out = bert([[101, 102]], head_mask=np.ones(4)).last_hidden_state
+    np.testing.assert_allclose(out, bert([[101, 102]]).last_hidden_state, atol=ATOL)  # another program: round-off
