@@ -267,7 +267,9 @@ def answer(
     for name, flag in (("handle_impossible_answer", handle_impossible_answer), ("align_to_words", align_to_words)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
-    length = bert.max_length(None if max_seq_len is None else positive_int("max_seq_len", max_seq_len))
+    # The window's bound named here: Bert.max_length would name max_length, an argument answer does not have.
+    positions = bert.config.max_position_embeddings
+    length = bert.max_length(None if max_seq_len is None else positive_int("max_seq_len", max_seq_len, positions))
     length = length if max_seq_len is not None else min(length, 384)
     stride = default_stride(length) if doc_stride is None else _doc_stride(doc_stride, length)
     w = windows(bert.tokenizer, [question], [context], length, stride, ("max_seq_len", "doc_stride"))

@@ -67,3 +67,14 @@ def test_arrays_that_are_not_rectangular_name_their_argument(dirs):
         bert([[101, 102]], head_mask="all")
     out = bert([[101, 102]], head_mask=np.ones(4)).last_hidden_state
     np.testing.assert_allclose(out, bert([[101, 102]]).last_hidden_state, atol=ATOL)  # another program: round-off
+
+
+def test_answer_names_max_seq_len_beyond_the_positions(dirs):
+    """answer(max_seq_len=...) beyond the model's positions was refused as 'max_length 999: must be in [1, 64]',
+    an argument answer does not have; the bound is named as the argument given."""
+    qa = jaxbert.load(dirs["BertForQuestionAnswering"])
+    with pytest.raises(ValueError, match=r"^max_seq_len 999: must be in \[1, 64\]$"):
+        qa.answer("Who lives here?", "Anna lives here.", max_seq_len=999)
+    assert qa.answer("Who lives here?", "Anna lives here.", max_seq_len=64) == qa.answer(
+        "Who lives here?", "Anna lives here."
+    )
