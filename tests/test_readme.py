@@ -9,6 +9,8 @@ import pytest
 from jaxbert.cli import build_parser, main
 
 README = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
+# The benchmark history README's Benchmark section points to: its prose names flags too.
+HISTORY = open(os.path.join(os.path.dirname(__file__), "..", "benchmarks", "README.md"), encoding="utf-8").read()
 SUBCOMMANDS = build_parser()._subparsers._group_actions[0].choices
 
 
@@ -53,7 +55,7 @@ def test_every_flag_the_readme_names_is_an_option_of_some_subcommand():
     """Prose names flags too (`--targets`, `--handle-impossible-answer`, `--dtype int8` on embed ...): each must be
     an option of a jaxbert subcommand (XLA's `--xla_...` flags aside)."""
     known = set().union(*(_options(sub) for sub in SUBCOMMANDS)) | FOREIGN
-    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*(?![\w])", README))
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*(?![\w])", README + HISTORY))
     assert named - known == set()
     benchmark = open(os.path.join(os.path.dirname(__file__), "..", "scripts", "benchmark.py"), encoding="utf-8").read()
     assert all(f'"{flag}"' in benchmark for flag in ("--section", "--shape", "--repeats", "--mix-texts"))
@@ -62,7 +64,7 @@ def test_every_flag_the_readme_names_is_an_option_of_some_subcommand():
 def test_inline_commands_name_their_subcommands_options():
     """An inline `jaxbert SUB ... --flag` (or `SUB --flag`) in the prose names an option of SUB itself."""
     names = "|".join(map(re.escape, sorted(SUBCOMMANDS, key=len, reverse=True)))
-    spans = re.findall(rf"`(?:jaxbert )?((?:{names}) [^`]*)`", README)
+    spans = re.findall(rf"`(?:jaxbert )?((?:{names}) [^`]*)`", README + HISTORY)
     assert len(spans) > 10
     for span in spans:
         sub = span.split()[0]
