@@ -7,6 +7,7 @@ the value and its position.
 
 from __future__ import annotations
 
+import collections.abc
 import itertools
 
 import numpy as np
@@ -48,6 +49,27 @@ def check_unicode(texts: list[str], name: str = "texts") -> None:
         raise ValueError(
             f"{name}[{i}]{shown}: not valid Unicode (a lone surrogate \\u{code:04x} at character {at}{hint})"
         )
+
+
+def ordered(texts, name="texts") -> list:
+    """`texts` as a list, in its order; a set or a mapping is refused: it has no order of its own, so outputs
+    "in input order" would be in whatever order it iterates (a dict: its keys). sentence-transformers' encode refuses
+    both (a set is no input type there, a dict one multimodal input keyed by modality)."""
+    if isinstance(texts, (collections.abc.Set, collections.abc.Mapping)):
+        kind = type(texts).__name__
+        raise TypeError(f"{name} is a {kind}, which has no order for the outputs to follow; give a list")
+    return list(texts)
+
+
+def check_texts(texts, name="texts") -> list[str]:
+    """`texts` as a list of strings, or a TypeError naming the first that is not (a single string: wrap it)."""
+    if isinstance(texts, str):
+        raise TypeError(f"{name} must be a list of strings, got a single string (wrap it in a list)")
+    texts = ordered(texts, name)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"{name}[{i}] is {type(text).__name__}, not a string")
+    return texts
 
 
 def as_array(name: str, value, dtype=None) -> np.ndarray:

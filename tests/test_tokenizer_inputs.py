@@ -470,7 +470,7 @@ def test_tokenizer_classes_are_read_as_transformers_reads_them():
     from transformers.convert_slow_tokenizer import SLOW_TO_FAST_CONVERTERS
     from transformers.models.auto import tokenization_auto
 
-    from jaxbert.tokenizer import _builds_bert_tokenizer
+    from jaxbert.tokenizer_build import builds_bert_tokenizer
 
     names = {n for n in tokenization_auto.TOKENIZER_MAPPING_NAMES.values() if n} | set(SLOW_TO_FAST_CONVERTERS)
     names |= {n for n in transformers._class_to_module if n.endswith(("Tokenizer", "TokenizerFast"))}
@@ -483,7 +483,7 @@ def test_tokenizer_classes_are_read_as_transformers_reads_them():
         cls = tokenization_auto.tokenizer_class_from_name(name)
         expected = "as is" if cls is None else kinds.get(cls.__name__, "refused")
         try:
-            got = "bert" if _builds_bert_tokenizer("", {"tokenizer_class": name}, "t.json", False) else "as is"
+            got = "bert" if builds_bert_tokenizer("", {"tokenizer_class": name}, "t.json", False) else "as is"
         except ValueError:
             got = "refused"
         assert got == expected, (name, cls)
