@@ -65,22 +65,28 @@ def clip_pair(tok: Tokenizer, a: str, b: str, limit: int) -> tuple[str, str]:
         first_longer = count(tok, a) > count(tok, b)
     else:
         first_longer = cut_a  # a long text is longer than the short one, clipped or not
+    # The order by tokens, where known (_trim_pair's): both counted whole, or the longer cut to more tokens than the
+    # other has (clip's `floor`); a longer kept whole beside a short one may yet have fewer tokens.
+    order = first_longer if cut_a and cut_b else None
     if first_longer:
-        a, b = clip(tok, a, limit, count(tok, clipped_b)), clipped_b
+        longer, b = clip(tok, a, limit, count(tok, clipped_b)), clipped_b
+        order, a = True if len(longer) < len(a) else order, longer
     elif cut_a or cut_b:
-        a, b = clipped_a, clip(tok, b, limit, count(tok, clipped_a))
-    return _trim_pair(tok, a, b, limit)
+        longer, a = clip(tok, b, limit, count(tok, clipped_a)), clipped_a
+        order, b = False if len(longer) < len(b) else order, longer
+    return _trim_pair(tok, a, b, limit, order)
 
 
-def _trim_pair(tok: Tokenizer, a: str, b: str, limit: int) -> tuple[str, str]:
+def _trim_pair(tok: Tokenizer, a: str, b: str, limit: int, first_longer: bool | None = None) -> tuple[str, str]:
     """(a, b) cut again, in chunks of a few times `limit` characters, to little more than longest-first keeps,
     their order by tokens kept (the longer in full the longer, the second on a tie): tokenizers records every
     overflowing window of one text paired with every one of the other's, so two texts of 4,000 tokens (the
-    16,384-character chunks clip cuts at) made 10,000 windows at max_length 40, seconds for one pair."""
+    16,384-character chunks clip cuts at) made 10,000 windows at max_length 40, seconds for one pair.
+    `first_longer`: that order where clip_pair knows it (None: counted here)."""
     if len(a) + len(b) <= 8 * limit:
         return a, b
     step = 8 * limit
-    if count(tok, a) > count(tok, b):
+    if count(tok, a) > count(tok, b) if first_longer is None else first_longer:
         b = clip(tok, b, limit, step=step)
         return clip(tok, a, limit, count(tok, b), step), b
     a = clip(tok, a, limit, step=step)

@@ -330,6 +330,31 @@ def test_a_pair_of_long_texts_is_cut_to_few_windows_and_truncates_as_before(tiny
             assert [e.type_ids for e in want] == got.type_ids
 
 
+def test_a_clipped_pairs_order_by_tokens_is_not_counted_again(tiny, monkeypatch):
+    """_trim_pair counted both texts clip_pair had just clipped, though clip_pair knew which was the longer (both
+    counted whole, or the longer cut to more tokens than the other has): each text is counted once, and the pairs
+    still truncate as they do whole."""
+    from jaxbert import tokenizer_clip
+
+    tok = jaxbert.load(tiny).tokenizer
+    # More than clip's 16,384 characters each, and few tokens (a word of 100+ characters is one [UNK]), so that the
+    # whole pairs (every window of one with every one of the other's) stay quick to encode for reference
+    one = ("x" * 120 + " ") * 140 + "word " * 30
+    other = ("y" * 130 + " ") * 130 + "a b " * 21
+    counted, count = [], tokenizer_clip.count
+    monkeypatch.setattr(tokenizer_clip, "count", lambda t, text: counted.append(text) or count(t, text))
+    # (pair, texts counted): both long, each whole, then the shorter clipped (the floor of the longer), then the
+    # shorter cut again by _trim_pair (the floor again); one long, the short one and the short cut again
+    for pair, calls in [((one, other), 4), ((other, one), 4), ((one, one), 4), ((one, "a b " * 20), 2)]:
+        for limit in (16, 17, 64):
+            counted.clear()
+            got = tok.encode([pair[0]], [pair[1]], max_length=limit)
+            assert len(counted) == calls, [len(t) for t in counted]  # 6 and 4 before
+            want = tok._truncated(limit).encode_batch([pair])
+            assert [e.ids for e in want] == got.ids and [e.offsets for e in want] == got.offsets
+            assert [e.type_ids for e in want] == got.type_ids
+
+
 @pytest.mark.parametrize("kind", ["directory", "pipe"])
 def test_an_input_that_exists_but_is_no_file_is_named_for_what_it_is(tiny, tmp_path, capsys, kind):
     """embed --input <(...) or a directory said '/dev/fd/63: no such file' of a path that exists."""
