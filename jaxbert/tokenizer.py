@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 
 from jaxbert.inputs import check_texts, check_unicode, ordered, positive_int
 from jaxbert.tokenizer_build import build
-from jaxbert.tokenizer_clip import clip, clip_pair, splits_at_spaces
+from jaxbert.tokenizer_clip import clip, clip_pairs, splits_at_spaces
 from jaxbert.tokenizer_settings import CLEAN_UP, NO_LIMIT, SPECIAL
 
 __all__ = ["NO_LIMIT", "SPECIAL", "Encoded", "WordPiece", "check_texts", "copy", "ordered", "pad"]
@@ -176,7 +176,7 @@ class WordPiece:
                 if pairs is None:
                     encs = tok.encode_batch([clip(self._tok, text, limit) for text in texts])
                 else:
-                    encs = tok.encode_batch([clip_pair(self._tok, a, b, limit) for a, b in zip(texts, pairs)])
+                    encs = tok.encode_batch(clip_pairs(self._tok, list(zip(texts, pairs)), limit))
             else:
                 encs = tok.encode_batch(list(zip(texts, pairs)) if pairs is not None else texts)
         except TypeError:  # the library's only word on a lone surrogate: "TextEncodeInput must be Union[...]"

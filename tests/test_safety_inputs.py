@@ -330,27 +330,47 @@ def test_a_pair_of_long_texts_is_cut_to_few_windows_and_truncates_as_before(tiny
             assert [e.type_ids for e in want] == got.type_ids
 
 
-def test_a_clipped_pairs_order_by_tokens_is_not_counted_again(tiny, monkeypatch):
-    """_trim_pair counted both texts clip_pair had just clipped, though clip_pair knew which was the longer (both
-    counted whole, or the longer cut to more tokens than the other has): each text is counted once, and the pairs
-    still truncate as they do whole."""
-    from jaxbert import tokenizer_clip
+class _Counting:
+    """A tokenizers.Tokenizer recording what it encodes: the texts of each encode_batch call, and of each encode."""
 
+    def __init__(self, tok):
+        self.tok, self.batches, self.singles = tok, [], []
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+    def encode(self, text, *args, **kwargs):
+        self.singles.append(text)
+        return self.tok.encode(text, *args, **kwargs)
+
+    def encode_batch(self, texts, *args, **kwargs):
+        self.batches.append(list(texts))
+        return self.tok.encode_batch(texts, *args, **kwargs)
+
+
+def test_a_batch_of_pairs_is_counted_in_one_call_a_round_each_character_once(tiny):
+    """The pairs clipped before truncation were counted one text at a time (encode, one core: twice tokenizers' own
+    encode_batch of the whole pairs), and a clipped pair counted again for its order. A batch's chunks are counted
+    together, one encode_batch a round, each character once; what is kept is the whole pairs' truncation (random
+    pairs, a tie, one long text beside a short one)."""
     tok = jaxbert.load(tiny).tokenizer
-    # More than clip's 16,384 characters each, and few tokens (a word of 100+ characters is one [UNK]), so that the
-    # whole pairs (every window of one with every one of the other's) stay quick to encode for reference
-    one = ("x" * 120 + " ") * 140 + "word " * 30
-    other = ("y" * 130 + " ") * 130 + "a b " * 21
-    counted, count = [], tokenizer_clip.count
-    monkeypatch.setattr(tokenizer_clip, "count", lambda t, text: counted.append(text) or count(t, text))
-    # (pair, texts counted): both long, each whole, then the shorter clipped (the floor of the longer), then the
-    # shorter cut again by _trim_pair (the floor again); one long, the short one and the short cut again
-    for pair, calls in [((one, other), 4), ((other, one), 4), ((one, one), 4), ((one, "a b " * 20), 2)]:
+    rng = np.random.default_rng(3)
+    pairs = [(_long_text(rng, int(n)), _long_text(rng, int(m))) for n, m in rng.integers(0, 200, (20, 2))]
+    # More than 16,384 characters each, and few tokens (a word of 100+ characters is one [UNK]), so that the whole
+    # pairs (every window of one with every one of the other's) stay quick to encode for reference
+    one, other = ("x" * 120 + " ") * 140 + "word " * 30, ("y" * 130 + " ") * 130 + "a b " * 21
+    pairs += [(one, other), (other, one), (one, one), (one, "a b " * 20), ("a b " * 20, other), ("x y", "z")]
+    for wp in (tok, tok.lowercased()):
         for limit in (16, 17, 64):
-            counted.clear()
-            got = tok.encode([pair[0]], [pair[1]], max_length=limit)
-            assert len(counted) == calls, [len(t) for t in counted]  # 6 and 4 before
-            want = tok._truncated(limit).encode_batch([pair])
+            real = wp._tok
+            wp._tok = spy = _Counting(real)
+            try:
+                got = wp.encode([a for a, _ in pairs], [b for _, b in pairs], max_length=limit)
+            finally:
+                wp._tok = real
+            assert spy.singles == [] and 0 < len(spy.batches) <= 12, (len(spy.singles), len(spy.batches))
+            assert sum(len(c) for batch in spy.batches for c in batch) <= sum(len(a) + len(b) for a, b in pairs)
+            want = wp._truncated(limit).encode_batch(pairs)
             assert [e.ids for e in want] == got.ids and [e.offsets for e in want] == got.offsets
             assert [e.type_ids for e in want] == got.type_ids
 
