@@ -101,7 +101,11 @@ def _steps_logged(printed: str) -> list[int]:
 
 
 def _losses(out):
+    """Step -> loss of OUT/metrics.jsonl, whose steps are each logged once (a resumed run drops the records past
+    its checkpoint: a dict alone would keep the last of a step logged twice and hide the other)."""
     records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    steps = [r["step"] for r in records if "loss" in r]
+    assert steps == sorted(set(steps)), f"{out}: loss steps {steps}"
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
