@@ -67,6 +67,81 @@ def test_dataset_name_is_no_text_of_a_scored_pair(record):
     assert (first, second) == _collated(record)
 
 
+# Label columns: sentence-transformers' data collator drops only the FIRST of label, labels, score, scores it finds and
+# reads any other as a text by position (a negative, or a text of a pair). jaxbert dropped all four: a second one
+# holding texts went unread, one holding numbers was ignored where sentence-transformers' model fails on them
+# ("Unsupported input type: float") and which column holds the scores is unclear.
+LABEL_ROWS = {
+    "mnrl": [
+        {"anchor": "a", "positive": "p", "label": 1, "labels": "other"},
+        {"label": 0, "anchor": "a", "positive": "p", "score": "x"},
+        {"anchor": "a", "positive": "p", "negative": "n", "scores": "m", "label": 1},
+        {"anchor": "a", "positive": "p", "score": 0.5},
+        {"anchor": "a", "positive": "p", "label": 1, "score": 0.5},
+        {"anchor": "a", "positive": "p", "negative": "n", "labels": 2, "scores": 0.5},
+    ],
+    "cosent": [
+        {"s1": "a", "s2": "b", "score": 0.5, "scores": "x"},
+        {"scores": "x", "s1": "a", "s2": "b", "score": 0.5},
+        {"s1": "a", "s2": "b", "label": 1, "score": 0.5},
+        {"sentence1": "a", "sentence2": "b", "score": 0.5, "label": 1},
+        {"s1": "a", "s2": "b", "labels": 1, "scores": 0.5},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def st_model(tiny):
+    return st.SentenceTransformer(tiny, device="cpu")
+
+
+def _reference(model, record):
+    """(the text columns, in order, the label) as sentence-transformers' data collator reads `record` through the
+    model's own preprocessing; None where it fails."""
+    from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator
+
+    try:
+        batch = SentenceTransformerDataCollator(preprocess_fn=model.preprocess)([record])
+    except ValueError:
+        return None
+    label = float(batch["label"][0]) if "label" in batch else None
+    return tuple(k[: -len("_input_ids")] for k in batch if k.endswith("_input_ids")), label
+
+
+@pytest.mark.parametrize("loss, record", [(k, r) for k, rows in LABEL_ROWS.items() for r in rows])
+def test_label_columns_are_read_as_the_collator_reads_them_or_refused(st_model, loss, record):
+    ref = _reference(st_model, record)
+    rows = _rows(record)
+    if ref is None:  # a number in a second label column: refused, naming both columns
+        first = next(c for c in task_scored.LABEL_COLUMNS if c in record)
+        second = next(c for c in task_scored.LABEL_COLUMNS if c in record and c != first)
+        match = f"data.jsonl:1: columns {first!r} and {second!r}: sentence-transformers' data collator drops only"
+        with pytest.raises(ValueError, match=match):
+            triplet_columns(rows, (None, None, None)) if loss == "mnrl" else task_scored.pair_columns(
+                rows, (None, None, None)
+            )
+        return
+    texts, label = ref
+    if loss == "mnrl":
+        assert tuple(c for c in triplet_columns(rows, (None, None, None)) if c in record) == texts
+    else:  # the pair losses read the first two texts and the label
+        first, second, _ = task_scored.pair_columns(rows, (None, None, None))
+        assert (first, second) == texts[:2]
+        assert rows[0].label(task_scored.label_column(rows, None)) == label
+
+
+def test_a_number_in_a_second_label_column_of_a_csv_is_refused(tiny, tmp_path, capsys):
+    path = tmp_path / "train.csv"
+    path.write_text("s1,s2,label,score\na b,c d,1,0.5\ne f,g h,0,0.25\n")
+    match = (
+        "train.csv:2: columns 'label' and 'score': sentence-transformers' data collator drops only the first label "
+        "column it finds ('label') and reads 'score' as a text, which holds 0.5: keep one label column (or rename "
+        "'score')"
+    )
+    rows = [{"s1": "a b", "s2": "c d", "label": 1}, {"s1": "e f", "s2": "g h", "label": 0}]
+    _refused(tiny, tmp_path, capsys, "embedding", None, rows, "--loss", "cosent", match=match, data=path)
+
+
 # -- bad rows: one line naming file, line and column; exit 1; nothing written ---------------------------------------
 
 

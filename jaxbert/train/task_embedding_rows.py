@@ -76,6 +76,7 @@ def triplet_columns(rows, cols) -> tuple:
         )
 
     read = task_scored.text_columns(rows, cols, TRIPLET, None, refused, hints=task_scored.LABEL_COLUMNS)
+    task_scored.other_labels(rows, task_scored.dropped_label(rows))
     named = () if cols[2] is None else (cols[2],)
     further = further_negatives(rows, (*read[:2], *named))
     return (*read[:2], *named, *further) if further else read
@@ -83,10 +84,10 @@ def triplet_columns(rows, cols) -> tuple:
 
 def further_negatives(rows, read: tuple) -> tuple[str, ...]:
     """The columns beyond `read` (anchor, positive[, the named negative]) that sentence-transformers' collator
-    reads as negatives: every column of any row but those, a label and dataset_name (which the collator drops), in
-    the order first met, where the first row's first two (those aside) are the anchor and the positive; none where
-    they are not."""
-    skip = {*read, *task_scored.LABEL_COLUMNS, task_scored.DATASET_NAME}
+    reads as negatives: every column of any row but those, the first label column and dataset_name (which the
+    collator drops; a further label column is a text to it, other_labels), in the order first met, where the first
+    row's first two (those aside) are the anchor and the positive; none where they are not."""
+    skip = {*read, task_scored.dropped_label(rows), task_scored.DATASET_NAME}
     lead = [c for c in rows[0].values if c in read or c not in skip][:2]
     if set(lead) != set(read[:2]):
         return ()

@@ -50,6 +50,29 @@ def label_column(rows, given: str | None) -> str:
     return found
 
 
+def dropped_label(rows) -> str | None:
+    """The label column sentence-transformers' data collator drops: the first of LABEL_COLUMNS among the columns
+    (every row's, as `datasets` gives each row all of them), or None."""
+    keys = {c for row in rows for c in row.values}
+    return next((c for c in LABEL_COLUMNS if c in keys), None)
+
+
+def other_labels(rows, first: str | None) -> None:
+    """Refuses a number (or any value but a text) in a label column after `first`: sentence-transformers' data
+    collator drops only the first label column it finds and reads the others as texts by position, so its model
+    fails on the number ("Unsupported input type: float", naming no column), and which column holds the scores is
+    not clear. A text there is read as the collator reads it (a negative, or a text of a pair by position)."""
+    for row in rows:
+        for c in (c for c in LABEL_COLUMNS if c != first and row.values.get(c) is not None):
+            value = row.label(c) if row.values[c] != "" else ""
+            if not isinstance(value, str):
+                raise ValueError(
+                    f"{row.path}:{row.line}: columns {first!r} and {c!r}: sentence-transformers' data collator drops "
+                    f"only the first label column it finds ({first!r}) and reads {c!r} as a text, which holds "
+                    f"{value!r}: keep one label column (or rename {c!r})"
+                )
+
+
 def pair_columns(rows, cols) -> tuple:
     """The two text columns: as named (--text-column, --text-pair-column; one alone: the other's default), else
     sentence1 and sentence2 where the first row has both, else the first row's first two columns but the score,
@@ -66,6 +89,8 @@ def pair_columns(rows, cols) -> tuple:
         )
 
     score = lambda: (label_column(rows, label),)  # noqa: E731 - read only by position: named pairs need none yet
+    if label is None:  # a named --label-column is the score whatever else the rows hold
+        other_labels(rows, label_column(rows, None))
     return (*text_columns(rows, (first, second), DEFAULT_PAIR, 2, refused, exclude=score), label)
 
 
