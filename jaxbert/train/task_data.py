@@ -1,11 +1,12 @@
-"""Labelled data files for task fine-tuning: JSON lines (.jsonl), CSV (.csv) or TSV (.tsv), read into rows that
-remember their file and line, so every error about a value names file, line and column.
+"""Labelled data files for task fine-tuning: JSON lines (.jsonl), CSV (.csv) or TSV (.tsv), read into rows that remember
+their file and line, so every error about a value names file, line and column.
 
-JSON lines keep JSON's types (a label may be an integer, a number, a string or a list). CSV/TSV cells are text
-(TSV unquoted: quotes are part of the text): a label cell is read as an integer, else a number (ASCII digits, no
-"_" separators), else a JSON array when it starts with "[", else a string, and an empty one is an error as a JSON
-null is; a list column (token-classification words and tags, multiple-choice options, multi-label labels) is a
-JSON array in one cell, or numbered columns NAME0, NAME1, ... (SWAG's ending0..ending3), never one of them alone.
+JSON lines keep JSON's types (a label may be an integer, a number, a string or a list). CSV/TSV cells are text (TSV
+unquoted: quotes are part of the text): a label cell is read as an integer, else a number (ASCII digits, no "_"
+separators), else a JSON array when it starts with "[", else a string, and an empty one is an error as a JSON null is
+(an empty text cell too, a missing value to `datasets`); a list column (token-classification words and tags,
+multiple-choice options, multi-label labels) is a JSON array in one cell, or numbered columns NAME0, NAME1, ...
+(SWAG's ending0..ending3), never one of them alone.
 """
 
 from __future__ import annotations
@@ -71,10 +72,15 @@ class Row:
             )
         return value
 
-    def text(self, column: str) -> str:
+    def text(self, column: str, empty_cell: bool = False) -> str:
+        """The text in `column`. An empty CSV/TSV cell is refused (unless `empty_cell`: the tasks that skip empty
+        texts), as a JSON null is: `datasets` (pandas) reads it as a missing value, None, which transformers'
+        run_*.py scripts cannot tokenize (run_swag formats it into the text "None")."""
         value = self.get(column)
         if not isinstance(value, str):
             raise ValueError(f"{self.where(column)}: expected a string, got {_kind(value)}")
+        if not (self.typed or value or empty_cell):
+            raise ValueError(f"{self.where(column)}: the cell is empty; expected a text")
         return self.unicode(column, value)
 
     def texts(self, column: str) -> list[str]:
@@ -82,6 +88,11 @@ class Row:
         value = self.get(column)
         if not self.typed and isinstance(value, str):
             value = parse_cell(self, column, value, want_list=True)
+        elif not self.typed and (empty := next((i for i, v in enumerate(value) if v == ""), None)) is not None:
+            # numbered columns (SWAG's ending0..ending3): an empty cell is a missing value to `datasets`, not a text
+            raise ValueError(
+                f"{self.where(f'{column}{empty}')}: the cell is empty; expected a text (item {empty} of {column!r})"
+            )
         if not isinstance(value, list):
             raise ValueError(f"{self.where(column)}: expected a list of strings, got {_kind(value)}")
         if (bad := next((i for i, v in enumerate(value) if not isinstance(v, str)), None)) is not None:

@@ -257,7 +257,7 @@ def columns(task: Task, cfg) -> tuple[str, str | None, str]:
 
 def nonempty_rows(task: Task, rows: list, cols) -> tuple[list, int]:
     """(the rows whose task.skip_empty columns all hold text, how many were dropped); bad cells still fail."""
-    kept = [r for r in rows if all(r.text(cols[i]).strip() for i in task.skip_empty)]
+    kept = [r for r in rows if all(r.text(cols[i], empty_cell=True).strip() for i in task.skip_empty)]
     return kept, len(rows) - len(kept)
 
 
