@@ -438,6 +438,36 @@ def test_resume_refuses_other_data_or_optimizer_settings(tiny, trained, tmp_path
         assert f"was made with {field}" in err, err
 
 
+def test_a_resume_on_changed_files_is_refused_before_reading_the_data(tiny, trained, tmp_path, capsys, monkeypatch):
+    # The refusal came after the whole new training file was read and tokenized (minutes on a large corpus): the
+    # files' digests are compared first now, the rest of the meta (as before) once the data is read.
+    from jaxbert.tokenizer import WordPiece
+
+    out = _copy(trained, tmp_path)
+    edited = tmp_path / "corpus.txt"
+    edited.write_text(open(CORPUS, encoding="utf-8").read().replace("Europe", "Africa"), encoding="utf-8")
+    renamed = shutil.copytree(tiny, tmp_path / "renamed")
+    special = json.load(open(renamed / "special_tokens_map.json", encoding="utf-8"))
+    json.dump({**special, "mask_token": "[unused0]"}, open(renamed / "special_tokens_map.json", "w", encoding="utf-8"))
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the tokenizer was loaded before the refusal")
+
+    monkeypatch.setattr(WordPiece, "from_dir", loaded)
+    for model, extra, field in (
+        (tiny, ("--train-file", edited), "train_file_sha256="),
+        (renamed, (), "special_tokens_sha256="),
+    ):
+        capsys.readouterr()
+        assert main(_args(model, out, *STEPS, *extra, "--resume", "auto")) == 1
+        err = _one_line(capsys.readouterr().err)
+        assert f"checkpoints/6 was made with {field}" in err, err
+    assert sorted(os.listdir(out / "checkpoints")) == ["4", "6"]
+    # A missing file is still named as such (where the data is read), not by the digest's OSError.
+    assert main(_args(tiny, out, *STEPS, "--train-file", tmp_path / "gone.txt", "--resume", "auto")) == 1
+    assert _one_line(capsys.readouterr().err).strip().endswith("gone.txt: no such file")
+
+
 def test_a_training_file_edited_during_the_run_is_refused_on_resume(tiny, tmp_path, capsys, monkeypatch):
     # The checkpoints' train_file_sha256 was the file's at each save: edited after the run had read it, they named
     # the edit (the same size and lines, other words), and --resume trained on it without a word, after steps

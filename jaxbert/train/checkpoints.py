@@ -260,9 +260,49 @@ def restore_state(mgr: ocp.CheckpointManager, step: int, abstract_state):
     return restored["state"]
 
 
-def resume_point(cfg, own: ocp.CheckpointManager, expected_meta, say):
+# Meta keys that are digests of input files: compared (files_unchanged) before the data is read and tokenized.
+FILE_KEYS = ("train_file_sha256", "validation_file_sha256", "tokenizer_sha256", "special_tokens_sha256")
+
+
+def files_unchanged(found, file_digests) -> None:
+    """Refuse at once a resume whose checkpoint (`found`, resume_candidate's) was made from other input files:
+    the FILE_KEYS of `file_digests()` (this run's, as its meta will hold them; asked only where there is a
+    checkpoint) against its meta, in check_meta's words.
+    check_meta compares them again with the rest, once the data is read."""
+    if found is None or found[1] is None:
+        return
+    source, step = found
+    try:
+        digests = file_digests()
+    except OSError:  # a missing or unreadable file: named as such where the data is read
+        return
+    meta = read_meta(source, step)
+    for key in FILE_KEYS:
+        if key in digests and not (key in LATER_KEYS and key not in meta) and meta.get(key) != digests[key]:
+            where = f"checkpoint {step_dir(source, step)}"
+            raise ValueError(f"--resume: {where} was made with {key}={meta.get(key)!r}, this run has {digests[key]!r}")
+
+
+def resume_point(cfg, own: ocp.CheckpointManager, expected_meta, say, found=()):
     """(manager, step) to restore from, or None to start afresh; every check (digests, model config, data and
-    schedule options) is done here, before anything compiles. `expected_meta(step)` is this run's meta."""
+    schedule options) is done here, before anything compiles. `expected_meta(step)` is this run's meta. `found`:
+    resume_candidate's answer when asked already (before the data was read), else it is asked here."""
+    found = resume_candidate(cfg, own, say) if found == () else found
+    if found is None:
+        return None
+    source, step = found
+    if step is None:
+        clear_after(own, 0, say)
+        say("resume: no intact checkpoint yet, starting from the beginning")
+        return None
+    check_meta(read_meta(source, step), expected_meta(step), f"checkpoint {step_dir(source, step)}")
+    clear_after(own, step, say)
+    return source, step
+
+
+def resume_candidate(cfg, own: ocp.CheckpointManager, say):
+    """(manager, step) that --resume names (its latest intact step unless it names one; None where there is no
+    intact step yet), or None without --resume; nothing is compared, moved or waited for yet (resume_point)."""
     if not cfg.resume:
         if own.latest_step() is not None:
             raise ValueError(
@@ -294,10 +334,4 @@ def resume_point(cfg, own: ocp.CheckpointManager, expected_meta, say):
             verify(step_dir(source, step))
         except DamagedCheckpoint as e:
             raise DamagedCheckpoint(f"--resume: checkpoint {step} cannot be used: {e}") from None
-    if step is None:
-        clear_after(own, 0, say)
-        say("resume: no intact checkpoint yet, starting from the beginning")
-        return None
-    check_meta(read_meta(source, step), expected_meta(step), f"checkpoint {step_dir(source, step)}")
-    clear_after(own, step, say)
     return source, step

@@ -119,15 +119,10 @@ def _meta(run, step: int) -> dict:
         **run.train.position(step),
         "train_sequences": len(run.train.blocks),
         "steps_per_epoch": run.train.steps_per_epoch,  # earlier versions left out each epoch's last examples
-        "train_file_sha256": checkpoints.file_sha256(run.cfg.train_file),  # the same data, not only as many
         # The share of it held out for validation (None: a validation file; it all trains): the same training rows.
         "validation_split_percentage": None if run.cfg.validation_file else run.cfg.validation_split_percentage,
         **run.split,  # the rows it holds out, where an earlier version's floor held out others
-        # best/ and early stopping compare evaluations across the run: on another validation set they would mix two.
-        "validation_file_sha256": run.cfg.validation_file and checkpoints.file_sha256(run.cfg.validation_file),
-        "tokenizer_sha256": D.tokenizer_key(run.cfg.model, D.TOKENIZER_FILES),  # another vocabulary: other ids
-        # special_tokens_map.json renames [CLS] & co. (other ids for the same text), added_tokens.json adds tokens
-        "special_tokens_sha256": D.tokenizer_key(run.cfg.model, D.SPECIAL_TOKEN_FILES),
+        **_file_digests(run.cfg),
         "global_batch_size": run.train.batch_size,
         "model_config": checkpoints.model_fields(run.config),
         "clip_gradients": run.cfg.max_grad_norm > 0,  # shapes the optimizer state (--max-grad-norm 0: none)
@@ -137,6 +132,19 @@ def _meta(run, step: int) -> dict:
         "metric_for_best_model": run.metric,
         checkpoints.EVAL_SMOOTHING: run.cfg.label_smoothing,  # the validation loss's (every task's now)
         **run.meta(),
+    }
+
+
+def _file_digests(cfg) -> dict:
+    """The meta's digests of the run's input files (checkpoints.FILE_KEYS), which need no data read: a resume
+    compares them first (checkpoints.files_unchanged), before the data is tokenized."""
+    return {
+        "train_file_sha256": checkpoints.file_sha256(cfg.train_file),  # the same data, not only as many
+        # best/ and early stopping compare evaluations across the run: on another validation set they would mix two.
+        "validation_file_sha256": cfg.validation_file and checkpoints.file_sha256(cfg.validation_file),
+        "tokenizer_sha256": D.tokenizer_key(cfg.model, D.TOKENIZER_FILES),  # another vocabulary: other ids
+        # special_tokens_map.json renames [CLS] & co. (other ids for the same text), added_tokens.json adds tokens
+        "special_tokens_sha256": D.tokenizer_key(cfg.model, D.SPECIAL_TOKEN_FILES),
     }
 
 
@@ -240,6 +248,10 @@ def _train(cfg: TrainConfig) -> dict:
     if distributed.is_primary():  # a run killed while writing OUT/best or OUT/final: its leftovers, now
         for name in ("best", "final"):  # (a run that never writes them again would keep them for good)
             sweep_partials(os.path.join(cfg.output_dir, name))
+    # The checkpoint a resume restores, and a refusal if its input files changed: before the data is tokenized.
+    own = checkpoints.manager(os.path.join(cfg.output_dir, "checkpoints"))
+    found = checkpoints.resume_candidate(cfg, own, distributed.say)
+    checkpoints.files_unchanged(found, lambda: _file_digests(cfg))
     if cfg.task == "embedding":
         from jaxbert.train import task_embedding
 
@@ -267,8 +279,7 @@ def _train(cfg: TrainConfig) -> dict:
     # wait for each other forever.
     meta = _meta_by_step(run)
     distributed.same_everywhere(_shared(run, meta, params))
-    own = checkpoints.manager(os.path.join(cfg.output_dir, "checkpoints"))
-    point = checkpoints.resume_point(cfg, own, meta, run.say)
+    point = checkpoints.resume_point(cfg, own, meta, run.say, found)
     metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl")
     records = [r for r in outputs.read_metrics(metrics_path) if r["step"] <= point[1]] if point else []
     best = Best(run.metric, cfg.early_stopping_patience, records)
