@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 
+import numpy as np
 import pytest
 from conftest import cli_fails, model_dir, train_args
 
@@ -377,3 +378,50 @@ def test_an_empty_text_cell_of_a_csv_is_refused(tiny, tmp_path, capsys, case):
 def test_an_empty_string_of_json_is_still_a_text():
     rows = _rows({"context": "c", "choices": ["a", ""], "label": 0}, {"text": "", "label": "x"})
     assert rows[0].texts("choices") == ["a", ""] and rows[1].text("text") == ""
+
+
+def _run_mlm_blocks(tok, texts, length):
+    """run_mlm.py's grouped examples of `texts` (fewer than 1,000: one map batch): each text tokenized with the
+    special tokens, an empty one [CLS] [SEP], all concatenated and cut into `length` blocks (group_texts)."""
+    ids = [i for text in texts for i in tok(text)["input_ids"]]
+    return np.asarray(ids[: len(ids) // length * length]).reshape(-1, length)
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".jsonl"])
+def test_grouped_mlm_keeps_empty_lines_as_run_mlm_does(tiny, tmp_path, suffix):
+    # `datasets`' text loader yields every line, an empty one as "" (and a JSON "text" of "" is one too), which
+    # run_mlm.py tokenizes as [CLS] [SEP] into the stream it groups (only --line_by_line drops them). jaxbert dropped
+    # them: other blocks, and a validation split cut over fewer lines.
+    transformers = pytest.importorskip("transformers")
+    from jaxbert.train.config import TrainConfig
+    from jaxbert.train.plan import prepare
+
+    words = "the cat sat on a mat while paris is the capital of france".split()
+    lines = [" ".join(words[i % 7 : i % 7 + 3 + i % 5]) if i % 4 else ["", "  ", ""][i % 3] for i in range(60)]
+    path = tmp_path / f"t{suffix}"
+    path.write_text("".join((json.dumps({"text": t}) if suffix == ".jsonl" else t) + "\n" for t in lines))
+    cfg = TrainConfig(tiny, str(path), str(tmp_path / "o"), max_seq_length=16, global_batch_size=2)
+    cfg = dataclasses.replace(cfg, validation_split_percentage=20)
+    run = prepare(cfg)
+    tok = transformers.AutoTokenizer.from_pretrained(tiny)
+    cut = _datasets_cut(len(lines), 20)
+    assert np.array_equal(np.asarray(run.val)[:, 0], _run_mlm_blocks(tok, lines[:cut], 16))
+    assert np.array_equal(np.asarray(run.train.blocks)[:, 0], _run_mlm_blocks(tok, lines[cut:], 16))
+    assert run.split["empty_lines_kept"] == sum(not t.strip() for t in lines) == 15
+    assert "15 empty lines kept as [CLS] [SEP], as run_mlm.py reads them" in run.log[0]
+    # --line-by-line drops them, as run_mlm.py's filter does; so does a file without any: neither has the key.
+    assert "empty_lines_kept" not in prepare(dataclasses.replace(cfg, line_by_line=True)).split
+    (tmp_path / "full.txt").write_text("".join(t + "\n" for t in lines if t.strip()))
+    assert "empty_lines_kept" not in prepare(dataclasses.replace(cfg, train_file=str(tmp_path / "full.txt"))).split
+
+
+def test_a_grouped_mlm_checkpoint_that_dropped_empty_lines_is_refused():
+    # Made by the earlier rule, its meta has no empty_lines_kept: its blocks are not this run's where empty lines are
+    # kept (refused, saying why), and are where there were none (no key either way: resumed).
+    from jaxbert.train.checkpoints import check_meta
+
+    earlier = {"model_config": {"hidden_size": 32}, "validation_split_percentage": 5}
+    match = r"was made with empty_lines_kept=None, this run has 15 \(jaxbert dropped the empty lines of grouped MLM"
+    with pytest.raises(ValueError, match=match):
+        check_meta(earlier, {**earlier, "empty_lines_kept": 15}, "checkpoint 1")
+    check_meta(earlier, earlier, "checkpoint 1")

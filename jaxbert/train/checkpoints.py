@@ -223,6 +223,17 @@ _BATCH_HINT = (
 )
 
 
+# Why a key differs where the value alone does not say (the key of plan.EMPTY_LINES_KEY: an import would be circular).
+_HINTS = {
+    "global_batch_size": _BATCH_HINT,
+    "empty_lines_kept": (
+        " (jaxbert dropped the empty lines of grouped MLM text where it made that checkpoint; run_mlm.py, and jaxbert "
+        "now, keep each as [CLS] [SEP], so this run's blocks are other ones: start a new run, or resume with the "
+        "version that made it)"
+    ),
+}
+
+
 def check_meta(meta: dict, expected: dict, where: str) -> None:
     """Refuse a checkpoint made for another model or another data/schedule, naming the first difference."""
     stored, model = meta.get("model_config"), json.loads(json.dumps(expected["model_config"]))
@@ -247,7 +258,7 @@ def check_meta(meta: dict, expected: dict, where: str) -> None:
         if key in LATER_KEYS and key not in meta:
             continue
         if key not in ("step", "epoch", "offset", "model_config") and meta.get(key) != value:
-            hint = _BATCH_HINT if key == "global_batch_size" else ""
+            hint = _HINTS.get(key, "")
             raise ValueError(f"--resume: {where} was made with {key}={meta.get(key)!r}, this run has {value!r}{hint}")
 
 

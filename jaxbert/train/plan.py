@@ -42,7 +42,8 @@ class Run:
     metric: str | None = None  # --metric-for-best-model (None: no OUT/best)
     packed: bool = False  # line-by-line rows hold several lines (segment_ids and position_ids from data.positions)
     tokens: int | None = None  # the tokenizer's vocabulary size: random replacements are drawn below it
-    split: dict = dataclasses.field(default_factory=dict)  # config.held_out's meta of --validation-split-percentage
+    # The meta of the texts read: config.held_out's of --validation-split-percentage, EMPTY_LINES_KEY's
+    split: dict = dataclasses.field(default_factory=dict)
     head = "BertForMaskedLM"
 
     def say(self, message: str) -> None:
@@ -180,15 +181,30 @@ def model_and_batch(cfg: TrainConfig) -> tuple[BertConfig, int]:
     return config, batch
 
 
-def _texts(path: str, flag: str):
+def _texts(path: str, flag: str, keep_empty: bool = False):
     """The texts of a .txt (one per line) or .jsonl file. Data formats that hold records (.json, .csv, .tsv: what
-    run_mlm.py reads) are refused: read line by line, their syntax and header would be trained on as text."""
+    run_mlm.py reads) are refused: read line by line, their syntax and header would be trained on as text.
+    `keep_empty`: empty (or blank) lines and "text" fields are texts too (grouped MLM: run_mlm.py tokenizes every
+    line `datasets` reads, an empty one as [CLS] [SEP]); a file of none but those is refused either way."""
     ext = os.path.splitext(path)[1].lower()
     if ext in (".json", ".csv", ".tsv"):
         raise ValueError(
             f'{flag} {path}: expected a .txt file (one text per line) or .jsonl (a "text" field per line), not {ext}'
         )
-    return read_text_file(path)
+    read = read_text_file(path, keep_empty=keep_empty)
+    if not any(t.strip() for t in read.texts):
+        raise ValueError(f"{path}: no text (0 non-empty lines)")
+    return read
+
+
+# The checkpoint meta key of grouped MLM on text with empty lines: how many it holds (train and validation texts).
+# jaxbert before it dropped them, so its blocks (and its validation split's cut) were other ones: a checkpoint
+# without the key is refused on resume exactly when this run keeps some (checkpoints.check_meta).
+EMPTY_LINES_KEY = "empty_lines_kept"
+
+
+def _blank(texts) -> int:
+    return sum(not t.strip() for t in texts)
 
 
 def _check_vocabulary(ids: np.ndarray, vocab_size: int, tok, name: str) -> None:
@@ -209,9 +225,10 @@ def prepare(cfg: TrainConfig) -> Run:
 
     config, batch = model_and_batch(cfg)
     n = jax.device_count()
-    train_text, split = _texts(cfg.train_file, "--train-file"), {}
+    grouped = not cfg.line_by_line  # run_mlm.py drops empty lines line by line only
+    train_text, split = _texts(cfg.train_file, "--train-file", grouped), {}
     if cfg.validation_file:
-        val_texts = _texts(cfg.validation_file, "--validation-file").texts
+        val_texts = _texts(cfg.validation_file, "--validation-file", grouped).texts
         train_texts = train_text.texts
     else:
         cut, split = held_out(len(train_text.texts), cfg.validation_split_percentage)
@@ -221,6 +238,8 @@ def prepare(cfg: TrainConfig) -> Run:
                 f"{cfg.validation_split_percentage}%: pass --validation-file"
             )
         val_texts, train_texts = train_text.texts[:cut], train_text.texts[cut:]
+    kept = _blank(train_texts) + _blank(val_texts) if grouped else 0
+    split = {**({EMPTY_LINES_KEY: kept} if kept else {}), **split}  # compared first: it explains the cut too
     tok = WordPiece.from_dir(cfg.model)
     companion_files(cfg.model)  # what the written model copies: refused now, not after training
     key = D.tokenizer_key(cfg.model)
@@ -274,7 +293,12 @@ def prepare(cfg: TrainConfig) -> Run:
         run.metric = metric_name(cfg.metric_for_best_model, ("loss", "accuracy"))
     run.say(
         f"data: {len(train_texts)} training texts -> {len(train_blocks)} sequences of {cfg.max_seq_length} "
-        f"tokens, {len(val_blocks)} validation sequences; {train_text.empty_lines} empty lines skipped"
+        f"tokens, {len(val_blocks)} validation sequences; "
+        + (
+            f"{kept} empty lines kept as [CLS] [SEP], as run_mlm.py reads them"
+            if grouped
+            else f"{train_text.empty_lines} empty lines skipped"
+        )
     )
     if cfg.line_by_line:
         real = int(np.count_nonzero(train_blocks.segments))
