@@ -62,6 +62,16 @@ SIZES = dict(
 )
 
 
+def biased(model):
+    """The model in eval mode with every bias ~ N(0, 0.2) and every LayerNorm weight ~ 1 + N(0, 0.2): transformers
+    initializes them to 0 and (1, 0), and a fixture with those could not tell a dropped or swapped bias."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or name.endswith("LayerNorm.weight"):
+                p.copy_(float(name.endswith("weight")) + 0.2 * torch.randn(p.shape))
+    return model.eval()
+
+
 def inputs(seed: int):
     rng = np.random.default_rng(seed)
     B, L = 3, 9
@@ -109,14 +119,14 @@ def main(root):
     for i, kind in enumerate(("relative_key", "relative_key_query")):
         torch.manual_seed(i)
         config = transformers.BertConfig(position_embedding_type=kind, **SIZES)
-        model = transformers.BertForPreTraining(config).eval()
+        model = biased(transformers.BertForPreTraining(config))
         feed = inputs(i)
         save(root, kind, model, feed, run(model, feed))
 
     torch.manual_seed(2)
-    model = transformers.BertModel(
-        transformers.BertConfig(position_embedding_type="relative_key_query", **SIZES)
-    ).eval()
+    model = biased(
+        transformers.BertModel(transformers.BertConfig(position_embedding_type="relative_key_query", **SIZES))
+    )
     feed = inputs(2)
     head_mask = np.array([[1.0, 0.0, 0.5, 1.0], [1.7, 1.0, 0.0, -0.3], [0.0, 0.0, 0.0, 0.0]], np.float32)
     outputs = run(model, feed, head_mask=torch.tensor(head_mask))
@@ -124,7 +134,7 @@ def main(root):
 
     torch.manual_seed(3)
     config = transformers.BertConfig(num_labels=3, **SIZES)
-    model = transformers.BertForSequenceClassification(config).eval()
+    model = biased(transformers.BertForSequenceClassification(config))
     feed = inputs(3)
     save(root, "unpruned", model, feed, run(model, feed))
     # Two rounds, the second naming an already-pruned head, as transformers allows.
@@ -140,7 +150,7 @@ def flax_cases(root):
     for i, head in enumerate(("BertForMaskedLM", "BertForPreTraining")):
         torch.manual_seed(10 + i)
         config = transformers.BertConfig(**SIZES)
-        model = getattr(transformers, head)(config).eval()
+        model = biased(getattr(transformers, head)(config))
         feed = inputs(10 + i)
         with tempfile.TemporaryDirectory() as pt_dir:
             model.save_pretrained(pt_dir)
@@ -227,7 +237,7 @@ def causal_lm_cases(root):
         config = transformers.BertConfig(
             is_decoder=True, add_cross_attention=True, position_embedding_type=kind, **DECODER
         )
-        model = transformers.BertLMHeadModel(config).eval()
+        model = biased(transformers.BertLMHeadModel(config))
         feed = decoder_inputs(20 + i)
         feed["labels"] = np.where(feed["attention_mask"] == 1, feed["input_ids"], -100)
         outputs = run(model, feed, use_cache=False)
@@ -256,7 +266,7 @@ def pruned_decoder_case(root):
     config = transformers.BertConfig(
         is_decoder=True, add_cross_attention=True, position_embedding_type="relative_key", **DECODER
     )
-    model = transformers.BertLMHeadModel(config).eval()
+    model = biased(transformers.BertLMHeadModel(config))
     model.prune_heads({0: [0, 2, 3], 1: [1]})  # a different number of heads left in each layer
     assert model.bert.encoder.layer[0].crossattention.self.num_attention_heads == 4
     feed = decoder_inputs(23)
@@ -267,7 +277,7 @@ def pruned_decoder_case(root):
 def flax_causal_lm_case(root):
     torch.manual_seed(22)
     config = transformers.BertConfig(is_decoder=True, add_cross_attention=True, **DECODER)
-    model = transformers.BertLMHeadModel(config).eval()
+    model = biased(transformers.BertLMHeadModel(config))
     feed = decoder_inputs(22)
     del feed["token_type_ids"]
     with torch.no_grad():
@@ -285,7 +295,7 @@ def bert2bert(seed, encoder_sizes=(), **decoder_sizes):
     config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
     config.decoder_start_token_id, config.pad_token_id = 2, 0
     config._attn_implementation = "eager"  # the sub-configs' attn_implementation is not carried over
-    model = transformers.EncoderDecoderModel(config=config).eval()
+    model = biased(transformers.EncoderDecoderModel(config=config))
 
     feed = inputs(seed)
     del feed["token_type_ids"]
@@ -359,7 +369,7 @@ def qa_cases(root):
     config = transformers.BertConfig(
         **{**SIZES, "vocab_size": len(vocab), "max_position_embeddings": 64}, architectures=["BertForQuestionAnswering"]
     )
-    model = transformers.BertForQuestionAnswering(config).eval()
+    model = biased(transformers.BertForQuestionAnswering(config))
     model.save_pretrained(out)
     tok.save_pretrained(out)
     qa = pipeline("question-answering", model=model, tokenizer=tok, device="cpu")
