@@ -73,7 +73,34 @@ def requirements():
         import transformers
     except ImportError:
         raise ImportError("--verify needs torch and transformers: pip install 'jaxbert[torch]'") from None
+    except Exception as e:  # noqa: BLE001 - installed but broken (e.g. a transformers built for another torch)
+        raise ImportError(f"--verify needs torch and transformers, and importing them failed ({_cause(e)})") from None
     return torch, transformers
+
+
+def _cause(e: BaseException) -> str:
+    """An exception as one short clause: its type and first line, and the next when the first only introduces it
+    (huggingface_hub's "Validation error for field 'use_cache':" is followed by what was wrong)."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()] or [""]
+    first = f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    return f"{type(e).__name__}: {first}"
+
+
+def _reference(transformers, head: str, src: str):
+    """transformers' model of `src`, or a ValueError naming what transformers refused: its config (a field it
+    validates more strictly than jaxbert, e.g. use_cache "yes", or dtype "auto", which it reads as a torch
+    attribute) or the model it builds from it. Whatever fails inside transformers' loading is the checkpoint's
+    meeting transformers, not a fault of the conversion: one line, not a traceback."""
+    where = f"transformers {transformers.__version__}"
+    try:
+        cls = getattr(transformers, head)
+        config = cls.config_class.from_pretrained(src)
+    except Exception as e:  # noqa: BLE001 - transformers' config validation raises many kinds
+        raise ValueError(f"--verify: {where} refuses {src}/config.json ({_cause(e)})") from None
+    try:
+        return cls.from_pretrained(src, config=config, attn_implementation="eager").eval()
+    except Exception as e:  # noqa: BLE001 - as above, for building the model and reading its weights
+        raise ValueError(f"--verify: {where} cannot load {src} ({_cause(e)})") from None
 
 
 def verify(src: str, dst: str) -> dict[str, tuple[float, float]]:
@@ -92,10 +119,7 @@ def verify(src: str, dst: str) -> dict[str, tuple[float, float]]:
             "(relative position embeddings / pruned heads were removed in transformers 5)"
         )
     src = transformer_dir(src)  # a sentence-transformers 0_Transformer/ subfolder, as transformers reads it
-    try:
-        reference = getattr(transformers, head).from_pretrained(src, attn_implementation="eager").eval()
-    except OSError as e:
-        raise ValueError(f"--verify: transformers cannot load {src} ({str(e).splitlines()[0]})") from None
+    reference = _reference(transformers, head, src)
     converted = jaxbert.load(dst, head=head)
     feed = fixed_batch(sides[0], head, src)
     if head == "EncoderDecoderModel":  # the decoder reads the start token then the first tokens of the input
@@ -106,8 +130,13 @@ def verify(src: str, dst: str) -> dict[str, tuple[float, float]]:
             axis=1,
         )
         feed.pop("token_type_ids", None)
-    with torch.no_grad():
-        expected = reference(**{k: torch.as_tensor(v) for k, v in feed.items()}, return_dict=True)
+    try:
+        with torch.no_grad():
+            expected = reference(**{k: torch.as_tensor(v) for k, v in feed.items()}, return_dict=True)
+    except (TypeError, ValueError) as e:  # a config value transformers takes unchecked, e.g. output_hidden_states "x"
+        raise ValueError(
+            f"--verify: transformers {transformers.__version__}'s {head} fails to run {src} ({_cause(e)})"
+        ) from None
     got = converted(**feed)
     if head == "EncoderDecoderModel":  # compare the decoder's logits (every decoder position is real)
         feed = {"attention_mask": np.ones(feed["decoder_input_ids"].shape, np.int64)}

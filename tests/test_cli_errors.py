@@ -183,3 +183,56 @@ def test_sigterm_during_convert_exits_143_and_leaves_nothing(src, tmp_path, caps
     assert capsys.readouterr().err == "jaxbert convert: terminated\n"
     assert os.listdir(tmp_path) == ["src"]  # neither DST nor .dst.*.partial
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        # transformers 5's strict config fields, and its reading of dtype as a torch attribute
+        (
+            {"use_cache": "yes"},
+            "refuses {src}/config.json (StrictDataclassFieldValidationError: Validation error for "
+            "field 'use_cache': TypeError: Field 'use_cache' expected bool",
+        ),
+        ({"dtype": "auto"}, "refuses {src}/config.json (AttributeError: module 'torch' has no attribute 'auto')"),
+        ({"dtype": 5}, "cannot load {src} (AttributeError: 'int' object has no attribute 'is_floating_point')"),
+        # taken unchecked, failing in the forward
+        ({"output_hidden_states": "x"}, "'s BertForMaskedLM fails to run {src} (TypeError: '<=' not supported"),
+    ],
+)
+def test_verify_names_what_transformers_refuses(src, tmp_path, capsys, change, match):
+    """convert --verify printed a traceback (and exited through it) where transformers refused the source's config or
+    could not build or run the model: it is one line naming transformers' reason, and DST is not written."""
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, **change}))
+    transformers = pytest.importorskip("transformers")
+    line = fails(capsys, tmp_path, "convert", src, "--verify", match=match.format(src=src))
+    assert line.startswith(f"jaxbert convert: error: --verify: transformers {transformers.__version__}")
+
+
+def test_verify_names_a_transformers_that_fails_to_import(src, tmp_path, capsys, monkeypatch):
+    """transformers installed but failing on import (e.g. built for another torch) was a traceback; missing, it
+    already named the extra."""
+    import builtins
+
+    real = builtins.__import__
+
+    def broken(name, *args, **kwargs):
+        if name == "transformers":
+            raise RuntimeError("Failed to import transformers.modeling_utils")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "transformers")
+    monkeypatch.setattr(builtins, "__import__", broken)
+    fails(
+        capsys,
+        tmp_path,
+        "convert",
+        src,
+        "--verify",
+        match="--verify needs torch and transformers, and importing them failed (RuntimeError: Failed to import "
+        "transformers.modeling_utils)",
+    )
+    monkeypatch.setattr(builtins, "__import__", real)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # not installed
+    fails(capsys, tmp_path, "convert", src, "--verify", match="--verify needs torch and transformers: pip install")
