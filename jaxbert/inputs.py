@@ -8,7 +8,9 @@ the value and its position.
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import itertools
+import re
 
 import numpy as np
 
@@ -188,3 +190,17 @@ def check_encoder_states(config: BertConfig, batch: int, states, mask):
         _check_range("encoder attention mask value", mask.astype(np.int64), 2, "0 or 1")
         mask = mask.astype(np.int32)
     return states.astype(np.float32), mask
+
+
+@contextlib.contextmanager
+def naming(pattern: str, name: str):
+    """A helper's TypeError / ValueError whose message starts with `pattern` (a regex) re-raised starting with
+    `name` (re.sub's template) instead: the tokenizer names its inputs `texts[i]` and `words[i]`, which are not the
+    parameters of fill_mask (`text`), tag's word lists (`texts[i]`) or answer (`question`, `context`)."""
+    try:
+        yield
+    except (TypeError, ValueError) as e:
+        renamed = re.sub(rf"^{pattern}", name, str(e), count=1)
+        if renamed == str(e) or type(e) not in (TypeError, ValueError):
+            raise
+        raise type(e)(renamed) from None

@@ -19,7 +19,7 @@ import weakref
 
 import numpy as np
 
-from jaxbert.inputs import check_unicode
+from jaxbert.inputs import check_unicode, naming
 
 NO_SPAN = (-1, -1)  # offsets of tokens that are not in the context (question, [CLS], [SEP], padding)
 
@@ -272,7 +272,9 @@ def answer(
     length = bert.max_length(None if max_seq_len is None else positive_int("max_seq_len", max_seq_len, positions))
     length = length if max_seq_len is not None else min(length, 384)
     stride = default_stride(length) if doc_stride is None else _doc_stride(doc_stride, length)
-    w = windows(bert.tokenizer, [question], [context], length, stride, ("max_seq_len", "doc_stride"))
+    # windows names its lists' items (questions[0], example 0): answer takes one question and one context.
+    with naming(r"questions\[0\]", "question"), naming(r"contexts\[0\]", "context"), naming("example 0: its ", ""):
+        w = windows(bert.tokenizer, [question], [context], length, stride, ("max_seq_len", "doc_stride"))
     found: dict[str, dict] = {}  # by lower-cased answer text, in the order first found
     null = 1.0
     for f, (start, end) in enumerate(window_logits(bert, w, batch_size)):

@@ -10,7 +10,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxbert import entities, sentence_dense, sentence_dir, windows
-from jaxbert.inputs import check_encoded, positive_int
+from jaxbert.inputs import check_encoded, check_unicode, naming, positive_int
 from jaxbert.tokenizer import NO_LIMIT, check_texts, ordered
 
 _MLM_HEADS = ("BertForMaskedLM", "BertForPreTraining")
@@ -27,10 +27,10 @@ def progress(batches, n_texts: int, batch_size: int, show: bool | None):
     return tqdm(batches, total=total, unit="batch", disable=not _shown(n_texts, batch_size, show), leave=False)
 
 
-def packed(bert, enc, batch_size: int, show: bool | None = None):
+def packed(bert, enc, batch_size: int, show: bool | None = None, name: str = "texts"):
     """bert.packed_batches with a bar counting texts (a packed batch holds a varying number of them); out-of-range
-    ids named by text first (check_encoded), not by a packed row."""
-    check_encoded(bert.config, enc)
+    ids named by text first (check_encoded: `name`[i]), not by a packed row."""
+    check_encoded(bert.config, enc, lambda i: f"{name}[{i}]")
     with tqdm(total=len(enc), unit="text", disable=not _shown(len(enc), batch_size, show), leave=False) as bar:
         for rows, batch in bert.packed_batches(enc, batch_size):
             yield rows, batch
@@ -86,18 +86,25 @@ def fill_mask(bert, text, top_k: int = 5, batch_size: int = 32, targets=None) ->
         raise TypeError(f"text is {type(text).__name__}, not a string or a list of strings")
     top_k = positive_int("top_k", top_k, bert.config.vocab_size)
     batch_size = positive_int("batch_size", batch_size)
-    texts = [text] if single else list(text)
+    texts = [text] if single else check_texts(text, "text")
     tok = bert.tokenizer
     target_ids = None if targets is None else _target_ids(tok, targets, bert.config.vocab_size)
     top_k = top_k if target_ids is None else min(top_k, len(target_ids))
-    # Not cut to fit: cutting could drop a [MASK] (the pipeline leaves too long a text to fail in the model).
-    enc = tok.encode(texts, max_length=bert.max_length(None), truncation=False, hint=None)
+    # Not cut to fit: cutting could drop a [MASK] (the pipeline leaves too long a text to fail in the model). The
+    # tokenizer's errors name its `texts[i]`: here the parameter is `text` (one text, or a list of them).
+    limit = bert.max_length(None)
+    with naming(r"texts\[0\]" if single else r"texts(?=\[)", "text"):
+        try:
+            enc = tok.encode(texts, max_length=limit, truncation=False, hint=None)
+        except ValueError as e:  # max_length is not an argument fill_mask has: it is the model's length
+            longer = str(e).replace(f"more than max_length {limit}", f"more than the model's {limit}")
+            raise ValueError(longer) from None
     masks = [np.flatnonzero(np.asarray(ids) == tok.mask_token_id) for ids in enc.ids]
     for i, found in enumerate(masks):
         if found.size == 0:
-            raise ValueError(f"no {tok.mask_token} in text{'' if single else f' {i}'}: {texts[i]!r}")
+            raise ValueError(f"no {tok.mask_token} in text{'' if single else f'[{i}]'}: {texts[i]!r}")
     results: list = [None] * len(texts)
-    for rows, b in packed(bert, enc, batch_size):
+    for rows, b in packed(bert, enc, batch_size, name="text"):
         starts = np.asarray(b["starts"])
         # Each row's [MASK] columns: its segments' own positions moved to where the segment starts.
         at = [np.concatenate([starts[r, s] + masks[i] for s, i in enumerate(texts)]) for r, texts in enumerate(rows)]
@@ -267,7 +274,9 @@ def _joined(tok, texts, delimiter: str):
         i = lists.index(False)
         raise TypeError(f"is_split_into_words: texts[{i}] is {type(texts[i]).__name__}, not a list of words")
     words = [list(w) for w in texts] if any(lists) or not texts else [texts]
-    enc = tok.encode_words(words, max_length=NO_LIMIT)
+    # The tokenizer's `words[i][j]` is texts[i][j] here, or texts[j] of one text's words.
+    with naming(r"words(?=\[)" if any(lists) else r"words\[0\]", "texts"):
+        enc = tok.encode_words(words, max_length=NO_LIMIT)
     joined = []
     for t, w in enumerate(words):
         starts = [0]
@@ -350,7 +359,15 @@ def embed(bert, texts, pooling, normalize, batch_size: int, max_length, show, pa
     tok = bert.tokenizer.lowercased() if lower else bert.tokenizer
     limit = bert.max_length(max_length)
     # The prompt is part of each text, as encode puts it: truncated with it, lower-cased with it.
-    enc = tok.encode([prompt + text for text in check_texts(texts)] if prompt else texts, max_length=limit)
+    texts = check_texts(texts)
+    try:
+        enc = tok.encode([prompt + text for text in texts] if prompt else texts, max_length=limit)
+    except ValueError:  # a lone surrogate: in the prompt (not texts[0]), or at a text's own character
+        if prompt:
+            with naming(r"prompt\[0\]", "prompt"):
+                check_unicode([prompt], "prompt")
+            check_unicode(texts)
+        raise
     include = defaults is None or defaults.include_prompt
     skip = np.int32(0 if include else sentence_dir.prompt_length(tok, prompt, limit))  # traced: one program
     out = np.zeros((len(enc), sentence_dense.out_features(steps, bert.config.hidden_size * len(modes))), np.float32)

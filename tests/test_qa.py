@@ -540,7 +540,7 @@ def test_trained_answers_never_invent_text(monkeypatch, v2):
 
 def test_a_question_that_leaves_no_room_names_the_arguments_answer_has():
     bert = jaxbert.load(GOLDEN_QA)
-    with pytest.raises(ValueError, match=r"example 0: its question \(\d+ tokens .* max_seq_len 16 with doc_stride 4"):
+    with pytest.raises(ValueError, match=r"^question \(\d+ tokens .* max_seq_len 16 with doc_stride 4"):
         bert.answer("Who " * 20 + "lives here?", "Anna lives here.", max_seq_len=16, doc_stride=4)
 
 
@@ -548,11 +548,9 @@ def test_answer_names_a_text_that_is_not_unicode():
     """A lone surrogate (invalid UTF-8 on a command line) in the question or the context: one line naming which
     text and where, not the tokenizers library's type error."""
     bert = jaxbert.load(GOLDEN_QA)
-    with pytest.raises(ValueError, match=r"questions\[0\] 'Who\\udcff\?': not valid Unicode .* at character 3"):
+    with pytest.raises(ValueError, match=r"^question 'Who\\udcff\?': not valid Unicode .* at character 3"):
         bert.answer("Who\udcff?", "Anna lives here.")
-    with pytest.raises(
-        ValueError, match=r"contexts\[0\] .*: not valid Unicode \(a lone surrogate \\ud800 at character 5"
-    ):
+    with pytest.raises(ValueError, match=r"^context .*: not valid Unicode \(a lone surrogate \\ud800 at character 5"):
         bert.answer("Who?", "Anna \ud800 lives here.")
 
 
@@ -561,7 +559,7 @@ def test_a_question_that_leaves_the_context_no_more_than_the_stride_is_named(qa_
     that must be cut: the tokenizers library panics (a Rust backtrace and a PanicException, which `except
     Exception` does not catch). With the defaults (64-token windows, stride 32) a 40-word question is one."""
     bert = jaxbert.load(qa_model)
-    with pytest.raises(ValueError, match=r"example 0: its question \(\d+ tokens .* max_seq_len 64 with doc_stride 32"):
+    with pytest.raises(ValueError, match=r"^question \(\d+ tokens .* max_seq_len 64 with doc_stride 32"):
         bert.answer("Who " * 40 + "lives here?", CONTEXT)
     assert bert.answer("Who " * 40 + "lives here?", "Anna lives here.")  # a context that fits needs no cut
 

@@ -12,6 +12,7 @@ import jaxbert
 def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("api_inputs")
     heads = {"BertModel": {}, "BertForSequenceClassification": {}, "BertForTokenClassification": {}}
+    heads["BertForMaskedLM"] = {}
     heads["BertForQuestionAnswering"] = {"num_labels": 2}
     return {head: model_dir(root / head, head, max_position_embeddings=64, **kw) for head, kw in heads.items()}
 
@@ -78,3 +79,41 @@ def test_answer_names_max_seq_len_beyond_the_positions(dirs):
     assert qa.answer("Who lives here?", "Anna lives here.", max_seq_len=64) == qa.answer(
         "Who lives here?", "Anna lives here."
     )
+
+
+def test_a_bad_item_is_named_by_its_own_parameter(dirs):
+    """Errors of items were named by the tokenizer's words, not by the method's parameters: fill_mask(text=[...,
+    None]) said texts[1]; tag's word lists words[i][j] (they are texts[i][j]); answer's question and context
+    questions[0] / contexts[0] and 'example 0'; a prompt holding a lone surrogate was texts[0], a text's surrogate
+    after a prompt at the prompted text's character."""
+    mlm = jaxbert.load(dirs["BertForMaskedLM"])
+    bad = "b [MASK] \udcff"
+    with pytest.raises(TypeError, match=r"^text\[1\] is NoneType, not a string$"):
+        mlm.fill_mask(["a [MASK]", None])
+    with pytest.raises(ValueError, match=r"^text\[1\]: not valid Unicode \(a lone surrogate \\udcff at character 9"):
+        mlm.fill_mask(["a [MASK]", bad])
+    with pytest.raises(ValueError, match=r"^text 'b \[MASK\] \\udcff': not valid Unicode"):
+        mlm.fill_mask(bad)
+    with pytest.raises(ValueError, match=r"^text has 71 tokens, more than the model's 64$"):
+        mlm.fill_mask("a [MASK]" + " word" * 67)
+    with pytest.raises(ValueError, match=r"^text\[1\] has 71 tokens, more than the model's 64$"):
+        mlm.fill_mask(["a [MASK]", "a [MASK]" + " word" * 67])
+    bert = jaxbert.load(dirs["BertModel"])
+    with pytest.raises(ValueError, match=r"^prompt 'query\\udcff: ': not valid Unicode"):
+        bert.embed(["a", "b"], prompt="query\udcff: ")
+    with pytest.raises(ValueError, match=r"^texts\[1\]: not valid Unicode \(a lone surrogate \\udcff at character 1;"):
+        bert.embed(["a", "b\udcff"], prompt="query: ")
+    tagger = jaxbert.load(dirs["BertForTokenClassification"])
+    with pytest.raises(TypeError, match=r"^texts\[1\]\[1\] is NoneType, not a string$"):
+        tagger.tag([["a"], ["b", None]], is_split_into_words=True)
+    with pytest.raises(TypeError, match=r"^texts\[1\] is NoneType, not a string$"):
+        tagger.tag(["a", None], is_split_into_words=True)  # one text's words
+    with pytest.raises(ValueError, match=r"^texts\[1\]\[0\] '\\udcff': not valid Unicode"):
+        tagger.tag([["a"], ["\udcff"]], is_split_into_words=True)
+    qa = jaxbert.load(dirs["BertForQuestionAnswering"])
+    with pytest.raises(ValueError, match=r"^question 'who\\udcff': not valid Unicode"):
+        qa.answer("who\udcff", "me")
+    with pytest.raises(ValueError, match=r"^context 'me\\udcff': not valid Unicode"):
+        qa.answer("who", "me\udcff")
+    with pytest.raises(ValueError, match=r"^question \(\d+ tokens with \[CLS\] and \[SEP\]\) leaves too little room"):
+        qa.answer("who is it", "me " * 10, max_seq_len=6)

@@ -181,10 +181,10 @@ def test_every_entry_point_names_a_text_that_is_not_unicode(tmp_path, capsys, he
     with pytest.raises(ValueError, match=r"^texts\[1\]: " + bad):
         bert.embed(["fine", "Paris \udcff is nice."], pooling="mean")
     if head == "BertForMaskedLM":
-        with pytest.raises(ValueError, match=r"^texts\[0\] 'Paris \\udcff is the \[MASK\].': " + bad):
+        with pytest.raises(ValueError, match=r"^text 'Paris \\udcff is the \[MASK\].': " + bad):
             bert.fill_mask("Paris \udcff is the [MASK].")
         # Python decodes a command line's invalid UTF-8 byte 0xff as "\udcff" (surrogateescape)
-        cli_fails(capsys, tmp_path, "fill-mask", bert.directory, "Paris \udcff is the [MASK].", match="texts[0] 'Paris")
+        cli_fails(capsys, tmp_path, "fill-mask", bert.directory, "Paris \udcff is the [MASK].", match="text 'Paris")
     elif head == "BertForSequenceClassification":
         with pytest.raises(ValueError, match=r"^pairs\[0\] 'Paris \\udcff is': " + bad):
             bert.classify(["a question"], ["Paris \udcff is"])
