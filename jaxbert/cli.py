@@ -10,6 +10,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -18,6 +19,7 @@ import warnings
 
 import numpy as np
 
+from jaxbert.cli_flags import FINITE, NON_NEGATIVE, POSITIVE, SEED, as_flags, flags_of, number
 from jaxbert.inference import DTYPES
 
 
@@ -188,7 +190,10 @@ def _fill_mask(args) -> int:
 
     single = len(args.text) == 1  # one text: its errors and output as before several were taken
     bert = jaxbert.load(args.dir, dtype=args.dtype)
-    results = bert.fill_mask(args.text[0] if single else args.text, top_k=args.top_k, targets=args.targets)
+    try:
+        results = bert.fill_mask(args.text[0] if single else args.text, top_k=args.top_k, targets=args.targets)
+    except ValueError as e:  # the library's text[i] counts from 0, the output's "text N:" headers from 1
+        raise ValueError(re.sub(r"\btext\[(\d+)\]", lambda m: f"text {int(m[1]) + 1}", str(e))) from None
     for t, per_text in enumerate([results] if single else results):
         if not single:
             print(f"{'' if t == 0 else chr(10)}text {t + 1}: {args.text[t]}")
@@ -250,22 +255,22 @@ def _add_generate(sub) -> None:
     gen = sub.add_parser("generate", help="continue a prompt (BertLMHeadModel) or transform it (bert2bert)")
     gen.add_argument("dir")
     gen.add_argument("prompt")
-    gen.add_argument("--max-new-tokens", type=int, default=None, help="default: generation_config.json, else 20")
-    gen.add_argument("--num-beams", type=int, default=None, help="beam search with K beams (default 1: greedy)")
-    gen.add_argument("--num-return-sequences", type=int, default=None, help="sequences printed (beams, samples)")
+    gen.add_argument("--max-new-tokens", type=POSITIVE, default=None, help="default: generation_config.json, else 20")
+    gen.add_argument("--num-beams", type=POSITIVE, default=None, help="beam search with K beams (default 1: greedy)")
+    gen.add_argument("--num-return-sequences", type=POSITIVE, default=None, help="sequences printed (beams, samples)")
     gen.add_argument("--do-sample", action="store_true", help="sample instead of searching")
-    gen.add_argument("--temperature", type=float, default=None)
-    gen.add_argument("--top-k", type=int, default=None, help="sampling: keep the K likeliest tokens (0: all)")
-    gen.add_argument("--top-p", type=float, default=None, help="sampling: nucleus probability mass")
-    gen.add_argument("--seed", type=int, default=0, help="sampling: the same seed draws the same text")
-    gen.add_argument("--min-new-tokens", type=int, default=None, help="no eos before that many new tokens")
-    gen.add_argument("--no-repeat-ngram-size", type=int, default=None, help="no n-gram of that size twice")
+    gen.add_argument("--temperature", type=number(0.0), default=None)
+    gen.add_argument("--top-k", type=NON_NEGATIVE, default=None, help="sampling: keep the K likeliest tokens (0: all)")
+    gen.add_argument("--top-p", type=number(0.0, 1.0), default=None, help="sampling: nucleus probability mass")
+    gen.add_argument("--seed", type=SEED, default=0, help="sampling: the same seed draws the same text")
+    gen.add_argument("--min-new-tokens", type=NON_NEGATIVE, default=None, help="no eos before that many new tokens")
+    gen.add_argument("--no-repeat-ngram-size", type=NON_NEGATIVE, default=None, help="no n-gram of that size twice")
     gen.add_argument(
-        "--repetition-penalty", type=float, default=None, help="> 1 discourages tokens already in the text"
+        "--repetition-penalty", type=number(0.0), default=None, help="> 1 discourages tokens already in the text"
     )
-    gen.add_argument("--length-penalty", type=float, default=None, help="beam search: > 0 favours longer texts")
+    gen.add_argument("--length-penalty", type=FINITE, default=None, help="beam search: > 0 favours longer texts")
     _add_dtype(gen)
-    gen.set_defaults(func=_generate)
+    gen.set_defaults(func=_generate, flags=flags_of(gen))
 
 
 def _add_dtype(parser) -> None:
@@ -328,8 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="unit-length embeddings (default: as a sentence-transformers directory says, else no)",
     )
-    embed.add_argument("--batch-size", type=int, default=32)
-    embed.add_argument("--max-length", type=int, default=None, help="truncate texts to N tokens")
+    embed.add_argument("--batch-size", type=POSITIVE, default=32)
+    embed.add_argument("--max-length", type=POSITIVE, default=None, help="truncate texts to N tokens")
     prompts = embed.add_mutually_exclusive_group()  # encode takes both and ignores the name: a mistake here
     prompts.add_argument("--prompt", default=None, help='text put before every text (e.g. "query: ")')
     prompts.add_argument(
@@ -338,24 +343,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="one of the directory's prompts (config_sentence_transformers.json); default: its default prompt",
     )
     _add_dtype(embed)
-    embed.set_defaults(func=_embed)
+    embed.set_defaults(func=_embed, flags=flags_of(embed))
     fill = sub.add_parser("fill-mask", help="top-k predictions for each [MASK] of one or more texts")
     fill.add_argument("dir")
     fill.add_argument("text", nargs="+", help="texts with [MASK] (several: packed into rows, one block each)")
-    fill.add_argument("--top-k", type=int, default=5)
+    fill.add_argument("--top-k", type=POSITIVE, default=5)
     fill.add_argument("--targets", nargs="+", default=None, help="score only these tokens (as the pipeline's targets)")
     _add_dtype(fill)
-    fill.set_defaults(func=_fill_mask)
+    fill.set_defaults(func=_fill_mask, flags=flags_of(fill))
     answer = sub.add_parser("answer", help="extractive QA: the answer span to a question in a context (JSON)")
     answer.add_argument("dir")
     answer.add_argument("--question", required=True)
     answer.add_argument("--context", required=True)
-    answer.add_argument("--top-k", type=int, default=1)
+    answer.add_argument("--top-k", type=POSITIVE, default=1)
     answer.add_argument(
         "--handle-impossible-answer", action="store_true", help='the null answer ("" at 0-0) among the answers'
     )
     _add_dtype(answer)
-    answer.set_defaults(func=_answer)
+    answer.set_defaults(func=_answer, flags=flags_of(answer))
     _add_generate(sub)
     cli_train.add_parsers(sub)
     info = sub.add_parser("info", help="config summary and parameter counts of a jaxbert or transformers dir")
@@ -377,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with warnings.catch_warnings(), _terminate_as_interrupt(terminated):
             warnings.showwarning = functools.partial(_show_warning, args.command, warnings.showwarning)
-            return args.func(args) or 0
+            with as_flags(args, getattr(args, "flags", {})):  # the library's argument names as the flags
+                return args.func(args) or 0
     except EXPECTED_ERRORS as e:  # one line, no traceback
         print(f"jaxbert {args.command}: error: {one_line(e)}", file=sys.stderr)
         return _leave(1)

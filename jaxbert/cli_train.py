@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import sys
 
+from jaxbert.cli_flags import POSITIVE, flags_of
 from jaxbert.entities import STRATEGIES
 
 SCALE_HELP = {  # the mesh and multi-process flags (see README "Running on many machines")
@@ -221,7 +222,7 @@ def add_parsers(sub) -> None:
     predict.add_argument("dir")
     predict.add_argument("--input", required=True, help=".txt (one text per line), .jsonl, .csv or .tsv")
     predict.add_argument("--output", required=True, help="FILE.jsonl: one JSON line per input, input order")
-    predict.add_argument("--batch-size", type=int, default=32)
+    predict.add_argument("--batch-size", type=POSITIVE, default=32)
     predict.add_argument("--text-column", default=None)
     predict.add_argument("--text-pair-column", default=None)
     predict.add_argument(
@@ -240,7 +241,7 @@ def add_parsers(sub) -> None:
         help="labels left out of the entities, comma-separated ('' keeps all; default O), as the pipeline's",
     )
     _add_qa_flags(predict)
-    predict.set_defaults(func=_predict)
+    predict.set_defaults(func=_predict, flags=flags_of(predict, max_length="--max-seq-length"))
     evaluate = sub.add_parser("evaluate", help="a fine-tuned model's validation metrics on a labelled file")
     evaluate.add_argument("dir")
     evaluate.add_argument(
@@ -253,7 +254,7 @@ def add_parsers(sub) -> None:
     evaluate.add_argument("--text-column", default=None)
     evaluate.add_argument("--text-pair-column", default=None)
     evaluate.add_argument("--label-column", default=None)
-    evaluate.add_argument("--batch-size", type=int, default=32)
+    evaluate.add_argument("--batch-size", type=POSITIVE, default=32)
     evaluate.add_argument("--max-seq-length", type=int, default=None)
     seq2seq = evaluate.add_argument_group("seq2seq (default: as the model was trained here)")
     seq2seq.add_argument("--max-source-length", type=int, default=None, help="tokens a source is cut to")
@@ -269,7 +270,10 @@ def add_parsers(sub) -> None:
         help="also generate for each source and report ROUGE and gen_len, as run_summarization.py",
     )
     seq2seq.add_argument(
-        "--num-beams", type=int, default=None, help="the generation's beams (default: the model's generation config)"
+        "--num-beams",
+        type=POSITIVE,
+        default=None,
+        help="the generation's beams (default: the model's generation config)",
     )
     for side, what in (("query", "anchors"), ("corpus", "positives and negatives")):  # --task embedding
         prompt = evaluate.add_mutually_exclusive_group()
@@ -285,4 +289,4 @@ def add_parsers(sub) -> None:
         "score) pairs and report the correlations of their similarities with the scores (default mnrl)",
     )
     _add_qa_flags(evaluate)
-    evaluate.set_defaults(func=_evaluate)
+    evaluate.set_defaults(func=_evaluate, flags=flags_of(evaluate, max_length="--max-seq-length"))

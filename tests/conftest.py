@@ -240,6 +240,20 @@ def cli_fails(capsys, tmp_path, *args, match: str):
     return lines[0]
 
 
+def cli_refuses(capsys, *args, match: str) -> str:
+    """Run the CLI in-process; assert argparse refused a flag (exit 2, its usage then one error line containing
+    `match`, no traceback) before any work. Returns the error line."""
+    from jaxbert.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main([str(a) for a in args])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "Traceback" not in err, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"jaxbert {args[0]}: error: argument ") and match in line, line
+    return line
+
+
 def kill_when_logged(process, metrics, logged, timeout: float = 300) -> None:
     """SIGKILL `process` (a training run) as soon as a record of its metrics.jsonl satisfies `logged`, then
     wait for it; asserts it died of the signal (not by finishing first)."""

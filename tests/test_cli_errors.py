@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 from conftest import cli_fails as fails
-from conftest import hf_model
+from conftest import cli_refuses, hf_model, model_dir
 from safetensors.numpy import load_file, save_file
 
 from jaxbert.cli import main
@@ -236,3 +236,129 @@ def test_verify_names_a_transformers_that_fails_to_import(src, tmp_path, capsys,
     monkeypatch.setattr(builtins, "__import__", real)
     monkeypatch.setitem(sys.modules, "transformers", None)  # not installed
     fails(capsys, tmp_path, "convert", src, "--verify", match="--verify needs torch and transformers: pip install")
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (
+            ("embed", "D", "--input", "x.txt", "--output", "x.npy", "--batch-size", 0),
+            "--batch-size: must be at least 1, got 0",
+        ),
+        (
+            ("embed", "D", "--input", "x.txt", "--output", "x.npy", "--batch-size", "8.5"),
+            "--batch-size: must be an integer, got '8.5'",
+        ),
+        (
+            ("embed", "D", "--input", "x.txt", "--output", "x.npy", "--max-length", -1),
+            "--max-length: must be at least 1, got -1",
+        ),
+        (("fill-mask", "D", "a [MASK]", "--top-k", 0), "--top-k: must be at least 1, got 0"),
+        (("answer", "D", "--question", "q", "--context", "c", "--top-k", -2), "--top-k: must be at least 1, got -2"),
+        (("generate", "D", "p", "--max-new-tokens", 0), "--max-new-tokens: must be at least 1, got 0"),
+        (("generate", "D", "p", "--num-beams", 0), "--num-beams: must be at least 1, got 0"),
+        (("generate", "D", "p", "--num-return-sequences", 0), "--num-return-sequences: must be at least 1, got 0"),
+        (
+            ("generate", "D", "p", "--do-sample", "--temperature", 0),
+            "--temperature: must be a finite number > 0, got 0",
+        ),
+        (
+            ("generate", "D", "p", "--do-sample", "--temperature", "nan"),
+            "--temperature: must be a finite number > 0, got nan",
+        ),
+        (("generate", "D", "p", "--do-sample", "--top-k", -1), "--top-k: must be at least 0, got -1"),
+        (("generate", "D", "p", "--do-sample", "--top-p", 0), "--top-p: must be a finite number in (0, 1], got 0"),
+        (("generate", "D", "p", "--do-sample", "--seed", -1), "--seed: must be in [0, 4294967295], got -1"),
+        (("generate", "D", "p", "--do-sample", "--seed", 2**32), "--seed: must be in [0, 4294967295], got 4294967296"),
+        (("generate", "D", "p", "--min-new-tokens", -1), "--min-new-tokens: must be at least 0, got -1"),
+        (("generate", "D", "p", "--no-repeat-ngram-size", -1), "--no-repeat-ngram-size: must be at least 0, got -1"),
+        (
+            ("generate", "D", "p", "--repetition-penalty", -1),
+            "--repetition-penalty: must be a finite number > 0, got -1",
+        ),
+        (
+            ("generate", "D", "p", "--num-beams", 2, "--length-penalty", "inf"),
+            "--length-penalty: must be a finite number, got inf",
+        ),
+        (
+            ("predict", "D", "--input", "x.txt", "--output", "x.jsonl", "--batch-size", 0),
+            "--batch-size: must be at least 1, got 0",
+        ),
+        (
+            ("evaluate", "D", "--task", "seq2seq", "--file", "x.jsonl", "--batch-size", 0),
+            "--batch-size: must be at least 1, got 0",
+        ),
+        (
+            ("evaluate", "D", "--task", "seq2seq", "--file", "x.jsonl", "--num-beams", 0),
+            "--num-beams: must be at least 1, got 0",
+        ),
+    ],
+)
+def test_flags_out_of_fixed_bounds_are_refused_by_argparse(capsys, args, match):
+    """The inference subcommands passed --batch-size 0, --top-k 0, --max-new-tokens 0, ... to the library, whose
+    error named its argument ('batch_size 0: must be ≥ 1'), not the flag typed; a bound that does not depend on the
+    model is argparse's now, before the model loads (D need not exist)."""
+    cli_refuses(capsys, *args, match=f"argument {match}")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli_flags")
+    heads = {"BertForMaskedLM": {}, "BertForQuestionAnswering": {"num_labels": 2}, "BertForSequenceClassification": {}}
+    dirs = {head: model_dir(root / head, head, max_position_embeddings=64, **kw) for head, kw in heads.items()}
+    dirs["lm"] = model_dir(root / "lm", "BertLMHeadModel", is_decoder=True, num_hidden_layers=1)
+    (root / "in.txt").write_text("a text\nanother text\n")
+    return root, dirs
+
+
+def test_bounds_of_the_model_are_named_by_their_flag(models, capsys, tmp_path):
+    """Bounds the model sets (its positions, its vocabulary, the beams) and the library's other errors about an
+    argument spoke in its Python names ('max_length 999: must be in [1, 64]', 'question must be a non-empty
+    string', 'do_sample=True with num_beams=2'); they name the flag now."""
+    root, d = models
+    embed = ("embed", d["BertForMaskedLM"], "--input", root / "in.txt", "--output", tmp_path / "out.npy")
+    fails(capsys, tmp_path, *embed, "--max-length", 999, match="error: --max-length 999: must be in [1, 64]")
+    fails(capsys, tmp_path, *embed, "--max-length", 1, match="error: --max-length 1: too short for the 2 special")
+    assert not (tmp_path / "out.npy").exists()
+    mlm = ("fill-mask", d["BertForMaskedLM"])
+    fails(capsys, tmp_path, *mlm, "a [MASK]", "--top-k", 99999, match="error: --top-k 99999: must be in [1, 30522]")
+    # numbered as the output's "text N:" headers, from 1
+    fails(capsys, tmp_path, *mlm, "a [MASK]", "no mask", match="error: no [MASK] in text 2: 'no mask'")
+    qa = ("answer", d["BertForQuestionAnswering"])
+    fails(capsys, tmp_path, *qa, "--question", " ", "--context", "c", match="error: --question must be a non-empty")
+    fails(capsys, tmp_path, *qa, "--question", "q", "--context", "", match="error: --context must be a non-empty")
+    fails(capsys, tmp_path, *qa, "--question", "q\udcff", "--context", "c", match="error: --question 'q\\udcff': not")
+    lm = ("generate", d["lm"], "hello")
+    fails(
+        capsys,
+        tmp_path,
+        *lm,
+        "--num-beams",
+        2,
+        "--num-return-sequences",
+        3,
+        match="error: --num-return-sequences 3: must be in [1, 2]",
+    )
+    fails(capsys, tmp_path, *lm, "--num-return-sequences", 2, match="error: --num-return-sequences 2: greedy search")
+    fails(capsys, tmp_path, *lm, "--do-sample", "--num-beams", 2, match="error: --do-sample with --num-beams 2: beam")
+    predict = ("predict", d["BertForSequenceClassification"], "--input", root / "in.txt")
+    predict += ("--output", tmp_path / "out.jsonl")
+    fails(capsys, tmp_path, *predict, "--max-seq-length", 1, match="error: --max-seq-length 1: too short for the 2")
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_only_the_flags_own_values_are_reworded():
+    """A value a file set keeps its words (the flag did not set it); a flag's value and the advice to pass an
+    argument name the flag."""
+    from argparse import Namespace
+
+    from jaxbert.cli_flags import reworded
+
+    flags = {"max_new_tokens": "--max-new-tokens", "num_beams": "--num-beams", "top_k": "--top-k"}
+    args = Namespace(max_new_tokens=None, num_beams=2, top_k=5)
+    unset = "max_new_tokens: unset, so transformers' default 20, but the prompt 30 + 20 exceeds 40; pass max_new_tokens"
+    assert reworded(unset, args, flags) == unset.replace("max_new_tokens", "--max-new-tokens")
+    assert reworded("dir/generation_config.json: num_beams 0: must be ≥ 1", args, flags).startswith("dir/gen")
+    assert reworded("num_beams 3: must be in [1, 2]", args, flags) == "num_beams 3: must be in [1, 2]"  # not 2
+    assert reworded("top_k 50: must be in [1, 40]", args, flags) == "top_k 50: must be in [1, 40]"
+    assert reworded("top_k 5: must be in [1, 4]", args, flags) == "--top-k 5: must be in [1, 4]"

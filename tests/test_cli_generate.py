@@ -6,7 +6,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
-from conftest import cli_fails, model_dir
+from conftest import cli_fails, cli_refuses, model_dir
 
 import jaxbert
 from jaxbert.cli import main
@@ -74,19 +74,28 @@ def test_sampling_is_reproducible_from_the_seed(lm_dir, capsys):
 @pytest.mark.parametrize(
     "args, match",
     [
-        (("--max-new-tokens", 0), "max_new_tokens 0: must be ≥ 1"),
-        (("--num-beams", 0), "num_beams"),
-        (("--max-new-tokens", 500), "exceeds max_position_embeddings 40"),
-        (("--top-p", 1.5, "--do-sample"), "top_p"),
+        (("--max-new-tokens", 500), "prompt length 6 + --max-new-tokens 500 = 506 exceeds max_position_embeddings 40"),
         # Without sampling they changed nothing, and the greedy text was printed as if they had.
         (("--temperature", 0.5), "--temperature: applies to sampling only"),
         (("--top-k", 3, "--top-p", 0.9, "--num-beams", 2), "--top-k, --top-p: applies to sampling only"),
         (("--length-penalty", 2.0), "--length-penalty: applies to beam search only"),
-        (("--repetition-penalty", 0), "repetition_penalty 0.0: must be in (0.0, inf)"),
     ],
 )
 def test_bad_options_are_one_line_errors(lm_dir, capsys, tmp_path, args, match):
     cli_fails(capsys, tmp_path, "generate", lm_dir, PROMPT, *args, match=match)
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (("--max-new-tokens", 0), "argument --max-new-tokens: must be at least 1, got 0"),
+        (("--num-beams", 0), "argument --num-beams: must be at least 1, got 0"),
+        (("--top-p", 1.5, "--do-sample"), "argument --top-p: must be a finite number in (0, 1], got 1.5"),
+        (("--repetition-penalty", 0), "argument --repetition-penalty: must be a finite number > 0, got 0"),
+    ],
+)
+def test_options_out_of_their_fixed_bounds_are_refused_by_argparse(lm_dir, capsys, args, match):
+    cli_refuses(capsys, "generate", lm_dir, PROMPT, *args, match=match)
 
 
 def test_an_encoder_checkpoint_cannot_generate(tmp_path, capsys):

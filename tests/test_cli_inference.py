@@ -85,7 +85,7 @@ def test_fill_mask_command(tmp_path, capsys):
     assert blocks[1].splitlines()[5].split()[:2] == [f"{both[1][1][0]['score']:.4f}", both[1][1][0]["token"]]
     assert main(["fill-mask", str(tmp_path), texts[0], "no mask"]) == 1
     err = capsys.readouterr().err
-    assert "no [MASK] in text[1]: 'no mask'" in err and len(err.strip().splitlines()) == 1
+    assert "no [MASK] in text 2: 'no mask'" in err and len(err.strip().splitlines()) == 1
 
 
 def test_fill_mask_prints_an_id_the_tokenizer_has_no_token_for(tmp_path, capsys):

@@ -143,7 +143,7 @@ def test_evaluate_names_a_length_too_short_for_any_word(tmp_path, capsys):
     data.write_text(json.dumps({"tokens": ["the", "river"], "ner_tags": [0, 1]}) + "\n")
     args = ["evaluate", directory, "--task", "token-classification", "--file", data, "--output", tmp_path / "m.json"]
     capsys.readouterr()
-    cli_fails(capsys, tmp_path, *args, "--max-seq-length", 1, match="max_length 1: too short for the 2 special tokens")
+    cli_fails(capsys, tmp_path, *args, "--max-seq-length", 1, match="--max-seq-length 1: too short for the 2 special")
     cli_fails(capsys, tmp_path, *args, "--max-seq-length", 2, match="rows.jsonl: no word fits in 2 tokens")
     assert main([*map(str, args), "--max-seq-length", "3"]) == 0
 

@@ -9,7 +9,7 @@ import os
 import shutil
 
 import pytest
-from conftest import bert2bert_dir, cli_fails, legacy_layout, model_dir
+from conftest import bert2bert_dir, cli_fails, cli_refuses, legacy_layout, model_dir
 from safetensors.numpy import load_file, save_file
 
 from jaxbert.cli import main
@@ -81,11 +81,11 @@ def test_a_generation_config_s_bad_value_is_named_with_its_file(lm, tmp_path, ca
     key, value = next((k, v) for k, v in settings.items() if k != "do_sample")
     length = [] if key == "max_new_tokens" else ["--max-new-tokens=2"]
     cli_fails(capsys, tmp_path, "generate", directory, "hello", *length, match=f"{path}: {why}")
-    if key in ("num_beams", "max_new_tokens") and isinstance(value, int):
+    if key in ("num_beams", "max_new_tokens") and isinstance(value, int):  # as flags: argparse's bounds
         (directory / "generation_config.json").write_text("{}")
-        flag = f"--{key.replace('_', '-')}={value}"
-        line = cli_fails(capsys, tmp_path, "generate", directory, "hello", *length, flag, match=why)
-        assert str(path) not in line
+        flag = f"--{key.replace('_', '-')}"
+        line = cli_refuses(capsys, "generate", directory, "hello", *length, f"{flag}={value}", match=flag)
+        assert line.endswith(f"argument {flag}: must be at least 1, got {value}") and str(path) not in line
 
 
 def test_a_generation_config_s_max_length_beyond_the_positions_is_named(lm, tmp_path, capsys):

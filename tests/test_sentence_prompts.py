@@ -151,7 +151,7 @@ def test_the_cli_takes_a_prompt_or_a_prompt_name(tmp_path, capsys):
     os.remove(out)
     capsys.readouterr()  # sentence-transformers' progress bars
     args = ("embed", directory, "--input", tmp_path / "in.txt", "--output", out)
-    cli_fails(capsys, tmp_path, *args, "--prompt-name", "passages", match="prompt_name 'passages': ")
+    cli_fails(capsys, tmp_path, *args, "--prompt-name", "passages", match="--prompt-name 'passages': ")
     assert not os.path.exists(out)
     with pytest.raises(SystemExit) as exit:  # argparse: not both
         main([str(a) for a in args] + ["--prompt", "a", "--prompt-name", "query"])
