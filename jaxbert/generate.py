@@ -77,9 +77,9 @@ def _no_repeat(
     """transformers' NoRepeatNGramLogitsProcessor: a token that would complete an n-gram already in the sequence
     (the prompt's `length` columns as given, padding ids included, then the `t` tokens chosen) is at -inf."""
     n = search.no_repeat_ngram_size
-    if not n:
-        return scores
     seq = jnp.pad(prompt, ((0, 0), (0, tokens.shape[1])))
+    if not n or n > seq.shape[1]:  # an n-gram longer than the whole sequence is never completed: nothing banned
+        return scores
     seq = jax.lax.dynamic_update_slice(seq, tokens.astype(seq.dtype), (0, length))
     cur = length + t  # tokens so far; the next completes the n-gram of the last n - 1
     W = seq.shape[1] - n + 1  # window starts

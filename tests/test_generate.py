@@ -144,6 +144,20 @@ def test_no_repeat_ngram_size_equals_transformers(models):
     assert not np.array_equal(expected, _hf_generate(hf, ids, mask, max_new_tokens=NEW, num_beams=2))
 
 
+@pytest.mark.parametrize("n", [P + NEW + 1, 100, 10**12])
+def test_an_ngram_longer_than_the_sequence_bans_nothing_as_in_transformers(models, n):
+    """no_repeat_ngram_size beyond the prompt and its new tokens failed inside JAX ('slice slice_sizes must be less
+    than or equal to operand shape', one line naming nothing the caller gave) or, past int32, with an OverflowError
+    (a traceback from `jaxbert generate --no-repeat-ngram-size`); transformers' processor bans nothing there."""
+    hf, lm, _ = models
+    ids, mask = _prompts(seed=10)
+    for beams in (1, 2):
+        expected = _hf_generate(hf, ids, mask, max_new_tokens=NEW, num_beams=beams, no_repeat_ngram_size=n)
+        np.testing.assert_array_equal(expected, _hf_generate(hf, ids, mask, max_new_tokens=NEW, num_beams=beams))
+        got = lm.generate(ids, attention_mask=mask, max_new_tokens=NEW, num_beams=beams, no_repeat_ngram_size=n)
+        np.testing.assert_array_equal(got, expected)
+
+
 @pytest.mark.parametrize(
     "options",
     [
