@@ -134,7 +134,7 @@ def request(
         if options.bos is None:
             raise ValueError("prompt_ids is None and the model has no bos_token_id to start from")
         prompt_ids = np.array([[options.bos]])
-    check_arrays(config, prompt_ids, attention_mask)
+    check_arrays(config, prompt_ids, attention_mask, names=("prompt_ids", "attention_mask"))
     ids = np.asarray(prompt_ids)
     mask, positions = _mask_and_positions(ids, attention_mask, options.search)
     _check_rows(mask, options.search.pad if attention_mask is None else None)

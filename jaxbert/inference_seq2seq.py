@@ -154,7 +154,8 @@ class EncoderDecoder:
         if decoder_input_ids is None:
             raise ValueError("decoder_input_ids: required (generate() makes them from decoder_start_token_id)")
         check_arrays(self.config.encoder, input_ids, attention_mask)
-        check_arrays(self.config.decoder, decoder_input_ids, decoder_attention_mask)
+        names = ("decoder_input_ids", "decoder_attention_mask")
+        check_arrays(self.config.decoder, decoder_input_ids, decoder_attention_mask, names=names)
         if np.shape(decoder_input_ids)[0] != np.shape(input_ids)[0]:
             raise ValueError(
                 f"decoder_input_ids has {np.shape(decoder_input_ids)[0]} rows, input_ids {np.shape(input_ids)[0]}"

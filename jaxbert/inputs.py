@@ -112,29 +112,38 @@ def _check_range(name: str, values: np.ndarray, upper: int, what: str):
 
 
 def check_arrays(
-    config: BertConfig, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, ndim: int = 2
+    config: BertConfig,
+    input_ids,
+    attention_mask=None,
+    token_type_ids=None,
+    position_ids=None,
+    ndim: int = 2,
+    *,
+    names: tuple[str, str] = ("input_ids", "attention_mask"),
 ) -> None:
     """input_ids [B, L] ([B, C, L] for multiple choice, ndim=3), non-empty, in the vocabulary; the others of the
-    same shape, integer-typed and in range (attention_mask 0/1, may be boolean or 0./1. floats)."""
-    ids = _integer_array("input_ids", input_ids)
+    same shape, integer-typed and in range (attention_mask 0/1, may be boolean or 0./1. floats). `names`: the
+    caller's names of the ids and the mask (generate's prompt_ids, a bert2bert's decoder_input_ids)."""
+    ids_name, mask_name = names
+    ids = _integer_array(ids_name, input_ids)
     layout = "[batch, choices, length]" if ndim == 3 else "[batch, length]"
     if ids.ndim != ndim:
         hint = " (wrap a single sequence in a list)" if ids.ndim == ndim - 1 else ""
-        raise ValueError(f"input_ids must be {ndim}-D {layout}, got shape {ids.shape}{hint}")
+        raise ValueError(f"{ids_name} must be {ndim}-D {layout}, got shape {ids.shape}{hint}")
     if 0 in ids.shape:
-        raise ValueError(f"input_ids is empty: shape {ids.shape}")
+        raise ValueError(f"{ids_name} is empty: shape {ids.shape}")
     _check_range("token id", ids, config.vocab_size, "vocab_size")
     others = (
-        ("attention_mask", attention_mask, "attention mask value", 2, "0 or 1"),
+        (mask_name, attention_mask, "attention mask value", 2, "0 or 1"),
         ("token_type_ids", token_type_ids, "token type id", config.type_vocab_size, "type_vocab_size"),
         ("position_ids", position_ids, "position id", config.max_position_embeddings, "max_position_embeddings"),
     )
     for name, arr, label, upper, what in others:
         if arr is None:
             continue
-        arr = _mask_array(name, label, arr) if name == "attention_mask" else _integer_array(name, arr)
+        arr = _mask_array(name, label, arr) if name == mask_name else _integer_array(name, arr)
         if arr.shape != ids.shape:
-            raise ValueError(f"{name} shape {arr.shape} does not match input_ids shape {ids.shape}")
+            raise ValueError(f"{name} shape {arr.shape} does not match {ids_name} shape {ids.shape}")
         _check_range(label, arr.astype(np.int64), upper, what)
     if position_ids is None and ids.shape[-1] > config.max_position_embeddings:
         raise ValueError(

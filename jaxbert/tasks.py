@@ -328,7 +328,8 @@ def generate_text(model, prompt: str, **options) -> list[str]:
     for the positions is an error naming its length."""
     if not isinstance(prompt, str):
         raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
-    enc = model.tokenizer.encode([prompt], truncation=False, hint=None)
+    with naming(r"texts\[0\]", "prompt"):  # the tokenizer's name of it
+        enc = model.tokenizer.encode([prompt], truncation=False, hint=None)
     ids = np.asarray(enc.ids[0], np.int64)
     if model.head == "EncoderDecoderModel":
         rows = model.generate(ids[None], **options)

@@ -430,7 +430,7 @@ def test_bad_prompts_and_models_are_refused(models):
     _, lm, directory = models
     with pytest.raises(ValueError, match="token id 97 at position \\(0, 1\\) is outside"):
         lm.generate(np.array([[1, 97]]))
-    with pytest.raises(ValueError, match="input_ids must be 2-D"):
+    with pytest.raises(ValueError, match="^prompt_ids must be 2-D"):
         lm.generate(np.array([1, 2]))
     with pytest.raises(ValueError, match="no bos_token_id"):
         lm.generate(None)

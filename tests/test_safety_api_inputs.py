@@ -117,3 +117,28 @@ def test_a_bad_item_is_named_by_its_own_parameter(dirs):
         qa.answer("who", "me\udcff")
     with pytest.raises(ValueError, match=r"^question \(\d+ tokens with \[CLS\] and \[SEP\]\) leaves too little room"):
         qa.answer("who is it", "me " * 10, max_seq_len=6)
+
+
+def test_generate_s_arrays_and_prompt_are_named_by_their_parameter(tmp_path):
+    """Bert.generate's ids were named input_ids (its parameter is prompt_ids), a bert2bert's decoder_input_ids and
+    decoder_attention_mask by the encoder's names, and a text prompt (jaxbert generate DIR PROMPT) texts[0]."""
+    from conftest import bert2bert_dir
+
+    from jaxbert.tasks import generate_text
+
+    lm = jaxbert.load(model_dir(tmp_path / "lm", "BertLMHeadModel", is_decoder=True, num_hidden_layers=1))
+    with pytest.raises(ValueError, match=r"^prompt_ids is not a rectangular array of numbers"):
+        lm.generate([[101, 2023], [101]])
+    with pytest.raises(TypeError, match=r"^prompt_ids must be integers, got dtype <U5"):
+        lm.generate("hello")
+    with pytest.raises(ValueError, match=r"^attention_mask shape \(1, 1\) does not match prompt_ids shape \(1, 2\)"):
+        lm.generate([[101, 2023]], attention_mask=[[1]])
+    with pytest.raises(ValueError, match=r"^prompt 'x\\udcff': not valid Unicode"):
+        generate_text(lm, "x\udcff")
+    s2s = jaxbert.load(bert2bert_dir(tmp_path / "b2b"))
+    with pytest.raises(ValueError, match=r"^decoder_input_ids is not a rectangular array of numbers"):
+        s2s([[101, 2023]], decoder_input_ids=[[101, 2023], [101]])
+    with pytest.raises(ValueError, match=r"^decoder_attention_mask shape \(1, 1\) does not match decoder_input_ids"):
+        s2s([[101, 2023]], decoder_input_ids=[[101, 2023]], decoder_attention_mask=[[1]])
+    with pytest.raises(ValueError, match=r"^input_ids is not a rectangular array of numbers"):  # its own name
+        s2s.generate([[101, 2023], [101]])
