@@ -211,9 +211,13 @@ def _answer(args) -> int:
     from jaxbert.finetuned import json_line
 
     bert = jaxbert.load(args.dir, dtype=args.dtype)
-    answers = bert.answer(
-        args.question, args.context, top_k=args.top_k, handle_impossible_answer=args.handle_impossible_answer
-    )
+    try:
+        answers = bert.answer(
+            args.question, args.context, top_k=args.top_k, handle_impossible_answer=args.handle_impossible_answer
+        )
+    except ValueError as e:  # no --max-seq-len / --doc-stride here: the windows are the pipeline's defaults
+        why = re.sub(r"\bin max_seq_len (\d+) with doc_stride (\d+)", r"in windows of \1 tokens, stride \2", str(e))
+        raise ValueError(re.sub(r"^question \(", "--question (", why)) from None
     print(json_line(answers))
     return 0
 

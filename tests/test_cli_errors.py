@@ -362,3 +362,22 @@ def test_only_the_flags_own_values_are_reworded():
     assert reworded("num_beams 3: must be in [1, 2]", args, flags) == "num_beams 3: must be in [1, 2]"  # not 2
     assert reworded("top_k 50: must be in [1, 40]", args, flags) == "top_k 50: must be in [1, 40]"
     assert reworded("top_k 5: must be in [1, 4]", args, flags) == "--top-k 5: must be in [1, 4]"
+
+
+def test_answer_names_its_windows_without_flags_it_does_not_have(models, capsys, tmp_path):
+    """A question leaving the context no room was 'question (N tokens ...) ... in max_seq_len 64 with doc_stride 32':
+    arguments of Bert.answer that `jaxbert answer` has no flags for."""
+    _, d = models
+    line = fails(
+        capsys,
+        tmp_path,
+        "answer",
+        d["BertForQuestionAnswering"],
+        "--question",
+        "who " * 70,
+        "--context",
+        "me " * 80,
+        match="error: --question (72 tokens with [CLS] and [SEP]) leaves too little room for the context in windows of "
+        "64 tokens, stride 32 (room for 0 context tokens",
+    )
+    assert "max_seq_len" not in line and "doc_stride" not in line
