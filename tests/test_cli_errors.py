@@ -381,3 +381,22 @@ def test_answer_names_its_windows_without_flags_it_does_not_have(models, capsys,
         "64 tokens, stride 32 (room for 0 context tokens",
     )
     assert "max_seq_len" not in line and "doc_stride" not in line
+
+
+def test_verify_refuses_relative_positions_only_where_transformers_dropped_them(tmp_path, capsys, monkeypatch):
+    """relative_key was refused whatever transformers was installed, naming transformers 5's removal even under
+    transformers 4.57, which runs it (and pruned heads): the refusal is transformers 5's only."""
+    import jaxbert.verify
+
+    transformers = pytest.importorskip("transformers")
+    golden = os.path.join(os.path.dirname(__file__), "fixtures", "golden", "relative_key")
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        fails(capsys, tmp_path, "convert", golden, "--verify", match="relative position embeddings / pruned heads")
+    reached = "the reference was built"
+
+    def reference(*args):
+        raise ValueError(reached)
+
+    monkeypatch.setattr(transformers, "__version__", "4.57.6")
+    monkeypatch.setattr(jaxbert.verify, "_reference", reference)
+    fails(capsys, tmp_path, "convert", golden, "--verify", match=reached)
