@@ -5,9 +5,10 @@ model's (`max_length 999: must be in [1, 512]`) re-worded with the flag that set
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import re
+
+from jaxbert.inputs import rewording
 
 
 def integer(low: int, high: int | None = None):
@@ -57,7 +58,6 @@ FINITE = number()
 SEED = integer(0, 2**32 - 1)  # JAX's keys hold 32 bits (generate_options)
 
 
-@contextlib.contextmanager
 def as_flags(args, flags: dict[str, str]):
     """The library's TypeError / ValueError re-worded with the command's flags: `flags` maps a library argument to
     its flag ({"max_length": "--max-length"}); the flag's destination in `args` is its name without the dashes.
@@ -65,13 +65,7 @@ def as_flags(args, flags: dict[str, str]):
     `--max-length 999`, and a message starting with the argument's name starts with the flag; advice to `pass
     max_new_tokens` names the flag whether given or not. An error about a value from a file (generation_config.json
     starts its message with the path) keeps its words: the flag did not set that value."""
-    try:
-        yield
-    except (TypeError, ValueError) as e:
-        message = reworded(str(e), args, flags)
-        if message == str(e) or type(e) not in (TypeError, ValueError):
-            raise
-        raise type(e)(message) from None
+    return rewording(lambda message: reworded(message, args, flags))
 
 
 def reworded(message: str, args, flags: dict[str, str]) -> str:

@@ -11,7 +11,6 @@ decoder from decoder_start_token_id, else bos_token_id (generation/utils.py `_pr
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import re
@@ -21,7 +20,7 @@ import numpy as np
 from jaxbert.config import BertConfig
 from jaxbert.files import existing_file, read_json
 from jaxbert.generate import Search
-from jaxbert.inputs import positive_int
+from jaxbert.inputs import positive_int, rewording
 
 KNOBS = {
     "max_new_tokens": None,
@@ -86,18 +85,16 @@ class FileSettings(dict):
     path: str | None = None
 
 
-@contextlib.contextmanager
 def _naming_the_file(settings: dict, given: dict):
     """An error about a setting the file gave (the caller did not) starts with the file's path: "num_beams 0: must
     be ≥ 1" from a generation_config.json did not say where the 0 came from, nor that no argument had set it."""
-    try:
-        yield
-    except (TypeError, ValueError) as e:
-        key = re.match(r"\w*", str(e)).group()
-        path = getattr(settings, "path", None)
-        if path and settings.get(key) is not None and given.get(key) is None:
-            raise type(e)(f"{path}: {e}") from None
-        raise
+    path = getattr(settings, "path", None)
+
+    def change(message: str) -> str:
+        key = re.match(r"\w*", message).group()
+        return f"{path}: {message}" if path and settings.get(key) is not None and given.get(key) is None else message
+
+    return rewording(change)
 
 
 def file_settings(directory: str | None, config: dict | None = None) -> dict:

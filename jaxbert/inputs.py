@@ -202,14 +202,21 @@ def check_encoder_states(config: BertConfig, batch: int, states, mask):
 
 
 @contextlib.contextmanager
-def naming(pattern: str, name: str):
-    """A helper's TypeError / ValueError whose message starts with `pattern` (a regex) re-raised starting with
-    `name` (re.sub's template) instead: the tokenizer names its inputs `texts[i]` and `words[i]`, which are not the
-    parameters of fill_mask (`text`), tag's word lists (`texts[i]`) or answer (`question`, `context`)."""
+def rewording(change):
+    """A TypeError / ValueError raised inside, re-raised with its message passed through `change` (str -> str)
+    where that changes it: a shared check names a value in its own words, and its caller (a method's parameter,
+    a CLI flag, the file a setting came from) knows better. Other errors, and subclasses, pass as they are."""
     try:
         yield
     except (TypeError, ValueError) as e:
-        renamed = re.sub(rf"^{pattern}", name, str(e), count=1)
-        if renamed == str(e) or type(e) not in (TypeError, ValueError):
+        message = change(str(e))
+        if message == str(e) or type(e) not in (TypeError, ValueError):
             raise
-        raise type(e)(renamed) from None
+        raise type(e)(message) from None
+
+
+def naming(pattern: str, name: str):
+    """An error whose message starts with `pattern` (a regex) re-raised starting with `name` (re.sub's template)
+    instead: the tokenizer names its inputs `texts[i]` and `words[i]`, which are not the parameters of fill_mask
+    (`text`), tag's word lists (`texts[i]`) or answer (`question`, `context`)."""
+    return rewording(lambda message: re.sub(rf"^{pattern}", name, message, count=1))
