@@ -60,6 +60,13 @@ class Search:
         return (self.pad or self.eos[0]) if self.eos else -1
 
 
+# The temperatures warp_logits divides by; any other acts as the nearer bound, which draws alike (the shifted logits
+# over the smallest are -inf but the top ones: greedy; over the largest all alike: uniform). Float32's smallest
+# normal, as a subnormal one flushed to zero made 0 / 0; its reciprocal 2**126, as XLA divides by multiplying by
+# 1 / T, flushed to zero beyond it: a -inf logit (eos before min_new_tokens) times 0 was NaN, drawn as the likeliest.
+TEMPERATURES = (float(jnp.finfo(jnp.float32).tiny), 2.0**126)
+
+
 class Warp(NamedTuple):
     """The traced knobs (changing them does not compile): sampling's temperature, top_k (0: off), top_p (1: off);
     and for every search `min_new`, the new tokens before which eos is impossible (transformers' min_new_tokens /
@@ -118,8 +125,7 @@ def _no_eos_yet(scores: Float[Array, "R V"], t, warp: Warp | None, search: Searc
 
 def warp_logits(logits: Float[Array, "R V"], warp: Warp) -> Float[Array, "R V"]:
     """Temperature, then top-k, then top-p, as transformers' warpers (filtered tokens become -inf)."""
-    # At least float32's smallest normal: a subnormal temperature flushed to zero would make 0 / 0.
-    scores = logits / jnp.maximum(warp.temperature, jnp.finfo(jnp.float32).tiny)
+    scores = logits / jnp.clip(warp.temperature, *TEMPERATURES)
     ranked = jnp.sort(scores, axis=-1)  # ascending
     k = jnp.clip(warp.top_k, 1, scores.shape[-1])
     kth = jax.lax.dynamic_index_in_dim(ranked, scores.shape[-1] - k, axis=-1)

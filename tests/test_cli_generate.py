@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import warnings
 
 import jax
 import numpy as np
@@ -69,6 +70,19 @@ def test_sampling_is_reproducible_from_the_seed(lm_dir, capsys):
     first = _lines(capsys, *args, "--seed", 3)
     assert _lines(capsys, *args, "--seed", 3) == first
     assert _lines(capsys, *args, "--seed", 4) != first
+
+
+def test_extreme_temperatures_print_no_warning(lm_dir, capsys):
+    """--temperature 1e300 printed numpy's 'RuntimeWarning: overflow encountered in cast' (and its source line) on
+    stderr: it now samples as any temperature of 2**126 or more (uniform), and 1e-300 as greedy search."""
+    for temperature, same in ((1e300, ("--temperature", 1e38)), (1e-300, ())):
+        with warnings.catch_warnings(record=True) as shown:  # what would reach stderr outside pytest
+            warnings.simplefilter("always")
+            rc = main(["generate", lm_dir, PROMPT, "--do-sample", "--temperature", str(temperature), "--top-k", "0"])
+        out, err = capsys.readouterr()
+        assert rc == 0 and err == "" and not shown, [str(w.message) for w in shown]
+        expected = _lines(capsys, lm_dir, PROMPT, *(("--do-sample", "--top-k", 0, *same) if same else ()))
+        assert out.rstrip("\n").split("\n") == expected
 
 
 @pytest.mark.parametrize(

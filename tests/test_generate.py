@@ -4,6 +4,7 @@ compiled programs; the errors."""
 
 import json
 import shutil
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -230,6 +231,31 @@ def test_sampling_is_reproducible_and_respects_top_k_and_top_p(models):
     )
     assert several.shape[0] == 4 and (several[0] != several[1]).any()
     np.testing.assert_array_equal(several[:, :P], np.repeat(ids[:2], 2, axis=0))
+
+
+def test_extreme_temperatures_sample_as_their_limits_without_warnings_or_nan(models):
+    """A temperature of 1e300 was cast to float32 inf with numpy's overflow warning, and from about 8.5e37 on
+    (float32's 1 / tiny) XLA's logits * (1 / T) flushed to 0: an eos at -inf before min_new_tokens became NaN, which
+    the draw took as the likeliest token, so every row ended at once. transformers' TemperatureLogitsWarper keeps
+    -inf there (uniform over the rest); as small as 1e-300, sampling is greedy."""
+    from transformers.generation import logits_process as lp
+
+    _, lm, _ = models
+    ids, mask = _prompts(seed=3)
+    eos = dict(eos_token_id=5, min_new_tokens=NEW)
+    run = lambda t, **kw: lm.generate(ids, attention_mask=mask, max_new_tokens=NEW, temperature=t, **kw)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hottest = run(1e300, do_sample=True, seed=7, **eos)
+        assert hottest.shape == (len(ids), P + NEW) and not (hottest[:, P:] == 5).any(), hottest
+        np.testing.assert_array_equal(run(1e38, do_sample=True, seed=7, **eos), hottest)
+        greedy = lm.generate(ids, attention_mask=mask, max_new_tokens=NEW, **eos)
+        np.testing.assert_array_equal(run(1e-300, do_sample=True, top_k=0, seed=7, **eos), greedy)
+    logits = np.random.default_rng(5).normal(size=(2, SIZES["vocab_size"])).astype(np.float32)
+    logits[:, 5] = -np.inf
+    want = torch.softmax(lp.TemperatureLogitsWarper(1e38)(None, torch.as_tensor(logits)), -1).numpy()
+    got = jax.nn.softmax(jax.jit(warp_logits)(jnp.asarray(logits), Warp(jnp.float32(1e38), jnp.int32(0), 1.0)))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
 
 
 def test_warpers_equal_transformers():
