@@ -424,12 +424,16 @@ def _terminate_as_interrupt(came: list[int]):
 
 
 def _show_warning(command: str, show, message, category, *args, **kwargs) -> None:
-    """jaxbert's own notes (cpu.SlowDtypeWarning, cpu.RoundedFloat32Warning) as one line on stderr; any other
-    warning as Python shows it."""
-    from jaxbert import cpu
+    """jaxbert's own notes (cpu.SlowDtypeWarning, cpu.RoundedFloat32Warning) and fill-mask's --targets warnings as
+    one line on stderr, not Python's file:line and source line; any other warning as Python shows it."""
+    from jaxbert import cpu, tasks
 
     if issubclass(category, (cpu.SlowDtypeWarning, cpu.RoundedFloat32Warning)):
         print(f"jaxbert {command}: note: {message}", file=sys.stderr)
+    elif isinstance(message, tasks.TargetWarning):  # the pipeline's rule: a word stands for its first word piece
+        piece, target = message.piece, message.target
+        took = "it has no word piece: ignored" if piece is None else f"scored as its first word piece {piece!r}"
+        print(f"jaxbert {command}: warning: --targets {target!r} is not in the vocabulary: {took}", file=sys.stderr)
     else:
         show(message, category, *args, **kwargs)
 

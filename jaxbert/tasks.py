@@ -48,6 +48,15 @@ def _require(bert, heads: tuple[str, ...], what: str):
         raise ValueError(f"{what} needs a {' or '.join(heads)} head; this checkpoint is {bert.head}")
 
 
+class TargetWarning(UserWarning):
+    """A fill_mask target not in the vocabulary: `piece`, its first word piece, stands for it (None: it has none,
+    and is ignored). The command line says it in its own words (cli._show_warning)."""
+
+    def __init__(self, message: str, target: str, piece: str | None):
+        super().__init__(message)
+        self.target, self.piece = target, piece
+
+
 def _target_ids(tok, targets, vocab_size: int) -> np.ndarray:
     """The fill-mask pipeline's target ids: a token of the vocabulary is itself, any other text its first word
     piece (warned, as there), an empty one skipped (warned); duplicates once, in ascending order."""
@@ -62,11 +71,11 @@ def _target_ids(tok, targets, vocab_size: int) -> np.ndarray:
             pieces = [t for t, special in zip(enc.ids[0], enc.special[0]) if not special]
             if not pieces:
                 ignored = f"fill_mask target {target!r}: not in the vocabulary, no word piece: ignored"
-                warnings.warn(ignored, stacklevel=4)
+                warnings.warn(TargetWarning(ignored, target, None), stacklevel=4)
                 continue
             i = pieces[0]
             replaced = f"fill_mask target {target!r} is not in the vocabulary: replaced by {tok.id_to_token(i)!r}"
-            warnings.warn(replaced, stacklevel=4)  # the caller of Bert.fill_mask
+            warnings.warn(TargetWarning(replaced, target, tok.id_to_token(i)), stacklevel=4)  # Bert.fill_mask's caller
         if i >= vocab_size:
             raise ValueError(f"fill_mask target {target!r}: token id {i} is outside the model's {vocab_size} tokens")
         ids.add(i)
