@@ -280,6 +280,40 @@ def test_the_validation_split_holds_out_the_lines_run_mlm_holds_out(tiny, tmp_pa
     assert run.split == ({"validation_rows": cut} if cut != floor else {})
 
 
+@pytest.mark.parametrize(
+    "blank, rows, percentage", [((0, 2), 30, 10), ((0,), 32, 5), ((5, 6), 40, 5), ((1,), 41, 5), ((30,), 41, 5)]
+)
+def test_line_by_line_splits_every_line_then_drops_the_empty_ones_as_run_mlm(tiny, tmp_path, blank, rows, percentage):
+    # run_mlm.py splits the rows datasets reads, empty lines included, and drops those only when tokenizing line by
+    # line; jaxbert cut the non-empty lines alone: 30 lines at 10% with lines 0 and 2 empty, run_mlm validates on
+    # line 1 alone (train[:3]), jaxbert held out lines 1, 3 and 4 (3 of the 28 non-empty).
+    from jaxbert.train.checkpoints import check_meta
+    from jaxbert.train.config import TrainConfig, held_out
+    from jaxbert.train.plan import prepare
+
+    lines = [[" \t", ""][i % 2] if i in blank else f"line {i} of the corpus" for i in range(rows)]
+    (tmp_path / "t.txt").write_text("\n".join(lines) + "\n")
+    cfg = TrainConfig(
+        tiny, str(tmp_path / "t.txt"), str(tmp_path / "o"), max_seq_length=16, global_batch_size=2,
+        line_by_line=True, pack=False, validation_split_percentage=percentage,
+    )  # fmt: skip
+    run = prepare(cfg)
+    cut = _datasets_cut(rows, percentage)
+    want = [line for line in lines[:cut] if line.strip()]
+    tok = WordPiece.from_dir(tiny)
+    assert [tok.decode([int(i) for i in row[0] if i > 102]) for row in run.val] == want
+    assert len(run.train.blocks) == sum(bool(line.strip()) for line in lines[cut:])
+    # Checkpoints of the versions that cut the non-empty lines (at the floor of P%, then rounded): resumed exactly
+    # where they held out the same lines.
+    n, base = rows - len(blank), {"model_config": {"hidden_size": 32}, "validation_split_percentage": percentage}
+    for held, meta in ((n * percentage // 100, {}), held_out(n, percentage)):
+        if held == len(want):
+            check_meta({**base, **meta}, {**base, **run.split}, "checkpoint 1")
+        else:
+            with pytest.raises(ValueError, match=r"was made with validation_rows="):
+                check_meta({**base, **meta}, {**base, **run.split}, "checkpoint 1")
+
+
 def test_a_task_s_validation_split_holds_out_the_rows_run_clm_holds_out(tiny, tmp_path):
     from jaxbert.train.config import TrainConfig
     from jaxbert.train.task_plan import prepare

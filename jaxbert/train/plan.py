@@ -207,6 +207,29 @@ def _blank(texts) -> int:
     return sum(not t.strip() for t in texts)
 
 
+def _split(cfg: TrainConfig, texts: list[str], grouped: bool) -> tuple[list[str], list[str], dict]:
+    """(validation texts, training texts, checkpoint meta) of --validation-split-percentage: run_mlm.py's
+    train[:P%] and train[P%:] of every line (config.held_out's cut), whose empty ones line by line drops afterwards
+    (its tokenize_function). Earlier versions cut the non-empty lines alone, at the floor of P% of them and then at
+    its rounding (config.held_out's meta): the meta counts the non-empty lines held out as they did, so that their
+    checkpoints are refused on resume exactly where this cut holds out other lines."""
+    P = cfg.validation_split_percentage
+    cut, meta = held_out(len(texts), P)
+    val, train = texts[:cut], texts[cut:]
+    if not grouped:
+        val, train = [t for t in val if t.strip()], [t for t in train if t.strip()]
+        n = len(val) + len(train)
+        earlier, meta = held_out(n, P)  # the previous version's cut of the non-empty lines, and its meta
+        if len(val) != earlier:  # None: the floor's count, which the version before it recorded by no key
+            meta = {"validation_rows": len(val) if len(val) != n * P // 100 else None}
+    if not val:
+        empty = f" ({cut} held out, all empty)" if cut else ""
+        raise ValueError(
+            f"{cfg.train_file}: {len(texts)} lines{empty} leave no validation set at {P}%: pass --validation-file"
+        )
+    return val, train, meta
+
+
 def _check_vocabulary(ids: np.ndarray, vocab_size: int, tok, name: str) -> None:
     """Every token id inside the model's embedding table: a tokenizer larger than the model gave ids JAX's gather
     reads as NaN ("non-finite loss at step 1"), where PyTorch raises an IndexError."""
@@ -226,18 +249,13 @@ def prepare(cfg: TrainConfig) -> Run:
     config, batch = model_and_batch(cfg)
     n = jax.device_count()
     grouped = not cfg.line_by_line  # run_mlm.py drops empty lines line by line only
-    train_text, split = _texts(cfg.train_file, "--train-file", grouped), {}
+    # Every line read before a split: run_mlm.py splits the rows datasets reads, and drops the empty ones after.
+    train_text, split = _texts(cfg.train_file, "--train-file", grouped or not cfg.validation_file), {}
     if cfg.validation_file:
         val_texts = _texts(cfg.validation_file, "--validation-file", grouped).texts
         train_texts = train_text.texts
     else:
-        cut, split = held_out(len(train_text.texts), cfg.validation_split_percentage)
-        if cut == 0:
-            raise ValueError(
-                f"{cfg.train_file}: {len(train_text.texts)} lines leave no validation set at "
-                f"{cfg.validation_split_percentage}%: pass --validation-file"
-            )
-        val_texts, train_texts = train_text.texts[:cut], train_text.texts[cut:]
+        val_texts, train_texts, split = _split(cfg, train_text.texts, grouped)
     kept = _blank(train_texts) + _blank(val_texts) if grouped else 0
     split = {**({EMPTY_LINES_KEY: kept} if kept else {}), **split}  # compared first: it explains the cut too
     tok = WordPiece.from_dir(cfg.model)
