@@ -117,6 +117,7 @@ def _loop_arguments(options: Options, n: int, live, limit: int, prompt_length: i
     temperature, top_k, top_p = options.warp
     min_new = jnp.int32(min(options.min_new(prompt_length), n))  # past n it changes nothing
     temperature = float(np.clip(temperature, *TEMPERATURES))  # 1e300 as float32 was inf, with numpy's warning
+    top_k = min(top_k, 2**31 - 1)  # beyond the vocabulary all are kept anyway; beyond int32 it was an OverflowError
     warp = Warp(jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p), min_new)
     return (jnp.int32(n), live, warp, jax.random.key(options.seed)), batching.bucket(n, batching.length_buckets(limit))
 

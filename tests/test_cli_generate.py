@@ -72,6 +72,13 @@ def test_sampling_is_reproducible_from_the_seed(lm_dir, capsys):
     assert _lines(capsys, *args, "--seed", 4) != first
 
 
+def test_a_top_k_beyond_int32_keeps_every_token(lm_dir, capsys):
+    # --top-k 1000000000000 printed a traceback ending in "OverflowError: Python integer 1000000000000 out of bounds
+    # for int32"; transformers' TopKLogitsWarper keeps min(top_k, vocabulary) tokens, as --top-k 0 keeps all.
+    args = (lm_dir, PROMPT, "--do-sample", "--max-new-tokens", 6, "--top-k")
+    assert _lines(capsys, *args, 10**12) == _lines(capsys, *args, 0)
+
+
 def test_extreme_temperatures_print_no_warning(lm_dir, capsys):
     """--temperature 1e300 printed numpy's 'RuntimeWarning: overflow encountered in cast' (and its source line) on
     stderr: it now samples as any temperature of 2**126 or more (uniform), and 1e-300 as greedy search."""

@@ -217,6 +217,9 @@ def test_sampling_is_reproducible_and_respects_top_k_and_top_p(models):
     assert not np.array_equal(run(do_sample=True, seed=1), first)
     assert not np.array_equal(first, greedy)
     np.testing.assert_array_equal(run(do_sample=True, top_k=1, seed=7), greedy)
+    # Beyond the vocabulary every token stays, as top_k=0 (and TopKLogitsWarper's min(top_k, V)); beyond int32 it
+    # was an OverflowError.
+    np.testing.assert_array_equal(run(do_sample=True, top_k=10**12, seed=0), run(do_sample=True, top_k=0, seed=0))
     np.testing.assert_array_equal(run(do_sample=True, top_k=0, top_p=1e-6, seed=7), greedy)
     # 1e-5, not 1e-3: with random biases two of the model's best logits came close enough for 1e-3 to sample either.
     np.testing.assert_array_equal(run(do_sample=True, top_k=0, temperature=1e-5, seed=7), greedy)
