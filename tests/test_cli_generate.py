@@ -79,6 +79,15 @@ def test_a_top_k_beyond_int32_keeps_every_token(lm_dir, capsys):
     assert _lines(capsys, *args, 10**12) == _lines(capsys, *args, 0)
 
 
+def test_a_repetition_penalty_beyond_float32_prints_no_warning(lm_dir, capsys):
+    # numpy's "RuntimeWarning: overflow encountered in cast" and its source line came before the text.
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        got = _lines(capsys, lm_dir, PROMPT, "--repetition-penalty", "1e300", "--max-new-tokens", 8)
+    assert not shown, [str(w.message) for w in shown]
+    assert got == _reference(lm_dir, PROMPT, repetition_penalty=1e300, max_new_tokens=8, do_sample=False)
+
+
 def test_extreme_temperatures_print_no_warning(lm_dir, capsys):
     """--temperature 1e300 printed numpy's 'RuntimeWarning: overflow encountered in cast' (and its source line) on
     stderr: it now samples as any temperature of 2**126 or more (uniform), and 1e-300 as greedy search."""

@@ -261,6 +261,20 @@ def test_extreme_temperatures_sample_as_their_limits_without_warnings_or_nan(mod
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
 
 
+def test_penalties_beyond_float32_are_infinite_as_in_transformers_without_warnings(models):
+    """repetition_penalty / length_penalty 1e300 printed numpy's 'overflow encountered in cast' when JAX cast them
+    to float32; torch casts transformers' penalty to inf (a seen token's negative logit -inf, a positive one 0)."""
+    hf, lm, _ = models
+    ids, mask = _prompts(seed=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = lm.generate(ids, attention_mask=mask, max_new_tokens=NEW, repetition_penalty=1e300)
+        beam = dict(attention_mask=mask, max_new_tokens=6, num_beams=2)
+        beams = [lm.generate(ids, **beam, length_penalty=lp) for lp in (1e300, 1e38)]  # len ** lp: inf either way
+    np.testing.assert_array_equal(got, _hf_generate(hf, ids, mask, max_new_tokens=NEW, repetition_penalty=1e300))
+    np.testing.assert_array_equal(*beams)
+
+
 def test_warpers_equal_transformers():
     """Temperature, top-k, top-p in transformers' order. Ties at the top-k cut all stay, as there; ties across the
     top-p cut are not tested: torch's unstable sort orders them arbitrarily."""
