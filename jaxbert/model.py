@@ -1,4 +1,5 @@
-"""BERT's blocks as pure per-sequence functions, and `bert(...)`, which batches them with `jax.vmap`.
+"""BERT's blocks as pure per-sequence functions, and `bert(...)`, which batches them with `jax.vmap` (in groups of
+rows: row_groups). What `bert` takes and returns (its argument checks, BertOutput) is model_args.py's.
 
 Every function takes its params subtree first, then activations of one sequence. Dropout is on exactly when an
 `rng` is given. Shapes: L query positions, M key positions, D hidden, H heads, K head size, F intermediate.
@@ -17,32 +18,17 @@ from jaxbert.attention import Keys, cross_attention, cross_keys, keys_for, self_
 from jaxbert.cache import KVCache, init_cache
 from jaxbert.config import BertConfig
 from jaxbert.layout import can_stack, is_stacked, stack_layers
+from jaxbert.model_args import (
+    BertOutput,
+    _batch_shape,
+    _check_call,
+    _check_length,
+    _per_row,
+    layer_head_mask,
+    normalize_head_mask,
+)
 from jaxbert.ops import activation, as_bits, compute_dtype, dense, dropout, from_bits_of, layer_norm, take_rows
 from jaxbert.sharding import whole_vectors
-
-
-@flax.struct.dataclass
-class BertOutput:
-    """Model outputs under transformers' field names; fields a head does not produce stay None."""
-
-    last_hidden_state: Array | None = None
-    pooler_output: Array | None = None
-    hidden_states: tuple[Array, ...] | None = None
-    attentions: tuple[Array, ...] | None = None
-    logits: Array | None = None
-    prediction_logits: Array | None = None
-    seq_relationship_logits: Array | None = None
-    start_logits: Array | None = None
-    end_logits: Array | None = None
-    loss: Array | None = None
-    cross_attentions: tuple[Array, ...] | None = None
-    past_key_values: KVCache | None = None
-
-    def to_dict(self) -> dict:
-        return {k: v for k, v in vars(self).items() if v is not None}
-
-    def __getitem__(self, key: str):
-        return getattr(self, key)
 
 
 def _split(rng, n):
@@ -155,14 +141,6 @@ def _tail(
         return tail(context, x)
     cut = (context.reshape(n, L // n, D), x.reshape(n, L // n, D))
     return jax.lax.map(lambda a: tail(*a), cut).reshape(L, D)
-
-
-def layer_head_mask(config: BertConfig, head_mask: Float[Array, " H"] | None, i: int):
-    """Layer i's self-attention head-mask entries for its remaining heads, of its row `head_mask` (which indexes
-    the original heads). Cross-attention is never pruned (as in transformers) and takes the whole row."""
-    if head_mask is None or not config.pruned_heads:  # unpruned: also when i is traced (the scan)
-        return head_mask
-    return head_mask[jnp.asarray(config.kept_heads(i), dtype=jnp.int32)]
 
 
 @flax.struct.dataclass
@@ -334,28 +312,6 @@ def _bert_one(
     return x, pooled, hidden, attentions, cross_attentions, cache
 
 
-def normalize_head_mask(config: BertConfig, head_mask) -> Float[Array, "N H"] | None:
-    """transformers accepts [H] (same for every layer) or [N, H]."""
-    if head_mask is None:
-        return None
-    head_mask = jnp.asarray(head_mask, dtype=jnp.float32)
-    shape = (config.num_hidden_layers, config.num_attention_heads)
-    if head_mask.shape == shape[1:]:
-        head_mask = jnp.broadcast_to(head_mask, shape)
-    if head_mask.shape != shape:
-        raise ValueError(f"head_mask shape {head_mask.shape}: expected ({shape[1]},) or {shape}")
-    return head_mask
-
-
-def _check_decoder_inputs(config: BertConfig, encoder_hidden_states, past_key_values, use_cache: bool):
-    if encoder_hidden_states is not None and not config.add_cross_attention:
-        raise ValueError(
-            "encoder_hidden_states given, but this model has no cross-attention (config.add_cross_attention is false)"
-        )
-    if (past_key_values is not None or use_cache) and not config.is_decoder:
-        raise ValueError("past_key_values / use_cache need a decoder (config.is_decoder is false)")
-
-
 # The tokens of a batch that inference takes through the layers at a time (see row_groups); 0: the whole batch.
 ROW_TOKENS = 2048
 
@@ -372,31 +328,6 @@ def row_groups(B: int, L: int) -> int:
     while n > 1 and B % n:
         n -= 1
     return max(n, 1)
-
-
-def _batch_shape(input_ids, inputs_embeds, config: BertConfig) -> tuple[int, int]:
-    """(B, L) of input_ids [B, L] or inputs_embeds [B, L, D], or a ValueError naming the one of another shape (JAX's
-    own errors name neither)."""
-    name, given, want = "input_ids", input_ids, 2
-    if inputs_embeds is not None:
-        name, given, want = "inputs_embeds", inputs_embeds, 3
-    shape = jnp.shape(given)
-    if len(shape) != want or (want == 3 and shape[2] != config.hidden_size):
-        layout = "[batch, length]" if want == 2 else f"[batch, length, hidden_size={config.hidden_size}]"
-        raise ValueError(f"{name} shape {shape}: expected {layout}")
-    return shape[0], shape[1]
-
-
-def _per_token(name: str, a, B: int, L: int, past: bool = False) -> Array:
-    """`a` as [B, width] for B rows of L tokens: width L, or (a mask with a cache, covering past tokens too) more.
-    [width] and [1, width] are broadcast over the batch, as transformers broadcasts them. Any other shape is a
-    ValueError naming it: a wider mask's last L columns would otherwise be used silently."""
-    a = jnp.asarray(a)
-    rows_fit = a.ndim == 1 or (a.ndim == 2 and a.shape[0] in (1, B))
-    if not (rows_fit and (a.shape[-1] == L or (past and a.shape[-1] > L))):
-        width = "at least L" if past else "L"
-        raise ValueError(f"{name} shape {a.shape}: expected [batch, {width}] = ({B}, {L}) as input_ids")
-    return jnp.broadcast_to(a, (B, a.shape[-1]))
 
 
 def bert(
@@ -432,53 +363,22 @@ def bert(
     within itself; pass its positions, restarting at 0, as `position_ids`. `pooler_output` is then the first
     sequence's: pool per segment with pooling.pool_segments. `attention_dtype` runs attention's products in that
     dtype instead of the layers' own (an int8 model's bfloat16: quantize.attention_dtype)."""
-    if (input_ids is None) == (inputs_embeds is None):
-        raise ValueError("pass exactly one of input_ids and inputs_embeds")
-    if segment_ids is not None and (past_key_values is not None or use_cache):
-        raise ValueError("segment_ids (packed sequences) cannot be combined with a cache")
-    _check_decoder_inputs(config, encoder_hidden_states, past_key_values, use_cache)
-    if "embeddings" not in params:  # else a bare KeyError
-        hint = " (a head model's base model is its params['bert'])" if "bert" in params else ""
-        raise ValueError(f"params have no 'embeddings' for the base model: top-level keys {sorted(params)}{hint}")
+    _check_call(
+        params, config, input_ids, inputs_embeds, segment_ids, past_key_values, use_cache, encoder_hidden_states
+    )
     params = jax.tree_util.tree_map(jnp.asarray, params)  # host numpy trees (fresh from a checkpoint) too
     B, L = _batch_shape(input_ids, inputs_embeds, config)
     input_ids = None if input_ids is None else jnp.asarray(input_ids)
-    if config.position_embedding_type != "absolute" and L > config.max_position_embeddings:
-        # Distances beyond the table would be gathered from its clamped or wrapped-around rows (transformers:
-        # IndexError), whatever position_ids say: relative attention never reads them.
-        raise ValueError(
-            f"sequence length {L} exceeds max_position_embeddings {config.max_position_embeddings} "
-            f"({config.position_embedding_type} embeds distances up to {config.max_position_embeddings - 1})"
-        )
+    # Positions 0 … L-1 by default: without a cache (past_key_values or use_cache) and position_ids.
+    default_positions = past_key_values is None and not use_cache and position_ids is None
+    _check_length(config, L, default_positions)
     cache = past_key_values
     if cache is None and use_cache:
         cache = init_cache(config, B, L, compute_dtype(params["embeddings"]))
-    if cache is None and position_ids is None and L > config.max_position_embeddings:
-        # Positions 0 … L-1 by default: JAX's gather would give those past the table its last row (transformers:
-        # IndexError). Explicit position_ids (packed rows restart them) are the caller's to keep in range.
-        raise ValueError(
-            f"sequence length {L} exceeds max_position_embeddings {config.max_position_embeddings} "
-            "(the default position ids run 0 … L-1)"
-        )
-    mask = jnp.ones((B, L), bool)
-    if attention_mask is not None:
-        mask = _per_token("attention_mask", attention_mask, B, L, cache is not None).astype(bool)[:, -L:]
-    types = (
-        jnp.zeros((B, L), jnp.int32) if token_type_ids is None else _per_token("token_type_ids", token_type_ids, B, L)
+    mask, types, positions, encoder_mask = _per_row(
+        B, L, cache, attention_mask, token_type_ids, position_ids, encoder_hidden_states, encoder_attention_mask
     )
-    start = jnp.zeros((B,), jnp.int32) if cache is None else cache.index
     at = None if cache is None else cache.index[0]  # the same for every row (cache.KVCache)
-    positions = (
-        start[:, None] + jnp.arange(L) if position_ids is None else _per_token("position_ids", position_ids, B, L)
-    )
-    encoder_mask = None
-    if encoder_hidden_states is not None:
-        S = encoder_hidden_states.shape[1]
-        encoder_mask = (
-            jnp.ones((B, S), bool)
-            if encoder_attention_mask is None
-            else jnp.asarray(encoder_attention_mask).astype(bool)
-        )
     rngs = None if rng is None else jax.random.split(rng, B)
     groups = 1 if rng is not None or cache is not None else row_groups(B, L)
     one = functools.partial(
