@@ -6,7 +6,8 @@ jitted pure step over a device mesh, logging to OUT/metrics.jsonl, evaluating (v
 best model (OUT/best) and stopping early when asked, checkpointing with orbax (atomic, sealed with digests that
 resume verifies), and writing OUT/final and OUT/loss.png. What differs between tasks (data, batches, the head,
 evaluation) is the run's (plan.Run for mlm, task_plan.TaskRun otherwise). Non-finite parameters are never
-saved; the first Ctrl-C stops cleanly after the current step.
+saved; the first Ctrl-C stops cleanly after the current step. Those writes and their checks (and the errors a run
+stops with, TrainingError and Interrupted) are writes.py's; this module builds the run and steps it.
 """
 
 from __future__ import annotations
@@ -27,29 +28,27 @@ from flax import traverse_util
 from tqdm.auto import tqdm
 
 from jaxbert import cpu, distributed, failures, hub, sharding
-from jaxbert.files import check_disjoint, sweep_partials
+from jaxbert.files import sweep_partials
 from jaxbert.train import checkpoints, lock, outputs, plan, rescore, task_plan
 from jaxbert.train import data as D
-from jaxbert.train.best import Best, write_model
+from jaxbert.train.best import Best
 from jaxbert.train.config import TrainConfig
 from jaxbert.train.interrupt import deferred_sigint
 from jaxbert.train.state import OptimConfig, init_state, optimizer, schedule
 from jaxbert.train.step import train_step
+from jaxbert.train.writes import (
+    Interrupted,
+    TrainingError,
+    _check_output_dir,
+    _finish,
+    _save,
+    _undone_on_failure,
+    _Unwritten,
+    _where,
+    evaluate,
+)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
-
-class TrainingError(RuntimeError):
-    """A run that cannot go on (e.g. a non-finite loss); the message names the step."""
-
-
-class Interrupted(TrainingError):
-    """Ctrl-C or SIGTERM: the run stopped between steps; the message names the step and the checkpoint to resume
-    from, `signum` the signal."""
-
-    def __init__(self, message: str, signum: int = signal.SIGINT):
-        super().__init__(message)
-        self.signum = signum
 
 
 def micro_batch_tokens(state, batch, rng) -> int:
@@ -180,20 +179,6 @@ def _params_sha256(params) -> str:
     return h.hexdigest()[:16]
 
 
-def _check_output_dir(cfg: TrainConfig) -> None:
-    """Before anything is written: OUT must be a directory (or not exist) and apart from the model it reads."""
-    try:
-        check_disjoint(cfg.model, cfg.output_dir)
-    except ValueError as e:
-        raise ValueError(f"--output-dir {e}") from None
-    if os.path.lexists(cfg.output_dir) and not os.path.isdir(cfg.output_dir):
-        raise NotADirectoryError(f"--output-dir {cfg.output_dir}: exists and is not a directory")
-    # Else the first checkpoint, --save-steps steps into the run, would be the first write to fail there.
-    saved = os.path.join(cfg.output_dir, "checkpoints")
-    if os.path.lexists(saved) and not os.path.isdir(saved):
-        raise NotADirectoryError(f"{saved}: exists and is not a directory (the run's checkpoints go there)")
-
-
 def train(cfg: TrainConfig) -> dict:
     """Fine-tune cfg.model (a directory or a hub id) on cfg.task; returns the final validation metrics."""
     distributed.initialize(cfg.coordinator_address, cfg.num_processes, cfg.process_id)
@@ -205,35 +190,6 @@ def train(cfg: TrainConfig) -> dict:
         with lock.hold(cfg.output_dir, cfg.break_lock) if distributed.is_primary() else contextlib.nullcontext():
             with _undone_on_failure(cfg.output_dir) if distributed.is_primary() else contextlib.nullcontext():
                 return _train(cfg)
-
-
-@contextlib.contextmanager
-def _undone_on_failure(out: str):
-    """A run that fails (or is stopped) before it has logged anything leaves OUT as it found it: the token cache
-    entries and the empty checkpoint directory it made while checking its inputs go again (lock.hold then removes
-    an OUT it created). Once it has logged to metrics.jsonl the run has a record, and everything it wrote stays.
-    A resume refused before logging (its data changed) is such a run too: the earlier run's metrics.jsonl is
-    there, as it was (its size), and the refused run's cache entries of the new data went with it no more."""
-    cache, checkpoints, metrics = (os.path.join(out, name) for name in ("cache", "checkpoints", "metrics.jsonl"))
-    had = {path: os.path.lexists(path) for path in (cache, checkpoints)}
-    logged = lambda: os.path.getsize(metrics) if os.path.lexists(metrics) else None  # noqa: E731
-    before = logged()
-    cached = set(os.listdir(cache)) if os.path.isdir(cache) else set()
-    try:
-        yield
-    except BaseException:
-        if logged() == before:
-            if os.path.isdir(cache) and not os.path.islink(cache):
-                for name in set(os.listdir(cache)) - cached:  # the entries it made: the next run rebuilds them
-                    with contextlib.suppress(OSError):
-                        os.unlink(os.path.join(cache, name))
-                if not had[cache]:
-                    with contextlib.suppress(OSError):
-                        os.rmdir(cache)
-            if not had[checkpoints]:  # only while empty: a run resumed from elsewhere may save before it logs
-                with contextlib.suppress(OSError):
-                    os.rmdir(checkpoints)
-        raise
 
 
 def train_mlm(cfg: TrainConfig) -> dict:
@@ -320,38 +276,6 @@ def _build(run, params):
     return (jax.device_put(state, state_sh), *_compile(run, tx, sched, state_sh, mesh))
 
 
-@jax.jit
-def _all_finite(params) -> jax.Array:
-    """One reduction over every parameter: cheap next to a step, and run only before something is written."""
-    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree_util.tree_leaves(params)]))
-
-
-def _where(last_good, own) -> str:
-    """The last verified checkpoint, and how to continue from it."""
-    if last_good is None:
-        return "none yet (a new run starts from the beginning)"
-    step, root = last_good
-    how = "--resume auto" if root == own.directory.as_posix() else f"--resume {os.path.join(root, str(step))}"
-    return f"step {step} in {root} (continue with {how})"
-
-
-def _save(run, meta, state, done, own, last_good):
-    """Checkpoint `done`, unless a parameter is not finite: then stop, naming the last good checkpoint."""
-    if not bool(_all_finite(state.params)):
-        raise TrainingError(
-            f"non-finite parameters after step {done}; stopped without saving them, last good "
-            f"checkpoint: {_where(last_good, own)}"
-        )
-    try:
-        checkpoints.save(own, done, state, meta(done), run.cfg.save_total_limit)
-    except OSError as e:  # a full disk: what failed, and where to continue from
-        raise TrainingError(
-            f"writing checkpoint {done} in {own.directory.as_posix()} failed ({e.strerror or e}); last good "
-            f"checkpoint: {_where(last_good, own)}"
-        ) from None
-    return done, own.directory.as_posix()
-
-
 def _loop(run, meta, state, start: int, step_fn, eval_fn, own, metrics, last_good, stop, best):
     """Steps start..total; -> (state, last validation result, last good checkpoint). Stops between steps on
     Ctrl-C (`stop`) of any process, raising Interrupted, and after an evaluation when early stopping says so."""
@@ -415,50 +339,5 @@ def _loop(run, meta, state, start: int, step_fn, eval_fn, own, metrics, last_goo
     return state, result, last_good
 
 
-def evaluate(run, state, done: int, eval_fn, metrics, best) -> dict:
-    """Validation metrics at step `done`, logged; OUT/best replaced when they are the best so far."""
-    result = run.evaluate(state.params, eval_fn)
-    metrics.add({"step": done, **result})
-    run.say(f"step {done}: {run.describe(result)}")
-    if best.update(done, result):
-        params = distributed.to_primary(state.params)  # None but on process 0, which writes
-        if distributed.is_primary():
-            best.save(run, params)
-        run.say(f"best {best.key} so far ({best.value:.4f}): wrote {os.path.join(run.cfg.output_dir, 'best')}")
-    return result
-
-
-def _finish(run, state, metrics, own, last_good, result) -> dict:
-    if not bool(_all_finite(state.params)):
-        raise TrainingError(
-            f"non-finite parameters after step {int(state.step)}; OUT/final not written, last "
-            f"good checkpoint: {_where(last_good, own)}"
-        )
-    params = distributed.to_primary(state.params)  # None but on process 0, which writes
-    final_dir = os.path.join(run.cfg.output_dir, "final")
-    if not distributed.is_primary():
-        return result
-    write_model(run, params, final_dir)
-    problem = getattr(getattr(run, "labels", None), "problem_type", None)  # a sequence classifier's loss
-    problem = run.cfg.loss if run.cfg.task == "embedding" and run.cfg.loss != "mnrl" else problem  # scored pairs
-    loss = outputs.loss_name(run.cfg.task, problem)
-    plotted = outputs.plot(metrics.records, os.path.join(run.cfg.output_dir, "loss.png"), run.metric, loss)
-    run.say(
-        f"wrote {final_dir} (jaxbert {run.head}), metrics.jsonl, "
-        + ("loss.png" if plotted else "no loss.png (needs matplotlib: pip install 'jaxbert[plot]')")
-    )
-    return result
-
-
 def _mesh(state):
     return jax.tree_util.tree_leaves(state.params)[0].sharding.mesh
-
-
-class _Unwritten:
-    """Metrics of processes other than 0: kept in memory (early stopping reads them), never written."""
-
-    def __init__(self, records: list[dict]):
-        self.records = list(records)
-
-    def add(self, record: dict) -> None:
-        self.records.append(record)
