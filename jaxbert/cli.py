@@ -193,7 +193,10 @@ def _fill_mask(args) -> int:
     try:
         results = bert.fill_mask(args.text[0] if single else args.text, top_k=args.top_k, targets=args.targets)
     except ValueError as e:  # the library's text[i] counts from 0, the output's "text N:" headers from 1
-        raise ValueError(re.sub(r"\btext\[(\d+)\]", lambda m: f"text {int(m[1]) + 1}", str(e))) from None
+        counted = re.sub(r"\btext\[(\d+)\]", lambda m: f"text {int(m[1]) + 1}", str(e))
+        if counted == str(e):
+            raise  # as it is: an ArgumentError's flag is named by as_flags
+        raise ValueError(counted) from None
     for t, per_text in enumerate([results] if single else results):
         if not single:
             print(f"{'' if t == 0 else chr(10)}text {t + 1}: {args.text[t]}")
@@ -217,6 +220,8 @@ def _answer(args) -> int:
         )
     except ValueError as e:  # no --max-seq-len / --doc-stride here: the windows are the pipeline's defaults
         why = re.sub(r"\bin max_seq_len (\d+) with doc_stride (\d+)", r"in windows of \1 tokens, stride \2", str(e))
+        if why == str(e):
+            raise  # as it is: an ArgumentError's flag is named by as_flags
         raise ValueError(re.sub(r"^question \(", "--question (", why)) from None
     print(json_line(answers))
     return 0

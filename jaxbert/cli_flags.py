@@ -1,14 +1,13 @@
 """The command line's errors in its own words: argparse types for the flags whose bounds are fixed (`--batch-size 0`
 is refused by argparse, before a model loads), and the library's errors about an argument whose bound is the
-model's (`max_length 999: must be in [1, 512]`) re-worded with the flag that set it (`--max-length 999: ...`)."""
+model's (`max_length 999: must be in [1, 512]`) named by the flag that set it (`--max-length 999: ...`)."""
 
 from __future__ import annotations
 
 import argparse
 import math
-import re
 
-from jaxbert.inputs import rewording
+from jaxbert.inputs import Arg, renaming
 
 
 def integer(low: int, high: int | None = None):
@@ -59,29 +58,33 @@ SEED = integer(0, 2**32 - 1)  # JAX's keys hold 32 bits (generate_options)
 
 
 def as_flags(args, flags: dict[str, str]):
-    """The library's TypeError / ValueError re-worded with the command's flags: `flags` maps a library argument to
-    its flag ({"max_length": "--max-length"}); the flag's destination in `args` is its name without the dashes.
-    Where a flag was given (or has a default), `max_length 999` (the argument and the flag's value) becomes
-    `--max-length 999`, and a message starting with the argument's name starts with the flag; advice to `pass
-    max_new_tokens` names the flag whether given or not. An error about a value from a file (generation_config.json
-    starts its message with the path) keeps its words: the flag did not set that value."""
-    return rewording(lambda message: reworded(message, args, flags))
+    """The library's ArgumentError / ArgumentTypeError re-raised naming the command's flags: `flags` maps a library
+    argument to its flag ({"max_length": "--max-length"}); the flag's destination in `args` is its name without the
+    dashes. An argument named alone ("pass max_new_tokens") becomes its flag; one shown with a value ("max_length
+    999", "do_sample=True") only where the flag holds that value (`--max-length 999`, `--do-sample`): another value
+    (a derived one, or one a file set) is not the flag's. A setting from generation_config.json comes named by its
+    file (generate_options), no longer an argument, and keeps its words."""
+    return renaming(lambda parts: tuple(flagged(p, args, flags) if isinstance(p, Arg) else p for p in parts))
 
 
-def reworded(message: str, args, flags: dict[str, str]) -> str:
-    """`message` with the library's argument names turned into `flags` (see as_flags)."""
-    for name, flag in flags.items():
-        value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
-        if value is True:  # a switch: do_sample=True
-            message = re.sub(rf"\b{name}=True\b", flag, message)
-        elif value is not None and value is not False:
-            shown = "|".join(re.escape(v) for v in {str(value), repr(value)})
-            message = re.sub(rf"(?<![\w.-]){name}(?=[ =](?:{shown})(?![\w.]))[ =]", f"{flag} ", message)
-            # "question must be a non-empty string"; not the name of another value ("num_beams 3" with --num-beams 2)
-            message = re.sub(rf"^{name}\b(?![=.-]| [-\d'\"\[(])", flag, message)
-        message = re.sub(rf"\bpass {name}\b", f"pass {flag}", message)
-        message = re.sub(rf"^{name}: unset\b", f"{flag}: unset", message)
-    return message
+def flagged(arg: Arg, args, flags: dict[str, str]) -> Arg | str:
+    """`arg` named by its flag where the flag set it (see as_flags), else `arg`."""
+    flag = flags.get(arg.name)
+    if flag is None or arg.shown is None:
+        return arg if flag is None else flag
+    value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+    if value is True and arg.value is True:  # a switch: do_sample=True
+        return flag
+    if value is None or isinstance(value, bool) or isinstance(arg.value, bool) or not _same(arg.value, value):
+        return arg
+    return f"{flag} {arg.shown}"
+
+
+def _same(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except ValueError:  # an array's truth is ambiguous: no flag holds an array
+        return False
 
 
 def flags_of(parser: argparse.ArgumentParser, **renamed: str) -> dict[str, str]:

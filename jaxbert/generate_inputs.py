@@ -22,7 +22,7 @@ from jaxbert import batching
 from jaxbert.config import BertConfig
 from jaxbert.generate import TEMPERATURES, Search, Warp
 from jaxbert.generate_options import Options, file_settings, max_new_tokens, resolve
-from jaxbert.inputs import check_arrays
+from jaxbert.inputs import Arg, ArgumentError, check_arrays
 
 __all__ = ["Options", "Request", "file_settings", "request", "resolve", "seq2seq_request"]
 
@@ -98,17 +98,19 @@ def _check_size(config: BertConfig, rows: int, beams: int, positions: int) -> No
     scores), so only what is clearly impossible is refused."""
     V = config.vocab_size
     if beams * V > 2**31 - 1:
-        raise ValueError(
-            f"num_beams {beams}: beam search ranks num_beams × vocab_size = {beams * V:,} continuations a prompt, "
-            f"more than XLA's top_k indexes (2**31 - 1)"
+        raise ArgumentError(
+            Arg.showing("num_beams", beams),
+            f": beam search ranks num_beams × vocab_size = {beams * V:,} continuations a prompt, "
+            "more than XLA's top_k indexes (2**31 - 1)",
         )
     width = sum(len(config.kept_heads(i)) for i in range(config.num_hidden_layers)) * config.head_size
     need, have = rows * beams * (2 * 2 * width * positions + 4 * V), device_memory()
     if have is not None and need > have:
-        raise ValueError(
-            f"{rows} rows (prompts × num_return_sequences, to a power of two) × num_beams {beams}: decoding needs "
-            f"at least {need / 2**30:.1f} GiB (key/value cache "
-            f"of {positions} positions and scores over {V} tokens a row), more than the devices' {have / 2**30:.1f} GiB"
+        raise ArgumentError(
+            f"{rows} rows (prompts × num_return_sequences, to a power of two) × ",
+            Arg.showing("num_beams", beams),
+            f": decoding needs at least {need / 2**30:.1f} GiB (key/value cache of {positions} positions and scores "
+            f"over {V} tokens a row), more than the devices' {have / 2**30:.1f} GiB",
         )
 
 

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 
 import numpy as np
 
 from jaxbert.config import BertConfig
 from jaxbert.files import existing_file, read_json
 from jaxbert.generate import Search
-from jaxbert.inputs import positive_int, rewording
+from jaxbert.inputs import Arg, ArgumentError, ArgumentTypeError, positive_int, renaming
 
 KNOBS = {
     "max_new_tokens": None,
@@ -87,14 +86,16 @@ class FileSettings(dict):
 
 def _naming_the_file(settings: dict, given: dict):
     """An error about a setting the file gave (the caller did not) starts with the file's path: "num_beams 0: must
-    be ≥ 1" from a generation_config.json did not say where the 0 came from, nor that no argument had set it."""
+    be ≥ 1" from a generation_config.json did not say where the 0 came from, nor that no argument had set it. The
+    setting, named as the file names it, is no argument of the caller's any more (a CLI flag does not rename it)."""
     path = getattr(settings, "path", None)
 
-    def change(message: str) -> str:
-        key = re.match(r"\w*", message).group()
-        return f"{path}: {message}" if path and settings.get(key) is not None and given.get(key) is None else message
+    def change(parts: tuple) -> tuple:
+        first = parts[0]
+        from_file = isinstance(first, Arg) and settings.get(first.name) is not None and given.get(first.name) is None
+        return (f"{path}: {first}", *parts[1:]) if path and from_file else parts
 
-    return rewording(change)
+    return renaming(change)
 
 
 def file_settings(directory: str | None, config: dict | None = None) -> dict:
@@ -138,11 +139,11 @@ def config_tokens(config) -> dict:
 
 def _number(name: str, value, low: float, high: float, low_open: bool = True) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+        raise ArgumentTypeError(Arg(name), f" must be a number, got {type(value).__name__} {value!r}")
     if not (math.isfinite(value) and (low < value if low_open else low <= value) and value <= high):
         # Infinite bounds are open: "(0.0, inf]" named the refused inf as allowed.
         interval = f"{'(' if low_open or math.isinf(low) else '['}{low}, {high}{')' if math.isinf(high) else ']'}"
-        raise ValueError(f"{name} {value}: must be in {interval}")
+        raise ArgumentError(Arg.showing(name, value), f": must be in {interval}")
     return float(value)
 
 
@@ -150,7 +151,7 @@ def _non_negative(name: str, value) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name} {value!r}: must be an integer ≥ 0")
+        raise ArgumentError(Arg.showing(name, value, repr), ": must be an integer ≥ 0")
     return int(value)
 
 
@@ -161,13 +162,15 @@ def _token_ids(name: str, value, vocab: int) -> tuple[int, ...]:
     ids = tuple(value) if isinstance(value, (list, tuple)) or np.ndim(value) > 0 else (value,)
     for i in ids:
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < vocab:
-            raise ValueError(f"{name} {value!r}: token ids must be integers in [0, vocab_size={vocab})")
+            raise ArgumentError(
+                Arg.showing(name, value, repr), f": token ids must be integers in [0, vocab_size={vocab})"
+            )
     return tuple(int(i) for i in ids)
 
 
 def _one_token(name: str, value, vocab: int) -> int | None:
     if isinstance(value, (list, tuple, np.ndarray)):  # was cut to its first id, silently
-        raise ValueError(f"{name} {value!r}: must be one token id")
+        raise ArgumentError(Arg.showing(name, value, repr), ": must be one token id")
     return None if value is None else _token_ids(name, value, vocab)[0]
 
 
@@ -206,13 +209,16 @@ def _search(o: dict) -> tuple[Search, int]:
     beams = positive_int("num_beams", o["num_beams"])
     returned = positive_int("num_return_sequences", o["num_return_sequences"], beams if beams > 1 else None)
     if not isinstance(o["do_sample"], bool):
-        raise TypeError(f"do_sample must be true or false, got {o['do_sample']!r}")
+        raise ArgumentTypeError(Arg("do_sample"), f" must be true or false, got {o['do_sample']!r}")
     if o["do_sample"] and beams > 1:
-        raise ValueError(f"do_sample=True with num_beams={beams}: beam-search sampling is not implemented")
+        sampling, with_beams = Arg.showing("do_sample", True, sep="="), Arg.showing("num_beams", beams, sep="=")
+        raise ArgumentError(sampling, " with ", with_beams, ": beam-search sampling is not implemented")
     if returned > 1 and not o["do_sample"] and beams == 1:
-        raise ValueError(f"num_return_sequences {returned}: greedy search returns one sequence per prompt")
+        greedy = ": greedy search returns one sequence per prompt"
+        raise ArgumentError(Arg.showing("num_return_sequences", returned), greedy)
     if o["early_stopping"] not in (True, False, "never"):
-        raise ValueError(f"early_stopping {o['early_stopping']!r}: must be true, false or 'never'")
+        stopping = Arg.showing("early_stopping", o["early_stopping"], repr)
+        raise ArgumentError(stopping, ": must be true, false or 'never'")
     penalty = _number("length_penalty", o["length_penalty"], -math.inf, math.inf)
     seen = dict(
         no_repeat_ngram_size=_non_negative("no_repeat_ngram_size", o["no_repeat_ngram_size"]),
@@ -227,7 +233,7 @@ def _warp(o: dict) -> tuple[float, int, float]:
     """Sampling's temperature, top_k and top_p, checked."""
     top_k = o["top_k"]
     if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
-        raise ValueError(f"top_k {top_k!r}: must be an integer ≥ 0 (0 turns it off)")
+        raise ArgumentError(Arg.showing("top_k", top_k, repr), ": must be an integer ≥ 0 (0 turns it off)")
     return _number("temperature", o["temperature"], 0.0, math.inf), int(top_k), _number("top_p", o["top_p"], 0, 1)
 
 
@@ -255,9 +261,9 @@ def _resolve(config, settings: dict, given: dict) -> Options:
         positive_int("max_new_tokens", o["max_new_tokens"])
     seed = given.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an integer, got {type(seed).__name__} {seed!r}")
+        raise ArgumentTypeError(Arg("seed"), f" must be an integer, got {type(seed).__name__} {seed!r}")
     if not 0 <= seed < 2**32:  # JAX's keys hold 32 bits: 2**32 + 7 would sample as 7 does
-        raise ValueError(f"seed {seed}: must be in [0, {2**32 - 1}]")
+        raise ArgumentError(Arg.showing("seed", seed), f": must be in [0, {2**32 - 1}]")
     least = tuple(_non_negative(k, o[k]) for k in ("min_new_tokens", "min_length"))
     return Options(search, o["max_new_tokens"], warp, int(seed), bos, expand, bos if start is None else start, *least)
 
@@ -279,25 +285,28 @@ def max_new_tokens(
     # Derived counts below 1 are refused as transformers refuses them, naming what set them (not max_new_tokens).
     if n is None and settings.get("max_length") is not None:  # null: unset, as transformers reads it
         n = positive_int("max_length", settings["max_length"]) - prompt_length
-        if n < 1 or prompt_length + n > limit:  # not "max_new_tokens 999999998", a setting never given
-            why = f"exceeds max_position_embeddings {limit}" if n > 0 else "leaves no room for new tokens after the"
-            raise ValueError(
-                f"max_length {settings['max_length']} (generation_config.json, else config.json) {why}"
-                + ("" if n > 0 else f" {prompt} {prompt_length}; pass max_new_tokens")
-            )
+        setting = f"max_length {settings['max_length']} (generation_config.json, else config.json)"
+        if n > 0 and prompt_length + n > limit:  # not "max_new_tokens 999999998", a setting never given
+            raise ValueError(f"{setting} exceeds max_position_embeddings {limit}")
+        if n < 1:
+            room = f" leaves no room for new tokens after the {prompt} {prompt_length}; pass "
+            raise ArgumentError(setting, room, Arg("max_new_tokens"))
     elif n is None:
         n = min(20, limit - prompt_length) if capped else 20
         if n < 1:
             raise ValueError(f"{prompt} {prompt_length} fills max_position_embeddings {limit}: no room for new tokens")
         if prompt_length + n > limit:
-            raise ValueError(
-                f"max_new_tokens: unset, so transformers' default 20, but the {prompt} {prompt_length} + 20 exceeds "
-                f"the decoder's max_position_embeddings {limit}; pass max_new_tokens"
+            raise ArgumentError(
+                Arg("max_new_tokens"),
+                f": unset, so transformers' default 20, but the {prompt} {prompt_length} + 20 exceeds "
+                f"the decoder's max_position_embeddings {limit}; pass ",
+                Arg("max_new_tokens"),
             )
     n = positive_int("max_new_tokens", n)
     if prompt_length + n > limit:
-        raise ValueError(
-            f"{prompt} {prompt_length} + max_new_tokens {n} = {prompt_length + n} exceeds "
-            f"max_position_embeddings {limit}"
+        raise ArgumentError(
+            f"{prompt} {prompt_length} + ",
+            Arg.showing("max_new_tokens", n),
+            f" = {prompt_length + n} exceeds max_position_embeddings {limit}",
         )
     return n

@@ -2,7 +2,7 @@
 
 JAX gathers clamp out-of-range indices and `jnp.asarray(x, int32)` truncates floats, so a bad token id, a float
 mask or a wrong shape would otherwise give a wrong answer instead of an error. Each check names the argument,
-the value and its position.
+the value and its position; as an ArgumentError where a caller may know the argument by another name.
 """
 
 from __future__ import annotations
@@ -10,19 +10,53 @@ from __future__ import annotations
 import collections.abc
 import contextlib
 import itertools
-import re
+from typing import NamedTuple
 
 import numpy as np
 
 from jaxbert.config import BertConfig
 
 
+class Arg(NamedTuple):
+    """An argument an error names: `name`, and `shown`, its `value` as the message writes it after `sep` (None:
+    the message names the argument alone: "pass max_new_tokens")."""
+
+    name: str
+    value: object = None
+    shown: str | None = None
+    sep: str = " "
+
+    @classmethod
+    def showing(cls, name: str, value, form=str, sep: str = " ") -> Arg:
+        return cls(name, value, form(value), sep)
+
+    def __str__(self) -> str:
+        return self.name if self.shown is None else f"{self.name}{self.sep}{self.shown}"
+
+
+class _Parts:
+    """A message made of its text and the arguments it names (Arg), joined: a caller that knows an argument by
+    another name (a method's parameter, a CLI flag, the file a setting came from) renames it from these fields,
+    where rewording the text would have to guess which words name what."""
+
+    def __str__(self) -> str:
+        return "".join(map(str, self.args))
+
+
+class ArgumentError(_Parts, ValueError):
+    """A ValueError about arguments: ArgumentError(Arg.showing("max_length", 999), ": must be in [1, 512]")."""
+
+
+class ArgumentTypeError(_Parts, TypeError):
+    """ArgumentError's TypeError."""
+
+
 def positive_int(name: str, value, upper: int | None = None) -> int:
     """An integer argument (not a bool, float or string) in [1, upper]."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+        raise ArgumentTypeError(Arg(name), f" must be an integer, got {type(value).__name__} {value!r}")
     if value < 1 or (upper is not None and value > upper):
-        raise ValueError(f"{name} {value}: must be in [1, {upper}]" if upper else f"{name} {value}: must be ≥ 1")
+        raise ArgumentError(Arg.showing(name, value), f": must be in [1, {upper}]" if upper else ": must be ≥ 1")
     return int(value)
 
 
@@ -37,20 +71,29 @@ def lone_surrogate(text: str) -> int | None:
     return None
 
 
-def check_unicode(texts: list[str], name: str = "texts") -> None:
-    """A ValueError naming the first text (index; the text itself when it is the only one) holding a lone
-    surrogate, and where: the tokenizers library refuses such a text with a message naming neither. A pass over
-    the texts, so call it only once the fast path has failed."""
+def items(name) -> collections.abc.Callable[[int], str]:
+    """The name of a list's item i: `name` (a function of i, the caller's), or `name[i]` of a list named `name`."""
+    return name if callable(name) else lambda i: f"{name}[{i}]"
+
+
+def only(name: str) -> collections.abc.Callable[[int], str]:
+    """Item names of a one-item list that stands for the caller's single argument `name` (fill_mask's `text`)."""
+    return lambda i: name
+
+
+def check_unicode(texts: list[str], name="texts") -> None:
+    """An ArgumentError naming the first text (`items(name)` of its index; the text itself when it is the only one)
+    holding a lone surrogate, and where: the tokenizers library refuses such a text with a message naming neither.
+    A pass over the texts, so call it only once the fast path has failed."""
     for i, text in enumerate(texts):
         at = lone_surrogate(text)
         if at is None:
             continue
         code = ord(text[at])
         hint = f"; invalid UTF-8 byte 0x{code - 0xDC00:02x} on the command line?" if 0xDC80 <= code <= 0xDCFF else ""
-        shown = f" {(text if len(text) <= 60 else text[:60] + '...')!r}" if len(texts) == 1 else ""
-        raise ValueError(
-            f"{name}[{i}]{shown}: not valid Unicode (a lone surrogate \\u{code:04x} at character {at}{hint})"
-        )
+        shown = repr(text if len(text) <= 60 else text[:60] + "...") if len(texts) == 1 else None
+        why = f": not valid Unicode (a lone surrogate \\u{code:04x} at character {at}{hint})"
+        raise ArgumentError(Arg(items(name)(i), text, shown), why)
 
 
 def ordered(texts, name="texts") -> list:
@@ -202,21 +245,14 @@ def check_encoder_states(config: BertConfig, batch: int, states, mask):
 
 
 @contextlib.contextmanager
-def rewording(change):
-    """A TypeError / ValueError raised inside, re-raised with its message passed through `change` (str -> str)
-    where that changes it: a shared check names a value in its own words, and its caller (a method's parameter,
-    a CLI flag, the file a setting came from) knows better. Other errors, and subclasses, pass as they are."""
+def renaming(change):
+    """An ArgumentError / ArgumentTypeError raised inside, re-raised with its parts passed through `change` (tuple
+    -> tuple: an Arg replaced by another, or by final text) where that changes them; other errors pass as they
+    are."""
     try:
         yield
-    except (TypeError, ValueError) as e:
-        message = change(str(e))
-        if message == str(e) or type(e) not in (TypeError, ValueError):
+    except (ArgumentError, ArgumentTypeError) as e:
+        parts = tuple(change(e.args))
+        if len(parts) == len(e.args) and all(a is b for a, b in zip(parts, e.args)):
             raise
-        raise type(e)(message) from None
-
-
-def naming(pattern: str, name: str):
-    """An error whose message starts with `pattern` (a regex) re-raised starting with `name` (re.sub's template)
-    instead: the tokenizer names its inputs `texts[i]` and `words[i]`, which are not the parameters of fill_mask
-    (`text`), tag's word lists (`texts[i]`) or answer (`question`, `context`)."""
-    return rewording(lambda message: re.sub(rf"^{pattern}", name, message, count=1))
+        raise type(e)(*parts) from None

@@ -19,7 +19,7 @@ import weakref
 
 import numpy as np
 
-from jaxbert.inputs import check_unicode, naming
+from jaxbert.inputs import Arg, ArgumentError, check_unicode, only
 
 NO_SPAN = (-1, -1)  # offsets of tokens that are not in the context (question, [CLS], [SEP], padding)
 
@@ -64,26 +64,30 @@ class Windows:
 FLAGS = ("--max-seq-length", "--doc-stride")  # training's names of windows' length and stride
 
 
-def windows(tok, questions: list[str], contexts: list[str], max_length: int, stride: int, names=FLAGS) -> Windows:
+def windows(
+    tok, questions: list[str], contexts: list[str], max_length: int, stride: int, names=FLAGS, one: bool = False
+) -> Windows:
     """Every example's windows, in example order. Questions lose their leading whitespace (run_qa.py: some
     SQuAD questions start with many spaces, which would eat the context's room). `names` name the length and
-    stride where a question leaves no room (the caller's flags or arguments)."""
+    stride where a question leaves no room (the caller's flags or arguments); `one`: the example is the caller's
+    one question and context (Bert.answer's arguments), named so rather than as items of lists."""
     wtok = _window_tokenizer(tok, max_length, stride)
     pairs = [(q.lstrip(), c) for q, c in zip(questions, contexts)]
-    _check_room(tok, pairs, max_length, stride, names)
+    _check_room(tok, pairs, max_length, stride, names, one)
     context = 0 if _context_first(tok) else 1
     pairs = [(c, q) for q, c in pairs] if context == 0 else pairs
     try:
         encs = wtok.encode_batch(pairs)
     except Exception:  # noqa: BLE001 - the tokenizers library raises plain Exception; find the culprit
-        check_unicode(questions, "questions")  # a lone surrogate: the library names neither text nor place
-        check_unicode(contexts, "contexts")
+        # a lone surrogate: the library names neither text nor place
+        check_unicode(questions, only("question") if one else "questions")
+        check_unicode(contexts, only("context") if one else "contexts")
         for i, pair in enumerate(pairs):
             try:
                 wtok.encode(*pair)
             except Exception as e:  # noqa: BLE001
                 n = len(tok.backend.encode(pair[1 - context]).ids)
-                raise _no_room(i, n, max_length, stride, names, str(e).strip().splitlines()[0]) from None
+                raise _no_room(i, n, max_length, stride, names, str(e).strip().splitlines()[0], one) from None
         raise
     out = Windows([], [], [], [], [], context)
     for i, enc in enumerate(encs):
@@ -97,14 +101,14 @@ def windows(tok, questions: list[str], contexts: list[str], max_length: int, str
     return out
 
 
-def _no_room(i: int, n: int, max_length: int, stride: int, names, why: str) -> ValueError:
+def _no_room(i: int, n: int, max_length: int, stride: int, names, why: str, one: bool) -> ValueError:
     return ValueError(
-        f"example {i}: its question ({n} tokens with [CLS] and [SEP]) leaves too little room for the context in "
-        f"{names[0]} {max_length} with {names[1]} {stride} ({why})"
+        f"{'' if one else f'example {i}: its '}question ({n} tokens with [CLS] and [SEP]) leaves too little "
+        f"room for the context in {names[0]} {max_length} with {names[1]} {stride} ({why})"
     )
 
 
-def _check_room(tok, pairs: list[tuple[str, str]], max_length: int, stride: int, names) -> None:
+def _check_room(tok, pairs: list[tuple[str, str]], max_length: int, stride: int, names, one: bool) -> None:
     """Refuse a question that leaves the context `stride` tokens or fewer of a window it has to be cut into: the
     tokenizers library panics there (a Rust backtrace on stderr, and a PanicException, which is no Exception)."""
     try:
@@ -113,7 +117,7 @@ def _check_room(tok, pairs: list[tuple[str, str]], max_length: int, stride: int,
             room = max_length - len(q.ids) - 1  # [CLS] question [SEP] context [SEP]
             if room <= stride and len(tok.backend.encode(question, context).ids) > max_length:
                 why = f"room for {max(room, 0)} context tokens, not more than the stride"
-                raise _no_room(i, len(q.ids), max_length, stride, names, why)
+                raise _no_room(i, len(q.ids), max_length, stride, names, why, one)
     except TypeError:  # a lone surrogate: windows' own encoding names the text (before it encodes any)
         return
 
@@ -272,9 +276,8 @@ def answer(
     length = bert.max_length(None if max_seq_len is None else positive_int("max_seq_len", max_seq_len, positions))
     length = length if max_seq_len is not None else min(length, 384)
     stride = default_stride(length) if doc_stride is None else _doc_stride(doc_stride, length)
-    # windows names its lists' items (questions[0], example 0): answer takes one question and one context.
-    with naming(r"questions\[0\]", "question"), naming(r"contexts\[0\]", "context"), naming("example 0: its ", ""):
-        w = windows(bert.tokenizer, [question], [context], length, stride, ("max_seq_len", "doc_stride"))
+    # answer takes one question and one context: windows names them so, not as items of lists (questions[0]).
+    w = windows(bert.tokenizer, [question], [context], length, stride, ("max_seq_len", "doc_stride"), one=True)
     found: dict[str, dict] = {}  # by lower-cased answer text, in the order first found
     null = 1.0
     for f, (start, end) in enumerate(window_logits(bert, w, batch_size)):
@@ -315,7 +318,7 @@ def _check_texts(questions: list, contexts: list, numbered: bool = True) -> None
     for name, texts in (("question", questions), ("context", contexts)):
         for i, text in enumerate(texts):
             if not isinstance(text, str) or not text.strip():
-                raise ValueError(f"{name}{f' {i}:' if numbered else ''} must be a non-empty string")
+                raise ArgumentError(Arg(name), f"{f' {i}:' if numbered else ''} must be a non-empty string")
 
 
 def window_logits(bert, w: Windows, batch_size: int) -> list[tuple[np.ndarray, np.ndarray]]:

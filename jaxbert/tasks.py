@@ -10,7 +10,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxbert import entities, sentence_dense, sentence_dir, windows
-from jaxbert.inputs import check_encoded, check_unicode, naming, positive_int
+from jaxbert.inputs import Arg, ArgumentError, check_encoded, check_unicode, only, positive_int, renaming
 from jaxbert.tokenizer import NO_LIMIT, check_texts, ordered
 
 _MLM_HEADS = ("BertForMaskedLM", "BertForPreTraining")
@@ -84,6 +84,11 @@ def _target_ids(tok, targets, vocab_size: int) -> np.ndarray:
     return np.asarray(sorted(ids), np.int32)
 
 
+def _the_model_s(part):
+    """fill_mask's bound: the model's length, not a max_length argument (fill_mask has none)."""
+    return f"the model's {part.shown}" if isinstance(part, Arg) and part.name == "max_length" else part
+
+
 def fill_mask(bert, text, top_k: int = 5, batch_size: int = 32, targets=None) -> list:
     """For each [MASK] in `text`, in order: the top_k {token, token_id, score, sequence}. A list of texts gives
     one such list per text, in input order; the texts share packed rows (packing.py) as in `embed`. With
@@ -100,14 +105,11 @@ def fill_mask(bert, text, top_k: int = 5, batch_size: int = 32, targets=None) ->
     target_ids = None if targets is None else _target_ids(tok, targets, bert.config.vocab_size)
     top_k = top_k if target_ids is None else min(top_k, len(target_ids))
     # Not cut to fit: cutting could drop a [MASK] (the pipeline leaves too long a text to fail in the model). The
-    # tokenizer's errors name its `texts[i]`: here the parameter is `text` (one text, or a list of them).
+    # parameter is `text` (one text, or a list of them); max_length is not an argument fill_mask has: it is the
+    # model's length.
     limit = bert.max_length(None)
-    with naming(r"texts\[0\]" if single else r"texts(?=\[)", "text"):
-        try:
-            enc = tok.encode(texts, max_length=limit, truncation=False, hint=None)
-        except ValueError as e:  # max_length is not an argument fill_mask has: it is the model's length
-            longer = str(e).replace(f"more than max_length {limit}", f"more than the model's {limit}")
-            raise ValueError(longer) from None
+    with renaming(lambda parts: tuple(_the_model_s(p) for p in parts)):
+        enc = tok.encode(texts, max_length=limit, truncation=False, hint=None, name=only("text") if single else "text")
     masks = [np.flatnonzero(np.asarray(ids) == tok.mask_token_id) for ids in enc.ids]
     for i, found in enumerate(masks):
         if found.size == 0:
@@ -284,8 +286,7 @@ def _joined(tok, texts, delimiter: str):
         raise TypeError(f"is_split_into_words: texts[{i}] is {type(texts[i]).__name__}, not a list of words")
     words = [list(w) for w in texts] if any(lists) or not texts else [texts]
     # The tokenizer's `words[i][j]` is texts[i][j] here, or texts[j] of one text's words.
-    with naming(r"words(?=\[)" if any(lists) else r"words\[0\]", "texts"):
-        enc = tok.encode_words(words, max_length=NO_LIMIT)
+    enc = tok.encode_words(words, max_length=NO_LIMIT, name="texts" if any(lists) else only("texts"))
     joined = []
     for t, w in enumerate(words):
         starts = [0]
@@ -318,13 +319,14 @@ def _stride(stride, length: int, tok) -> int:
     """tag's window overlap: an integer in [0, the window's room for text), by default half of it, at most 128."""
     room = length - tok.num_special_tokens_to_add(False)
     if room < 1:
-        raise ValueError(f"max_length {length}: too short for the special tokens around a text")
+        raise ArgumentError(Arg.showing("max_length", length), ": too short for the special tokens around a text")
     if stride is None:
         return min(room // 2, 128)
     if isinstance(stride, bool) or not isinstance(stride, (int, np.integer)):
         raise TypeError(f"stride must be an integer, got {type(stride).__name__} {stride!r}")
     if not 0 <= stride < room:
-        raise ValueError(f"stride {stride}: must be in [0, {room}) (max_length {length} less its special tokens)")
+        window = Arg.showing("max_length", length)
+        raise ArgumentError(f"stride {stride}: must be in [0, {room}) (", window, " less its special tokens)")
     return int(stride)
 
 
@@ -337,8 +339,7 @@ def generate_text(model, prompt: str, **options) -> list[str]:
     for the positions is an error naming its length."""
     if not isinstance(prompt, str):
         raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
-    with naming(r"texts\[0\]", "prompt"):  # the tokenizer's name of it
-        enc = model.tokenizer.encode([prompt], truncation=False, hint=None)
+    enc = model.tokenizer.encode([prompt], truncation=False, hint=None, name=only("prompt"))
     ids = np.asarray(enc.ids[0], np.int64)
     if model.head == "EncoderDecoderModel":
         rows = model.generate(ids[None], **options)
@@ -350,12 +351,28 @@ def generate_text(model, prompt: str, **options) -> list[str]:
     return [model.tokenizer.decode(row, skip_special_tokens=True) for row in rows]
 
 
+def _sentence_options(defaults, pooling, normalize, max_length, prompt, prompt_name) -> tuple:
+    """sentence_dir's embedding_options and resolve_prompt, the arguments their errors name as ArgumentErrors (for
+    a CLI's flags). A bridge: sentence_dir.py raises plain ValueErrors, so their known first words are matched
+    here, exactly; raising the ArgumentErrors there makes this the two calls."""
+    try:
+        options = sentence_dir.embedding_options(defaults, pooling, normalize, max_length)
+        return *options, sentence_dir.resolve_prompt(defaults, prompt, prompt_name)
+    except ValueError as e:
+        known = [("", Arg.showing("prompt_name", prompt_name, repr))]  # "prompt_name 'x': <file> has no such prompt"
+        if defaults is not None and defaults.unsupported:  # "<why>; pass pooling= to embed with ..."
+            known.append((f"{defaults.unsupported}; pass ", Arg("pooling")))
+        for before, arg in known:
+            if str(e).startswith(head := f"{before}{arg}"):
+                raise ArgumentError(before, arg, str(e)[len(head) :]) from None
+        raise
+
+
 def embed(bert, texts, pooling, normalize, batch_size: int, max_length, show, packing: bool, prompted=(None, None)):
     """Bert.embed: sentence embeddings in input order, from packed rows or bucketed batches; `prompted` its
     (prompt, prompt_name)."""
     defaults = bert.sentence_defaults
-    modes, normalize, max_length, lower = sentence_dir.embedding_options(defaults, pooling, normalize, max_length)
-    prompt = sentence_dir.resolve_prompt(defaults, *prompted)
+    modes, normalize, max_length, lower, prompt = _sentence_options(defaults, pooling, normalize, max_length, *prompted)
     # The directory's Dense modules belong to its pooling: a pooling= given is jaxbert's own, without them.
     steps = defaults.steps if defaults is not None and pooling is None else ()
     pipeline = dict(pooling=modes, normalize=normalize and not steps)
@@ -364,7 +381,8 @@ def embed(bert, texts, pooling, normalize, batch_size: int, max_length, show, pa
         return bert._project(emb, bert.sentence_dense, steps=steps, normalize=normalize) if steps else emb
 
     if "pooler" in modes and not bert.has_pooler:
-        raise ValueError(f"pooling='pooler': this {bert.head} checkpoint has no pooler")
+        pooler = Arg.showing("pooling", "pooler", repr, sep="=")
+        raise ArgumentError(pooler, f": this {bert.head} checkpoint has no pooler")
     batch_size = positive_int("batch_size", batch_size)
     tok = bert.tokenizer.lowercased() if lower else bert.tokenizer
     limit = bert.max_length(max_length)
@@ -374,8 +392,7 @@ def embed(bert, texts, pooling, normalize, batch_size: int, max_length, show, pa
         enc = tok.encode([prompt + text for text in texts] if prompt else texts, max_length=limit)
     except ValueError:  # a lone surrogate: in the prompt (not texts[0]), or at a text's own character
         if prompt:
-            with naming(r"prompt\[0\]", "prompt"):
-                check_unicode([prompt], "prompt")
+            check_unicode([prompt], only("prompt"))
             check_unicode(texts)
         raise
     include = defaults is None or defaults.include_prompt

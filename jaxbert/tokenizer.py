@@ -15,7 +15,7 @@ import threading
 import numpy as np
 from tokenizers import Tokenizer
 
-from jaxbert.inputs import check_texts, check_unicode, ordered, positive_int
+from jaxbert.inputs import Arg, ArgumentError, check_texts, check_unicode, items, ordered, positive_int
 from jaxbert.tokenizer_build import build
 from jaxbert.tokenizer_clip import clip, clip_pairs, splits_at_spaces
 from jaxbert.tokenizer_settings import CLEAN_UP, NO_LIMIT, SPECIAL
@@ -158,11 +158,13 @@ class WordPiece:
         max_length: int | None = None,
         truncation: bool = True,
         hint: str | None = "pass truncation=True to cut it",
+        name="texts",
     ) -> Encoded:
         """Tokenize texts (and optional second segments), with [CLS]/[SEP] and token types 0/1.
 
         Longer than `max_length` (default: the tokenizer's model_max_length): truncated (longest first), or a
         ValueError naming the text when `truncation=False` (ending with `hint`, for callers that cut nothing).
+        A text is named as the caller's item of its index (`name`: see inputs.items; a list's name or a function).
         """
         texts = check_texts(texts)
         if pairs is not None:
@@ -180,18 +182,16 @@ class WordPiece:
             else:
                 encs = tok.encode_batch(list(zip(texts, pairs)) if pairs is not None else texts)
         except TypeError:  # the library's only word on a lone surrogate: "TextEncodeInput must be Union[...]"
-            check_unicode(texts)
+            check_unicode(texts, name)
             check_unicode(pairs or [], "pairs")
             raise
         for i, enc in enumerate(encs):
             if len(enc.ids) > limit and truncation:  # truncation never cuts [CLS] and [SEP]: no room for them
                 special = self._tok.num_special_tokens_to_add(pairs is not None)
-                raise ValueError(f"max_length {limit}: too short for the {special} special tokens around texts[{i}]")
+                raise _too_short(limit, special, items(name)(i))
             if len(enc.ids) > limit:
-                raise ValueError(
-                    f"texts[{i}] has {len(enc.ids)} tokens, more than max_length {limit}"
-                    + (f" ({hint})" if hint else "")
-                )
+                more = f"{items(name)(i)} has {len(enc.ids)} tokens, more than "
+                raise ArgumentError(more, Arg.showing("max_length", limit), f" ({hint})" if hint else "")
         return self._encoded(encs)
 
     def _encoded(self, encs) -> Encoded:
@@ -205,22 +205,23 @@ class WordPiece:
             [e.special_tokens_mask for e in encs],
         )
 
-    def encode_words(self, words: list[list[str]], *, max_length: int) -> Encoded:
+    def encode_words(self, words: list[list[str]], *, max_length: int, name="words") -> Encoded:
         """Tokenize texts given as words (token classification data): `word_ids` index each text's words, so
-        labels align to them; longer sequences are truncated to `max_length` tokens."""
+        labels align to them; longer sequences are truncated to `max_length` tokens. `name`: as encode's, of the
+        lists of words."""
+        name = items(name)
         for i, w in enumerate(words):
-            check_texts(w, f"words[{i}]")
+            check_texts(w, name(i))
         limit = positive_int("max_length", max_length)
         try:
             encs = self._truncated(limit).encode_batch(words, is_pretokenized=True)
         except TypeError:  # a lone surrogate in a word (see encode)
             for i, w in enumerate(words):
-                check_unicode(w, f"words[{i}]")
+                check_unicode(w, name(i))
             raise
         for i, enc in enumerate(encs):
             if len(enc.ids) > limit:  # truncation never cuts [CLS] and [SEP] (see encode)
-                special = self._tok.num_special_tokens_to_add(False)
-                raise ValueError(f"max_length {limit}: too short for the {special} special tokens around words[{i}]")
+                raise _too_short(limit, self._tok.num_special_tokens_to_add(False), name(i))
         return self._encoded(encs)
 
     def __call__(
@@ -250,3 +251,10 @@ def pad(enc: Encoded, length: int, rows: int, pad_id: int, order=None, side: str
         at = slice(length - n, length) if side == "left" else slice(0, n)
         ids[r, at], types[r, at], mask[r, at] = enc.ids[i], enc.type_ids[i], 1
     return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+
+
+def _too_short(limit: int, special: int, text: str) -> ArgumentError:
+    """Truncation never cuts [CLS] and [SEP]: `limit` leaves the text no room."""
+    return ArgumentError(
+        Arg.showing("max_length", limit), f": too short for the {special} special tokens around {text}"
+    )

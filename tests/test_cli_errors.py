@@ -347,21 +347,49 @@ def test_bounds_of_the_model_are_named_by_their_flag(models, capsys, tmp_path):
     assert not (tmp_path / "out.jsonl").exists()
 
 
+def test_a_users_text_quoted_in_an_error_keeps_its_words(models, capsys, tmp_path):
+    """The flags were found in the library's message by regular expression: a text quoted in it that mentions an
+    argument with the flag's value was re-worded too ('no [MASK] in text: 'keep --top-k 5 words'', fill-mask's
+    --top-k being 5 by default). The flag now replaces the argument the error names, never the text."""
+    _, d = models
+    mlm = ("fill-mask", d["BertForMaskedLM"])
+    fails(capsys, tmp_path, *mlm, "keep top_k 5 words", match="error: no [MASK] in text: 'keep top_k 5 words'")
+    fails(capsys, tmp_path, *mlm, "a [MASK]", "top_k 5 here", match="error: no [MASK] in text 2: 'top_k 5 here'")
+    qa = ("answer", d["BertForQuestionAnswering"], "--context", "c")
+    match = "error: --question 'top_k 1 \\udcff': not valid Unicode"  # --top-k is 1 by default
+    fails(capsys, tmp_path, *qa, "--question", "top_k 1 \udcff", match=match)
+
+
 def test_only_the_flags_own_values_are_reworded():
     """A value a file set keeps its words (the flag did not set it); a flag's value and the advice to pass an
     argument name the flag."""
     from argparse import Namespace
 
-    from jaxbert.cli_flags import reworded
+    from jaxbert.cli_flags import as_flags
+    from jaxbert.config import BertConfig
+    from jaxbert.generate_options import FileSettings, resolve
+    from jaxbert.inputs import Arg, ArgumentError
 
     flags = {"max_new_tokens": "--max-new-tokens", "num_beams": "--num-beams", "top_k": "--top-k"}
     args = Namespace(max_new_tokens=None, num_beams=2, top_k=5)
+
+    def reworded(*parts):
+        with pytest.raises(ArgumentError) as e, as_flags(args, flags):
+            raise ArgumentError(*parts)
+        return str(e.value)
+
     unset = "max_new_tokens: unset, so transformers' default 20, but the prompt 30 + 20 exceeds 40; pass max_new_tokens"
-    assert reworded(unset, args, flags) == unset.replace("max_new_tokens", "--max-new-tokens")
-    assert reworded("dir/generation_config.json: num_beams 0: must be ≥ 1", args, flags).startswith("dir/gen")
-    assert reworded("num_beams 3: must be in [1, 2]", args, flags) == "num_beams 3: must be in [1, 2]"  # not 2
-    assert reworded("top_k 50: must be in [1, 40]", args, flags) == "top_k 50: must be in [1, 40]"
-    assert reworded("top_k 5: must be in [1, 4]", args, flags) == "--top-k 5: must be in [1, 4]"
+    why = ": unset, so transformers' default 20, but the prompt 30 + 20 exceeds 40; pass "
+    flagged = unset.replace("max_new_tokens", "--max-new-tokens")
+    assert reworded(Arg("max_new_tokens"), why, Arg("max_new_tokens")) == flagged
+    settings = FileSettings(num_beams=0)  # a value from generation_config.json: named by the file
+    settings.path = "dir/generation_config.json"
+    with pytest.raises(ArgumentError) as e, as_flags(args, flags):
+        resolve(BertConfig(), settings, {})
+    assert str(e.value) == "dir/generation_config.json: num_beams 0: must be ≥ 1"
+    assert reworded(Arg.showing("num_beams", 3), ": must be in [1, 2]") == "num_beams 3: must be in [1, 2]"  # not 2
+    assert reworded(Arg.showing("top_k", 50), ": must be in [1, 40]") == "top_k 50: must be in [1, 40]"
+    assert reworded(Arg.showing("top_k", 5), ": must be in [1, 4]") == "--top-k 5: must be in [1, 4]"
 
 
 def test_answer_names_its_windows_without_flags_it_does_not_have(models, capsys, tmp_path):
