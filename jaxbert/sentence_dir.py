@@ -26,6 +26,7 @@ import warnings
 
 from jaxbert import sentence_dense
 from jaxbert.files import checkpoint_file, existing_file, read_json
+from jaxbert.inputs import Arg, ArgumentError
 from jaxbert.sentence_files import (  # noqa: F401  (re-exported: the names other modules import from sentence_dir)
     FILES,
     SETTINGS_FILES,
@@ -151,8 +152,9 @@ def resolve_prompt(defaults: SentenceDefaults | None, prompt: str | None, prompt
     where = (defaults and defaults.prompts_path) or "the model"
     if name is None:
         return ""
-    if name not in prompts:
-        raise ValueError(f"{key} {name!r}: {where} has no such prompt (its prompts: {', '.join(map(repr, prompts))})")
+    if name not in prompts:  # a name asked for is an argument (a CLI's flag); the default one is the file's
+        named = Arg.showing(key, name, repr) if key == "prompt_name" else f"{key} {name!r}"
+        raise ArgumentError(named, f": {where} has no such prompt (its prompts: {', '.join(map(repr, prompts))})")
     if not isinstance(prompts[name], str):
         raise ValueError(f"{where}: prompts[{name!r}] is {prompts[name]!r}, not a string")
     return prompts[name]
@@ -242,12 +244,14 @@ def embedding_options(defaults: SentenceDefaults | None, pooling, normalize, max
 
     if pooling is None:
         if defaults is not None and defaults.unsupported:
-            raise ValueError(f"{defaults.unsupported}; pass pooling= to embed with jaxbert's own pooling instead")
+            why = "= to embed with jaxbert's own pooling instead"
+            raise ArgumentError(f"{defaults.unsupported}; pass ", Arg("pooling"), why)
         pooling = defaults.pooling if defaults else "cls"
     modes = (pooling,) if isinstance(pooling, str) else tuple(pooling)
     for mode in modes or ("",):
         if mode not in POOLINGS:
-            raise ValueError(f"pooling {mode!r}: expected one of {', '.join(POOLINGS)} (or a sequence of them)")
+            expected = f": expected one of {', '.join(POOLINGS)} (or a sequence of them)"
+            raise ArgumentError(Arg.showing("pooling", mode, repr), expected)
     if normalize is None:
         normalize = defaults.normalize if defaults else False
     if max_length is None and defaults is not None:

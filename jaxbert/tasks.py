@@ -351,28 +351,12 @@ def generate_text(model, prompt: str, **options) -> list[str]:
     return [model.tokenizer.decode(row, skip_special_tokens=True) for row in rows]
 
 
-def _sentence_options(defaults, pooling, normalize, max_length, prompt, prompt_name) -> tuple:
-    """sentence_dir's embedding_options and resolve_prompt, the arguments their errors name as ArgumentErrors (for
-    a CLI's flags). A bridge: sentence_dir.py raises plain ValueErrors, so their known first words are matched
-    here, exactly; raising the ArgumentErrors there makes this the two calls."""
-    try:
-        options = sentence_dir.embedding_options(defaults, pooling, normalize, max_length)
-        return *options, sentence_dir.resolve_prompt(defaults, prompt, prompt_name)
-    except ValueError as e:
-        known = [("", Arg.showing("prompt_name", prompt_name, repr))]  # "prompt_name 'x': <file> has no such prompt"
-        if defaults is not None and defaults.unsupported:  # "<why>; pass pooling= to embed with ..."
-            known.append((f"{defaults.unsupported}; pass ", Arg("pooling")))
-        for before, arg in known:
-            if str(e).startswith(head := f"{before}{arg}"):
-                raise ArgumentError(before, arg, str(e)[len(head) :]) from None
-        raise
-
-
 def embed(bert, texts, pooling, normalize, batch_size: int, max_length, show, packing: bool, prompted=(None, None)):
     """Bert.embed: sentence embeddings in input order, from packed rows or bucketed batches; `prompted` its
     (prompt, prompt_name)."""
     defaults = bert.sentence_defaults
-    modes, normalize, max_length, lower, prompt = _sentence_options(defaults, pooling, normalize, max_length, *prompted)
+    modes, normalize, max_length, lower = sentence_dir.embedding_options(defaults, pooling, normalize, max_length)
+    prompt = sentence_dir.resolve_prompt(defaults, *prompted)
     # The directory's Dense modules belong to its pooling: a pooling= given is jaxbert's own, without them.
     steps = defaults.steps if defaults is not None and pooling is None else ()
     pipeline = dict(pooling=modes, normalize=normalize and not steps)
