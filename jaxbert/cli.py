@@ -10,7 +10,6 @@ import contextlib
 import functools
 import json
 import os
-import re
 import signal
 import sys
 import threading
@@ -21,6 +20,7 @@ import numpy as np
 
 from jaxbert.cli_flags import FINITE, NON_NEGATIVE, POSITIVE, SEED, as_flags, flags_of, number
 from jaxbert.inference import DTYPES
+from jaxbert.inputs import Arg, renaming
 
 
 def _info(args) -> None:
@@ -189,14 +189,12 @@ def _fill_mask(args) -> int:
     import jaxbert
 
     single = len(args.text) == 1  # one text: its errors and output as before several were taken
+    from jaxbert.tasks import fill_mask
+
     bert = jaxbert.load(args.dir, dtype=args.dtype)
-    try:
-        results = bert.fill_mask(args.text[0] if single else args.text, top_k=args.top_k, targets=args.targets)
-    except ValueError as e:  # the library's text[i] counts from 0, the output's "text N:" headers from 1
-        counted = re.sub(r"\btext\[(\d+)\]", lambda m: f"text {int(m[1]) + 1}", str(e))
-        if counted == str(e):
-            raise  # as it is: an ArgumentError's flag is named by as_flags
-        raise ValueError(counted) from None
+    # Bert.fill_mask's own function, its texts named as the output's "text N:" headers (from 1), not text[i]
+    named = dict(name=lambda i: f"text {i + 1}")
+    results = fill_mask(bert, args.text[0] if single else args.text, args.top_k, targets=args.targets, **named)
     for t, per_text in enumerate([results] if single else results):
         if not single:
             print(f"{'' if t == 0 else chr(10)}text {t + 1}: {args.text[t]}")
@@ -214,17 +212,22 @@ def _answer(args) -> int:
     from jaxbert.finetuned import json_line
 
     bert = jaxbert.load(args.dir, dtype=args.dtype)
-    try:
+    with renaming(_pipeline_windows):
         answers = bert.answer(
             args.question, args.context, top_k=args.top_k, handle_impossible_answer=args.handle_impossible_answer
         )
-    except ValueError as e:  # no --max-seq-len / --doc-stride here: the windows are the pipeline's defaults
-        why = re.sub(r"\bin max_seq_len (\d+) with doc_stride (\d+)", r"in windows of \1 tokens, stride \2", str(e))
-        if why == str(e):
-            raise  # as it is: an ArgumentError's flag is named by as_flags
-        raise ValueError(re.sub(r"^question \(", "--question (", why)) from None
     print(json_line(answers))
     return 0
+
+
+def _pipeline_windows(parts: tuple) -> tuple:
+    """An error's window, Bert.answer's `max_seq_len N` ... `doc_stride M`, as `windows of N tokens, stride M`: no
+    --max-seq-len / --doc-stride here, the windows are the pipeline's defaults."""
+    at = {p.name: i for i, p in enumerate(parts) if isinstance(p, Arg)}
+    if "max_seq_len" not in at or at.get("doc_stride", -1) < at["max_seq_len"]:
+        return parts
+    a, b = at["max_seq_len"], at["doc_stride"]
+    return (*parts[:a], f"windows of {parts[a].value} tokens, stride {parts[b].value}", *parts[b + 1 :])
 
 
 def _generate(args) -> int:

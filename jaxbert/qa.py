@@ -101,10 +101,16 @@ def windows(
     return out
 
 
-def _no_room(i: int, n: int, max_length: int, stride: int, names, why: str, one: bool) -> ValueError:
-    return ValueError(
-        f"{'' if one else f'example {i}: its '}question ({n} tokens with [CLS] and [SEP]) leaves too little "
-        f"room for the context in {names[0]} {max_length} with {names[1]} {stride} ({why})"
+def _no_room(i: int, n: int, max_length: int, stride: int, names, why: str, one: bool) -> ArgumentError:
+    """The error's example (Bert.answer's question, or `example i` of the lists: a caller names its row) and the
+    window (`names`, the caller's) are Args: callers rename them from these fields."""
+    return ArgumentError(
+        *((Arg("question"),) if one else (Arg.showing("example", i), ": its question")),
+        f" ({n} tokens with [CLS] and [SEP]) leaves too little room for the context in ",
+        Arg.showing(names[0], max_length),
+        " with ",
+        Arg.showing(names[1], stride),
+        f" ({why})",
     )
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxbert import entities, sentence_dense, sentence_dir, windows
-from jaxbert.inputs import Arg, ArgumentError, check_encoded, check_unicode, only, positive_int, renaming
+from jaxbert.inputs import Arg, ArgumentError, check_encoded, check_unicode, items, only, positive_int, renaming
 from jaxbert.tokenizer import NO_LIMIT, check_texts, ordered
 
 _MLM_HEADS = ("BertForMaskedLM", "BertForPreTraining")
@@ -27,10 +27,10 @@ def progress(batches, n_texts: int, batch_size: int, show: bool | None):
     return tqdm(batches, total=total, unit="batch", disable=not _shown(n_texts, batch_size, show), leave=False)
 
 
-def packed(bert, enc, batch_size: int, show: bool | None = None, name: str = "texts"):
+def packed(bert, enc, batch_size: int, show: bool | None = None, name="texts"):
     """bert.packed_batches with a bar counting texts (a packed batch holds a varying number of them); out-of-range
-    ids named by text first (check_encoded: `name`[i]), not by a packed row."""
-    check_encoded(bert.config, enc, lambda i: f"{name}[{i}]")
+    ids named by text first (check_encoded: `items(name)` of its index), not by a packed row."""
+    check_encoded(bert.config, enc, items(name))
     with tqdm(total=len(enc), unit="text", disable=not _shown(len(enc), batch_size, show), leave=False) as bar:
         for rows, batch in bert.packed_batches(enc, batch_size):
             yield rows, batch
@@ -89,11 +89,12 @@ def _the_model_s(part):
     return f"the model's {part.shown}" if isinstance(part, Arg) and part.name == "max_length" else part
 
 
-def fill_mask(bert, text, top_k: int = 5, batch_size: int = 32, targets=None) -> list:
+def fill_mask(bert, text, top_k: int = 5, batch_size: int = 32, targets=None, *, name="text") -> list:
     """For each [MASK] in `text`, in order: the top_k {token, token_id, score, sequence}. A list of texts gives
     one such list per text, in input order; the texts share packed rows (packing.py) as in `embed`. With
     `targets`, the candidates are those tokens only (at most top_k of them), each scored by its probability over
-    the whole vocabulary, as the fill-mask pipeline's `targets`."""
+    the whole vocabulary, as the fill-mask pipeline's `targets`. `name` names a list's texts in errors
+    (inputs.items: `text[i]`, or the caller's function of i: the command line's "text 2" counts from 1)."""
     _require(bert, _MLM_HEADS, "fill_mask")
     single = isinstance(text, str)
     if not single and not isinstance(text, (list, tuple)):
@@ -101,6 +102,7 @@ def fill_mask(bert, text, top_k: int = 5, batch_size: int = 32, targets=None) ->
     top_k = positive_int("top_k", top_k, bert.config.vocab_size)
     batch_size = positive_int("batch_size", batch_size)
     texts = [text] if single else check_texts(text, "text")
+    name = only("text") if single else name
     tok = bert.tokenizer
     target_ids = None if targets is None else _target_ids(tok, targets, bert.config.vocab_size)
     top_k = top_k if target_ids is None else min(top_k, len(target_ids))
@@ -109,13 +111,13 @@ def fill_mask(bert, text, top_k: int = 5, batch_size: int = 32, targets=None) ->
     # model's length.
     limit = bert.max_length(None)
     with renaming(lambda parts: tuple(_the_model_s(p) for p in parts)):
-        enc = tok.encode(texts, max_length=limit, truncation=False, hint=None, name=only("text") if single else "text")
+        enc = tok.encode(texts, max_length=limit, truncation=False, hint=None, name=name)
     masks = [np.flatnonzero(np.asarray(ids) == tok.mask_token_id) for ids in enc.ids]
     for i, found in enumerate(masks):
         if found.size == 0:
-            raise ValueError(f"no {tok.mask_token} in text{'' if single else f'[{i}]'}: {texts[i]!r}")
+            raise ValueError(f"no {tok.mask_token} in {items(name)(i)}: {texts[i]!r}")
     results: list = [None] * len(texts)
-    for rows, b in packed(bert, enc, batch_size, name="text"):
+    for rows, b in packed(bert, enc, batch_size, name=name):
         starts = np.asarray(b["starts"])
         # Each row's [MASK] columns: its segments' own positions moved to where the segment starts.
         at = [np.concatenate([starts[r, s] + masks[i] for s, i in enumerate(texts)]) for r, texts in enumerate(rows)]

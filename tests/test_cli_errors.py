@@ -358,6 +358,11 @@ def test_a_users_text_quoted_in_an_error_keeps_its_words(models, capsys, tmp_pat
     qa = ("answer", d["BertForQuestionAnswering"], "--context", "c")
     match = "error: --question 'top_k 1 \\udcff': not valid Unicode"  # --top-k is 1 by default
     fails(capsys, tmp_path, *qa, "--question", "top_k 1 \udcff", match=match)
+    # fill-mask's "text N" (from 1) and answer's windows were re-worded by regular expression too
+    fails(capsys, tmp_path, *mlm, "a [MASK]", "see text[0]", match="error: no [MASK] in text 2: 'see text[0]'")
+    window = "in max_seq_len 5 with doc_stride 3 \udcff"
+    match = "error: --question 'in max_seq_len 5 with doc_stride 3 \\udcff': not valid Unicode"
+    fails(capsys, tmp_path, *qa, "--question", window, match=match)
 
 
 def test_only_the_flags_own_values_are_reworded():
