@@ -125,7 +125,9 @@ def _answers(bert, path: str, question: str, context: str, batch_size: int, leng
     `trained` options (qa_options); others as transformers' question-answering pipeline with its defaults
     (Bert.answer)."""
     from jaxbert import qa
+    from jaxbert.inputs import renaming
     from jaxbert.train.task_data import read_rows
+    from jaxbert.train.task_qa import by_row
 
     rows = read_rows(path, "--input")
     pairs = [(row.text(question), row.text(context)) for row in rows]
@@ -144,7 +146,8 @@ def _answers(bert, path: str, question: str, context: str, batch_size: int, leng
         if trained.get("doc_stride", window) >= window:
             trained["doc_stride"] = qa.default_stride(window)
             names = (names[0], "its default stride")
-        return qa.trained_answers(bert, *map(list, zip(*pairs)), trained, batch_size, names)
+        with renaming(by_row(rows, question)):  # the window's example named by its row
+            return qa.trained_answers(bert, *map(list, zip(*pairs)), trained, batch_size, names)
     return [bert.answer(q, c, batch_size=batch_size, max_seq_len=length)[0] for q, c in pairs]
 
 

@@ -463,6 +463,32 @@ def test_predict_names_the_window_a_question_does_not_fit(tmp_path, length, stri
         _answers(bert, str(data), "question", "context", 8, length, trained["question_answering"])
 
 
+def test_predict_names_the_row_whose_question_does_not_fit(tmp_path):
+    """predict said 'example 1: its question (...) leaves too little room', an index into nothing the user wrote;
+    training found the row by reading that index back out of the message's text. qa.windows' error carries the
+    example as a field (an inputs.Arg), which both rename to the row's file, line and column."""
+    from types import SimpleNamespace
+
+    from jaxbert import qa
+    from jaxbert.finetuned import _answers
+    from jaxbert.inputs import Arg, ArgumentError
+    from jaxbert.tokenizer import WordPiece
+
+    tok = WordPiece.from_dir(str(minilm.get_model_path()))
+    trained = {"max_seq_length": 40, "doc_stride": 4}
+    bert = SimpleNamespace(tokenizer=tok, max_length=lambda n: 64, config=SimpleNamespace(extra={}))
+    long = "which of the rivers that cross the old town flows into the sea in the north"
+    context = "The river Elbe flows north. " * 5
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"question": q, "context": context}) + "\n" for q in ("where?", long)))
+    with pytest.raises(ValueError) as e:
+        _answers(bert, str(data), "question", "context", 8, 12, trained)
+    assert str(e.value).startswith(f"{data}:2: column 'question': its question (18 tokens with [CLS] and [SEP]) ")
+    with pytest.raises(ArgumentError) as e:
+        qa.windows(tok, ["where?", long], [context] * 2, 12, 4)
+    assert e.value.args[0] == Arg.showing("example", 1)
+
+
 @pytest.fixture(scope="module")
 def short_qa(tmp_path_factory):
     root = tmp_path_factory.mktemp("short_qa")

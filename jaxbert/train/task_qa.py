@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxbert import metrics, qa
+from jaxbert.inputs import Arg, renaming
 from jaxbert.train import task_encode as E
 from jaxbert.train import task_plan
 from jaxbert.train.task_data import Row
@@ -123,11 +124,8 @@ def encode(tok, rows, columns, labels: Labels, max_len: int, names=qa.FLAGS, **o
         raise ValueError(f"--doc-stride {opts['doc_stride']}: must be below --max-seq-length {max_len}")
 
     def build() -> E.Encodedset:
-        try:
+        with renaming(by_row(rows, question)):
             w = qa.windows(tok, questions, contexts, max_len, opts["doc_stride"], names)
-        except ValueError as e:  # "example i: ..." -> the row's file and line
-            i = int(str(e).split(":")[0].split()[1])
-            raise ValueError(f"{rows[i].where(question)}: {str(e).split(': ', 1)[1]}") from None
         cls = tok.token_to_id(tok.special_tokens["cls_token"])  # as the tokenizer's files name it
         targets = []
         for f, offs in enumerate(w.offsets):
@@ -145,6 +143,13 @@ def encode(tok, rows, columns, labels: Labels, max_len: int, names=qa.FLAGS, **o
         return data
 
     return [questions, contexts, [g[0] for g in golds], [g[1] for g in golds], ids, opts], build
+
+
+def by_row(rows: list[Row], column: str):
+    """inputs.renaming's change naming qa.windows' `example i` by rows[i]'s file, line and `column` (the
+    question's: the example's question is what leaves the context no room)."""
+    named = lambda p: rows[p.value].where(column) if isinstance(p, Arg) and p.name == "example" else p  # noqa: E731
+    return lambda parts: tuple(map(named, parts))
 
 
 @dataclasses.dataclass
