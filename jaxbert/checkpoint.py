@@ -19,7 +19,7 @@ import numpy as np
 from flax import serialization
 
 from jaxbert.config import BertConfig
-from jaxbert.convert import ConversionReport, flax_to_torch_any, one_float_dtype, torch_to_flax
+from jaxbert.convert import ConversionReport, MissingKeys, flax_to_torch_any, one_float_dtype, torch_to_flax
 from jaxbert.files import checkpoint_file, existing_file, read_json
 
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -252,8 +252,8 @@ def load_head_params(directory: str, config: BertConfig, head: str, given: str |
     try:
         params, report = load_params(directory, config, head)
         return [params], report, head
-    except ValueError as e:
-        if given is not None or head == "BertModel" or not str(e).startswith("missing keys for"):
+    except MissingKeys:
+        if given is not None or head == "BertModel":
             raise
         if sentence_dir.read(directory) is None:
             raise

@@ -32,6 +32,16 @@ _TIED_REASON = "tied to the word embeddings"
 _LAYER = re.compile(r"(?:^|\.)encoder\.layer\.(\d+)\.")
 
 
+class MissingKeys(ValueError):
+    """Parameters of `head` that no source key gives, by their PyTorch names (`keys`): a caller that can load the
+    checkpoint another way (checkpoint.load_head_params) tells this error from the others by its type."""
+
+    def __init__(self, head: str, keys: list[str]):
+        more = f" and {len(keys) - 10} more" if len(keys) > 10 else ""
+        super().__init__(f"missing keys for {head}: {', '.join(keys[:10])}{more}")
+        self.head, self.keys = head, keys
+
+
 @dataclasses.dataclass
 class ConversionReport:
     """What happened to each source key that did not become a parameter, and which parameters were absent."""
@@ -193,8 +203,7 @@ def torch_to_flax(
         missing = [n for n in missing if not n.startswith("pooler.")]
     base_missing = [n for n in missing if head == "BertModel" or n.startswith("bert.")]
     if missing and (not allow_missing_head or base_missing):
-        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
-        raise ValueError(f"missing keys for {head}: {', '.join(missing[:10])}{more}")
+        raise MissingKeys(head, missing)
     if not TABLE[head].pooler and not any(canonical_key(k, head).startswith("bert.pooler.") for k in state_dict):
         report.absent.append("pooler")  # as in transformers, this head is built without one
     report.missing = missing
