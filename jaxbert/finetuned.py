@@ -127,7 +127,7 @@ def _answers(bert, path: str, question: str, context: str, batch_size: int, leng
     from jaxbert import qa
     from jaxbert.inputs import renaming
     from jaxbert.train.task_data import read_rows
-    from jaxbert.train.task_qa import by_row
+    from jaxbert.train.task_qa import by_row, pipeline_row
 
     rows = read_rows(path, "--input")
     pairs = [(row.text(question), row.text(context)) for row in rows]
@@ -148,7 +148,11 @@ def _answers(bert, path: str, question: str, context: str, batch_size: int, leng
             names = (names[0], "its default stride")
         with renaming(by_row(rows, question)):  # the window's example named by its row
             return qa.trained_answers(bert, *map(list, zip(*pairs)), trained, batch_size, names)
-    return [bert.answer(q, c, batch_size=batch_size, max_seq_len=length)[0] for q, c in pairs]
+    answers = []
+    for row, (q, c) in zip(rows, pairs):
+        with renaming(pipeline_row(row, question, length is not None)):  # the row and predict's names, not answer's
+            answers.append(bert.answer(q, c, batch_size=batch_size, max_seq_len=length)[0])
+    return answers
 
 
 def _prompts_used(asked, texts: tuple[str, str], loss: str = "mnrl") -> dict:

@@ -489,6 +489,22 @@ def test_predict_names_the_row_whose_question_does_not_fit(tmp_path):
     assert e.value.args[0] == Arg.showing("example", 1)
 
 
+def test_predict_with_the_pipeline_names_the_row_and_the_flag(tmp_path, capsys):
+    """A model not fine-tuned here answers through Bert.answer, whose error named neither the row nor predict's
+    flag: 'question (22 tokens ...) ... in max_seq_len 16 with doc_stride 8', two arguments predict does not have."""
+    model = model_dir(tmp_path / "qa", "BertForQuestionAnswering", num_labels=2, max_position_embeddings=64)
+    capsys.readouterr()  # transformers' saving progress
+    data = tmp_path / "q.jsonl"
+    for words, flags, window in ((20, ["--max-seq-length", 16], "--max-seq-length 16 with the pipeline's stride 8"),
+                                 (70, [], "the pipeline's length 64 with the pipeline's stride 32")):  # fmt: skip
+        rows = ({"question": "where?", "context": "me " * 30}, {"question": "who " * words, "context": "me " * 30})
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        match = f"{data}:2: column 'question': its question ({words + 2} tokens with [CLS] and [SEP]) leaves too "
+        match += f"little room for the context in {window} (room for 0"
+        cli_fails(capsys, tmp_path, "predict", model, "--input", data, "--output", tmp_path / "p.jsonl", *flags,
+                  match=match)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def short_qa(tmp_path_factory):
     root = tmp_path_factory.mktemp("short_qa")

@@ -152,6 +152,16 @@ def by_row(rows: list[Row], column: str):
     return lambda parts: tuple(map(named, parts))
 
 
+def pipeline_row(row: Row, column: str, length_given: bool):
+    """inputs.renaming's change for Bert.answer run on one row (predict, a model not fine-tuned here): its
+    `question` named by the row's file, line and `column`, its max_seq_len by predict's --max-seq-length where that
+    set it, else as the pipeline's, and its doc_stride as the pipeline's (predict has no flag for it)."""
+    names = {"question": f"{row.where(column)}: its question", "doc_stride": "the pipeline's stride"}
+    names["max_seq_len"] = "--max-seq-length" if length_given else "the pipeline's length"
+    named = lambda p: p if not isinstance(p, Arg) or p.name not in names else p._replace(name=names[p.name])  # noqa: E731
+    return lambda parts: tuple(map(named, parts))
+
+
 @dataclasses.dataclass
 class _AsEncoded:  # what task_encode._pack reads of a tokenizer.Encoded
     ids: list
