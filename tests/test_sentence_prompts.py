@@ -218,6 +218,10 @@ def test_evaluate_reads_queries_and_corpus_with_their_prompts(tmp_path, capsys):
         dict(query_prompt="query: ", query_prompt_name="query", corpus_prompt="passage: ", corpus_prompt_name=None),
         dict(query_prompt="", query_prompt_name=None, corpus_prompt="passage: ", corpus_prompt_name="passage"),
     ]
+    # A name the directory lacks is named by the flag that asked for it (it said "prompt_name 'passages'").
+    capsys.readouterr()
+    match = "--corpus-prompt-name 'passages': "
+    cli_fails(capsys, tmp_path, *args, "--corpus-prompt-name", "passages", match=match)
     os.remove(out)
     classifier = model_dir(tmp_path / "c", "BertForSequenceClassification")
     (tmp_path / "c.jsonl").write_text(json.dumps({"text": "a b", "label": 0}) + "\n")

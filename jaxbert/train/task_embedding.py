@@ -28,6 +28,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float
 
 from jaxbert import cpu, metrics, sentence_dense
+from jaxbert.inputs import Arg, renaming
 from jaxbert.model import bert
 from jaxbert.pooling import pool
 from jaxbert.train import task_encode as E
@@ -164,6 +165,11 @@ def role_name(prompt: str | None, prompt_name: str | None, role: str) -> str | N
     return None if prompt is not None else prompt_name if prompt_name is not None else role
 
 
+def _side_s(part, side: str):
+    """resolve_prompt's prompt_name as the evaluation side's (query_prompt_name: the CLI's --query-prompt-name)."""
+    return part._replace(name=f"{side}_prompt_name") if isinstance(part, Arg) and part.name == "prompt_name" else part
+
+
 def directory_eval(
     directory: str, config, tok, limit: int | None, asked=((None, None), (None, None)), loss: str = "mnrl"
 ):
@@ -182,7 +188,11 @@ def directory_eval(
     limit = min(limit or length or tok.model_max_length, config.max_position_embeddings)
     tok = tok.lowercased() if lower else tok
     roles = ROLES if loss == "mnrl" else (None, None)
-    prompts = tuple(resolve_prompt(found, p, role_name(p, n, role)) for (p, n), role in zip(asked, roles))
+    prompts = []
+    for side, (p, n), role in zip(("query", "corpus"), asked, roles):  # a name asked for: that side's own
+        with renaming(lambda parts, side=side: tuple(_side_s(x, side) for x in parts)):
+            prompts.append(resolve_prompt(found, p, role_name(p, n, role)))
+    prompts = tuple(prompts)
     include = found is None or found.include_prompt
     skip = (0, 0) if include else tuple(prompt_length(tok, p, limit) for p in prompts)
     steps = found.steps if found else ()
