@@ -187,14 +187,13 @@ def _embed(args) -> int:
 
 def _fill_mask(args) -> int:
     import jaxbert
-
-    single = len(args.text) == 1  # one text: its errors and output as before several were taken
     from jaxbert.tasks import fill_mask
 
+    single = len(args.text) == 1  # one text: its errors and output as before several were taken
     bert = jaxbert.load(args.dir, dtype=args.dtype)
     # Bert.fill_mask's own function, its texts named as the output's "text N:" headers (from 1), not text[i]
-    named = dict(name=lambda i: f"text {i + 1}")
-    results = fill_mask(bert, args.text[0] if single else args.text, args.top_k, targets=args.targets, **named)
+    texts = args.text[0] if single else args.text
+    results = fill_mask(bert, texts, args.top_k, targets=args.targets, name=lambda i: f"text {i + 1}")
     for t, per_text in enumerate([results] if single else results):
         if not single:
             print(f"{'' if t == 0 else chr(10)}text {t + 1}: {args.text[t]}")
