@@ -244,7 +244,8 @@ def embedding_options(defaults: SentenceDefaults | None, pooling, normalize, max
 
     if pooling is None:
         if defaults is not None and defaults.unsupported:
-            why = "= to embed with jaxbert's own pooling instead"
+            # Named alone, not `pooling=`: the command line names it by its flag, --pooling.
+            why = " to embed with jaxbert's own pooling instead"
             raise ArgumentError(f"{defaults.unsupported}; pass ", Arg("pooling"), why)
         pooling = defaults.pooling if defaults else "cls"
     modes = (pooling,) if isinstance(pooling, str) else tuple(pooling)

@@ -130,15 +130,20 @@ def test_lower_case_over_a_cased_tokenizer_keeps_special_tokens_written_in_texts
     _assert_same(jaxbert.load(directory).embed(texts), want)
 
 
-def test_a_pipeline_jaxbert_cannot_run_is_refused_not_imitated(tmp_path):
+def test_a_pipeline_jaxbert_cannot_run_is_refused_not_imitated(tmp_path, capsys):
     directory = _st_dir(tmp_path, {"pooling_mode_mean_tokens": True}, modules=("Pooling", "LayerNorm", "Normalize"))
     bert = jaxbert.load(directory)
     with pytest.raises(
         ValueError,
         match=r"modules.json: module LayerNorm at '2_LayerNorm' is not run by jaxbert; pass "
-        r"pooling= to embed",
+        r"pooling to embed with jaxbert's own pooling instead$",
     ):
         bert.embed(TEXTS)
+    # The command line names the flag (it said `--pooling=`, the keyword's `=` left over).
+    (tmp_path / "in.txt").write_text("a text\n")
+    assert main(["embed", directory, "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "e.npy")]) == 1
+    assert "; pass --pooling to embed with jaxbert's own pooling instead\n" in capsys.readouterr().err
+    assert not (tmp_path / "e.npy").exists()
     assert bert.embed(TEXTS, pooling="mean").shape == (4, 32)  # its own pooling, asked for explicitly
     shutil.rmtree(os.path.join(directory, "1_Pooling"))
     with pytest.raises(ValueError, match=r"its Pooling module has no 1_Pooling/config.json"):
