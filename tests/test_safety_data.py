@@ -257,20 +257,25 @@ def _datasets_cut(rows: int, percentage: int) -> int:
     return int(round(percentage * rows / 100.0))
 
 
-@pytest.mark.parametrize("rows, percentage", [(30, 5), (70, 5), (50, 5), (27, 10)])
-def test_the_validation_split_holds_out_the_lines_run_mlm_holds_out(tiny, tmp_path, rows, percentage):
-    # jaxbert took the floor of P% of the lines, datasets rounds to the closest: 30 lines at 5% held out 1 line where
-    # run_mlm.py validates on 2 (and trains on one line fewer).
+def _line_by_line(tiny, tmp_path, lines: list[str], percentage: int):
+    """The prepared line-by-line MLM run of `lines`, --validation-split-percentage `percentage`."""
     from jaxbert.train.config import TrainConfig
     from jaxbert.train.plan import prepare
 
-    lines = [f"line {i} of the corpus" for i in range(rows)]
     (tmp_path / "t.txt").write_text("\n".join(lines) + "\n")
     cfg = TrainConfig(
         tiny, str(tmp_path / "t.txt"), str(tmp_path / "o"), max_seq_length=16, global_batch_size=2,
         line_by_line=True, pack=False, validation_split_percentage=percentage,
     )  # fmt: skip
-    run = prepare(cfg)
+    return prepare(cfg)
+
+
+@pytest.mark.parametrize("rows, percentage", [(30, 5), (70, 5), (50, 5), (27, 10)])
+def test_the_validation_split_holds_out_the_lines_run_mlm_holds_out(tiny, tmp_path, rows, percentage):
+    # jaxbert took the floor of P% of the lines, datasets rounds to the closest: 30 lines at 5% held out 1 line where
+    # run_mlm.py validates on 2 (and trains on one line fewer).
+    lines = [f"line {i} of the corpus" for i in range(rows)]
+    run = _line_by_line(tiny, tmp_path, lines, percentage)
     cut = _datasets_cut(rows, percentage)
     assert (len(run.val), len(run.train.blocks)) == (cut, rows - cut)
     tok = WordPiece.from_dir(tiny)
@@ -288,16 +293,10 @@ def test_line_by_line_splits_every_line_then_drops_the_empty_ones_as_run_mlm(tin
     # line; jaxbert cut the non-empty lines alone: 30 lines at 10% with lines 0 and 2 empty, run_mlm validates on
     # line 1 alone (train[:3]), jaxbert held out lines 1, 3 and 4 (3 of the 28 non-empty).
     from jaxbert.train.checkpoints import check_meta
-    from jaxbert.train.config import TrainConfig, held_out
-    from jaxbert.train.plan import prepare
+    from jaxbert.train.config import held_out
 
     lines = [[" \t", ""][i % 2] if i in blank else f"line {i} of the corpus" for i in range(rows)]
-    (tmp_path / "t.txt").write_text("\n".join(lines) + "\n")
-    cfg = TrainConfig(
-        tiny, str(tmp_path / "t.txt"), str(tmp_path / "o"), max_seq_length=16, global_batch_size=2,
-        line_by_line=True, pack=False, validation_split_percentage=percentage,
-    )  # fmt: skip
-    run = prepare(cfg)
+    run = _line_by_line(tiny, tmp_path, lines, percentage)
     cut = _datasets_cut(rows, percentage)
     want = [line for line in lines[:cut] if line.strip()]
     tok = WordPiece.from_dir(tiny)
