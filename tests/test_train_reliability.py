@@ -1,6 +1,8 @@
 """`jaxbert train-mlm` when things go wrong: two runs on one output directory, stale locks, damaged checkpoints,
 a checkpoint of another model, non-finite parameters, bad options, a torn metrics.jsonl, Ctrl-C, and the data
-cache. Training runs are subprocesses sharing a persistent XLA compilation cache, so only the first compiles."""
+cache. The runs a test kills, interrupts, slows, poisons or starves of disk are subprocesses; the runs it only
+reads (the trained OUT, the resumes after those) are main() in this process. All share the suite's persistent XLA
+compilation cache, so only the first compiles."""
 
 import dataclasses
 import errno
@@ -126,6 +128,14 @@ def _run(child_env, *args, **env):
     return proc.returncode, out, err
 
 
+def _resume(capsys, *args):
+    """main(args) in this process (a resume is not about the process that made the checkpoints) ->
+    (exit code, stdout, stderr)."""
+    capsys.readouterr()
+    rc = main([str(a) for a in args])
+    return rc, *capsys.readouterr()
+
+
 def _records(out):
     return [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
 
@@ -136,11 +146,10 @@ def _one_line(err):
 
 
 @pytest.fixture(scope="module")
-def trained(tiny, child_env, tmp_path_factory):
+def trained(tiny, tmp_path_factory):
     """OUT of a finished 6-step run, which keeps checkpoints 4 and 6 (copy it before changing it)."""
     out = tmp_path_factory.mktemp("trained") / "out"
-    rc, _, err = _run(child_env, *_args(tiny, out, *STEPS))
-    assert rc == 0, err
+    assert main(_args(tiny, out, *STEPS)) == 0
     return out
 
 
@@ -349,7 +358,7 @@ def test_damaged_checkpoints_are_skipped_or_refused(tiny, trained, child_env, tm
     victim = _largest(ckpt / "6" / "state")
     with open(victim, "r+b") as f:
         f.truncate(os.path.getsize(victim) // 2)
-    rc, printed, err = _run(child_env, *_args(tiny, out, *STEPS, "--resume", "auto"))
+    rc, printed, err = _resume(capsys, *_args(tiny, out, *STEPS, "--resume", "auto"))
     assert rc == 0, err
     assert f"skipping checkpoint 6: {victim}:" in printed and "truncated" in printed, printed
     assert "restored step 4" in printed and f"moved the damaged checkpoint 6 aside to {ckpt / '6'}.damaged" in printed
@@ -545,7 +554,7 @@ def test_resume_refuses_a_checkpoint_whose_epochs_left_out_the_last_examples(tin
         checkpoints.check_meta({**expected, "steps_per_epoch": 116}, {**run, **expected, **run}, "a checkpoint")
 
 
-def test_a_checkpoint_that_cannot_be_written_names_it_and_the_last_good_one(tiny, trained, child_env, tmp_path):
+def test_a_checkpoint_that_cannot_be_written_names_it_and_the_last_good_one(tiny, trained, child_env, tmp_path, capsys):
     """A full disk while checkpoint 4 is written (orbax's real writers failing): one line naming it and where to
     continue from, no part of step 4 left, and the run continues from step 2 to the uninterrupted run's result.
     orbax had printed some 800 lines of its threads' tracebacks before a raw tensorstore error, and left
@@ -559,12 +568,12 @@ def test_a_checkpoint_that_cannot_be_written_names_it_and_the_last_good_one(tiny
     )
     assert sorted(os.listdir(out / "checkpoints")) == ["2"] and not (out / lock.LOCK_NAME).exists()
     checkpoints.verify(str(out / "checkpoints" / "2"))
-    rc, printed, err = _run(child_env, *_args(tiny, out, *STEPS, "--resume", "auto"))
+    rc, printed, err = _resume(capsys, *_args(tiny, out, *STEPS, "--resume", "auto"))
     assert rc == 0 and "restored step 2" in printed, err
     assert _max_diff(_final(out), _final(trained)) <= 1e-6  # resumed exactly
 
 
-def test_a_kill_while_a_checkpoint_is_sealed_keeps_the_previous_one(tiny, trained, child_env, tmp_path):
+def test_a_kill_while_a_checkpoint_is_sealed_keeps_the_previous_one(tiny, trained, child_env, tmp_path, capsys):
     """--save-total-limit 1, killed after checkpoint 4 is written but before it is sealed: checkpoint 2 is still
     there and the run resumes from it. orbax's max_to_keep had deleted 2 inside the save, before the seal, so
     the resume found no intact checkpoint and started again from step 0."""
@@ -573,7 +582,7 @@ def test_a_kill_while_a_checkpoint_is_sealed_keeps_the_previous_one(tiny, traine
     rc, _, err = _run(child_env, *args, KILL_SEALING="4")
     assert rc == -signal.SIGKILL, err
     checkpoints.verify(str(out / "checkpoints" / "2"))
-    rc, printed, err = _run(child_env, *args, "--resume", "auto", "--break-lock")
+    rc, printed, err = _resume(capsys, *args, "--resume", "auto", "--break-lock")
     assert rc == 0 and "restored step 2" in printed, printed + err
     assert _max_diff(_final(out), _final(trained)) <= 1e-6
     assert sorted(os.listdir(out / "checkpoints")) == ["4.damaged", "6"]  # the limit still holds once sealed
@@ -792,7 +801,7 @@ def test_resume_names_a_malformed_metrics_line(tiny, trained, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_sigint_stops_after_the_step_and_resumes(tiny, child_env, tmp_path, signum):
+def test_sigint_stops_after_the_step_and_resumes(tiny, child_env, tmp_path, capsys, signum):
     """Ctrl-C, or SIGTERM (a scheduler's preemption, `timeout`, `docker stop`): the step in progress finishes,
     the run stops naming the checkpoint to continue from, exit 128 + the signal."""
     out = tmp_path / "out"
@@ -830,7 +839,7 @@ def test_sigint_stops_after_the_step_and_resumes(tiny, child_env, tmp_path, sign
         return
     with open(out / "metrics.jsonl", "a") as f:
         f.write('{"step": 99, "lo')  # as a kill -9 mid-write would leave it
-    rc, printed, err = _run(child_env, *args, "--resume", "auto")
+    rc, printed, err = _resume(capsys, *args, "--resume", "auto")
     assert rc == 0, err
     assert f"restored step {saved}" in printed and (out / "final").is_dir()
     assert [r["step"] for r in _records(out) if "loss" in r] == list(range(1, 7))
