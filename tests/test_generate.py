@@ -18,13 +18,17 @@ from jaxbert.generate import Search, Warp, decode, warp_logits
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 P, NEW = 8, 14  # prompt columns, new tokens
+# Two layers, not conftest's three: decoding runs the layers as a Python loop over the key/value cache (not the
+# scan), so each search's program compiles every layer again, and compiling was most of this file's time. Two still
+# tell a layer's cache slot from another's (every layer reading layer 0's fails 18 tests here).
+LAYERS = 2
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """The transformers model and the same weights loaded by jaxbert from its saved directory."""
     transformers.logging.set_verbosity_error()
-    hf = hf_model("BertLMHeadModel", is_decoder=True)
+    hf = hf_model("BertLMHeadModel", is_decoder=True, num_hidden_layers=LAYERS)
     hf.config.architectures = ["BertLMHeadModel"]
     directory = str(tmp_path_factory.mktemp("lm"))
     hf.save_pretrained(directory)
@@ -81,7 +85,7 @@ def test_a_null_pad_token_id_generates_as_transformers(tmp_path, options):
     """config.json's "pad_token_id": null was refused at load. transformers' generate then pads ended rows with
     eos (and infers no attention mask from the prompt, pad being eos)."""
     transformers.logging.set_verbosity_error()
-    hf = hf_model("BertLMHeadModel", is_decoder=True, pad_token_id=None)
+    hf = hf_model("BertLMHeadModel", is_decoder=True, num_hidden_layers=LAYERS, pad_token_id=None)
     hf.config.architectures = ["BertLMHeadModel"]
     hf.save_pretrained(tmp_path)
     lm = jaxbert.load(tmp_path)
