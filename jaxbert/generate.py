@@ -68,9 +68,10 @@ class Search:
 TEMPERATURES = (float(jnp.finfo(jnp.float32).tiny), 2.0**126)
 
 
-def _float32(x: float) -> float:
-    """A penalty as float32 scores see it: beyond float32's range, +-inf (as torch casts transformers' penalties),
-    without the 'overflow encountered in cast' warning numpy printed when JAX cast 1e300 itself."""
+def as_float32(x: float) -> float:
+    """A knob (a penalty, the temperature) as float32 sees it: beyond float32's range, +-inf (as torch casts
+    transformers' penalties), without the 'overflow encountered in cast' warning numpy printed when JAX cast 1e300
+    itself. The temperature's bounds are warp_logits' (TEMPERATURES)."""
     with np.errstate(over="ignore"):
         return float(np.float32(x))
 
@@ -113,7 +114,7 @@ def _penalize(
     """transformers' RepetitionPenaltyLogitsProcessor: each token already in the sequence (the prompt's `length`
     columns as given, padding ids included, then the `t` tokens chosen) has its score multiplied by the penalty
     where negative, divided by it where not (so a penalty > 1 makes it less likely either way)."""
-    p = _float32(search.repetition_penalty)
+    p = as_float32(search.repetition_penalty)
     if p == 1.0:
         return scores
     rows = jnp.arange(scores.shape[0])[:, None]
@@ -266,7 +267,7 @@ def _finish(s: _Beams, top, tokens, hits, search: Search):
     """transformers' `_update_finished_beams`: merge the top-K candidates that just ended into the finished set."""
     K = s.running.shape[1]
     just = hits & (jnp.arange(top.shape[1]) < K)
-    scores = top / (s.t + 1).astype(jnp.float32) ** _float32(search.length_penalty)
+    scores = top / (s.t + 1).astype(jnp.float32) ** as_float32(search.length_penalty)
     if search.early_stopping is True:
         scores = scores + jnp.where(jnp.all(s.finished, -1, keepdims=True), _NEG, 0.0)
     scores = scores + jnp.where(s.open[:, None], 0.0, _NEG)
@@ -291,7 +292,7 @@ def _beam_step(s: _Beams, logits: Float[Array, "BK V"], max_new, live, search: S
     keep = jax.lax.top_k(running, K)[1]
     source = (_gather(beam, keep) + jnp.arange(B)[:, None] * K).reshape(-1)
     sequences, scores, lengths, finished = _finish(s, top, tokens, hits, search)
-    lp = _float32(search.length_penalty)
+    lp = as_float32(search.length_penalty)
     horizon = max_new if search.early_stopping == "never" and lp > 0 else s.t + 1
     best_running = _gather(running, keep)[:, :1] / horizon.astype(jnp.float32) ** lp
     worst = jnp.where(finished, jnp.min(scores, -1, keepdims=True), _NEG)

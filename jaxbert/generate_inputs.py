@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxbert import batching
 from jaxbert.config import BertConfig
-from jaxbert.generate import TEMPERATURES, Search, Warp
+from jaxbert.generate import Search, Warp, as_float32
 from jaxbert.generate_options import Options, file_settings, max_new_tokens, resolve
 from jaxbert.inputs import Arg, ArgumentError, check_arrays
 
@@ -118,9 +118,8 @@ def _loop_arguments(options: Options, n: int, live, limit: int, prompt_length: i
     """What every decode loop takes after its inputs: max_new, live, the warp, the key; and the new-token bound."""
     temperature, top_k, top_p = options.warp
     min_new = jnp.int32(min(options.min_new(prompt_length), n))  # past n it changes nothing
-    temperature = float(np.clip(temperature, *TEMPERATURES))  # 1e300 as float32 was inf, with numpy's warning
     top_k = min(top_k, 2**31 - 1)  # beyond the vocabulary all are kept anyway; beyond int32 it was an OverflowError
-    warp = Warp(jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p), min_new)
+    warp = Warp(jnp.float32(as_float32(temperature)), jnp.int32(top_k), jnp.float32(top_p), min_new)
     return (jnp.int32(n), live, warp, jax.random.key(options.seed)), batching.bucket(n, batching.length_buckets(limit))
 
 
