@@ -1,6 +1,6 @@
 """jaxbert: BERT as pure JAX functions over Flax parameter trees, matching transformers' PyTorch BERT."""
 
-from jaxbert import cache, cpu, layout, model
+from jaxbert import cache, compile_cache, cpu, layout, model
 from jaxbert.cache import KVCache, init_cache
 from jaxbert.config import BertConfig
 from jaxbert.convert import flax_to_torch, torch_to_flax
@@ -18,6 +18,7 @@ __all__ = [
     "KVCache",
     "bert",
     "cache",
+    "compile_cache",
     "cpu",
     "count_params",
     "flax_to_torch",

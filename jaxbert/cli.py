@@ -243,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jaxbert import cpu, malloc
+    from jaxbert import compile_cache, cpu, malloc
     from jaxbert.files import EXPECTED_ERRORS, one_line
 
     args = build_parser().parse_args(argv)
@@ -251,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         malloc.rerun_with_huge_pages()  # the process's own command line only; returns when it changes nothing
     if args.command in ("train", "train-mlm") and args.dtype == "bfloat16":
         cpu.bf16_matmuls()  # before JAX starts: the run's matmuls on the CPU's bfloat16 units (see cpu.py)
+    if argv is None:  # the command's own process (not main() called inside another program): see compile_cache.py
+        compile_cache.enable()
     terminated: list[int] = []  # SIGTERM, once it came
     try:
         with warnings.catch_warnings(), _terminate_as_interrupt(terminated):
