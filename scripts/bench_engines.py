@@ -38,9 +38,32 @@ def _openvino(model_dir: str, precision: str, ids, dynamic: bool = False):
     return ov.Core().compile_model(converted, "CPU", config)
 
 
-def mix_openvino(model_dir: str, precision: str, corpus: str, n: str) -> dict:
-    """OpenVINO (dynamic shapes) over the sorted, per-batch padded mix."""
-    compiled = _openvino(model_dir, precision, _ids(model_dir, 2, 16).astype("int64"), dynamic=True)
+def export_openvino(model_dir: str, xml: str) -> dict:
+    """The model converted once (dynamic batch and length) and saved as OpenVINO IR, float32 weights, as a
+    serving deployment keeps it: mix_openvino reads it instead of converting from PyTorch in every process."""
+    import openvino as ov
+    import torch
+    import transformers
+
+    model = transformers.BertModel.from_pretrained(model_dir).eval()
+    ids = torch.from_numpy(_ids(model_dir, 2, 16).astype("int64"))
+    with torch.inference_mode():
+        converted = ov.convert_model(model, example_input={"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    converted.reshape({port.get_any_name(): ov.PartialShape([-1, -1]) for port in converted.inputs})
+    ov.save_model(converted, xml, compress_to_fp16=False)
+    return {}
+
+
+def mix_openvino(xml: str, model_dir: str, precision: str, corpus: str, n: str, cache: str = "") -> dict:
+    """OpenVINO (the saved IR, dynamic shapes) over the sorted, per-batch padded mix; with `cache` (a directory),
+    its model cache (CACHE_DIR: compiled blobs kept between processes)."""
+    import openvino as ov
+
+    core = ov.Core()
+    if cache:
+        core.set_property({"CACHE_DIR": cache})
+    config = {"INFERENCE_PRECISION_HINT": "f32"} if precision == "f32" else {}
+    compiled = core.compile_model(core.read_model(xml), "CPU", config)
     return mix_sorted(model_dir, corpus, n, lambda ids, mask: compiled({"input_ids": ids, "attention_mask": mask}))
 
 
