@@ -81,6 +81,7 @@ class Bert(TaskMethods):
         self.config, self.head, self.directory = config, resolve_head(head, config), directory
         self.compile_count = 0
         self._lock = threading.Lock()  # the lazily built tokenizer and the compile counter are shared state
+        self._packed_programs: set[str] = set()  # entry points that have run packed batches (packed_batches)
         self.length_buckets = batching.length_buckets(config.max_position_embeddings)
         # A Bert is its process's (host arrays in, host arrays out): by default on this process's devices, which
         # are all of them but in a multi-process program, where the others' could not take this one's inputs.

@@ -84,10 +84,15 @@ class TaskMethods:
             self.check_inputs(batch["input_ids"], token_type_ids=batch["token_type_ids"])
             yield idx, dict(zip(batch, self._put(*batch.values())))
 
-    def packed_batches(self, enc, batch_size: int):
-        """Yield (texts per row, packed batch on the devices): see packing.py; `batch_size` rows a batch."""
+    def packed_batches(self, enc, batch_size: int, program: str = "forward"):
+        """Yield (texts per row, packed batch on the devices): see packing.py; `batch_size` rows a batch. The first
+        call for `program` (the entry point the batches go to) pads each length's last rows to one batch bucket,
+        later ones split them exactly (packing._chunks: fewer programs to compile first, less padding after)."""
         n = self._shards
-        for plan in packing.plan(enc.lengths(), batch_size, self.length_buckets, n):
+        with self._lock:
+            exact = program in self._packed_programs
+            self._packed_programs.add(program)
+        for plan in packing.plan(enc.lengths(), batch_size, self.length_buckets, n, exact=exact):
             batch = packing.pad_packed(enc, plan, padding_id(self.config))
             self.check_inputs(batch["input_ids"], token_type_ids=batch["token_type_ids"])
             yield plan.texts, dict(zip(batch, self._put(*batch.values())))

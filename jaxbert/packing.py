@@ -97,8 +97,9 @@ def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
     return rows
 
 
-def plan(lengths, batch_size: int, buckets: tuple[int, ...], multiple: int = 1):
-    """Yield PackedBatch: every sequence once, rows of one length per batch, at most batch_size rows each."""
+def plan(lengths, batch_size: int, buckets: tuple[int, ...], multiple: int = 1, exact: bool = True):
+    """Yield PackedBatch: every sequence once, rows of one length per batch, at most batch_size rows each (each
+    length's last rows padded to one batch bucket unless `exact`: see _chunks)."""
     if batch_size < 1:
         raise ValueError(f"batch_size {batch_size}: must be at least 1")
     lengths = np.asarray(lengths)
@@ -113,7 +114,7 @@ def plan(lengths, batch_size: int, buckets: tuple[int, ...], multiple: int = 1):
         fill_gaps(rows, lengths, np.flatnonzero((homes < length) & ~placed), length, most)
         for row in rows:
             placed[row] = True
-        for chunk, rows_bucket in _chunks(rows, batch_size, batching.batch_buckets(batch_size, multiple)):
+        for chunk, rows_bucket in _chunks(rows, batch_size, batching.batch_buckets(batch_size, multiple), exact):
             yield PackedBatch(chunk, rows_bucket, length, most)
 
 
@@ -138,17 +139,26 @@ def fill_gaps(rows: list[list[int]], lengths: np.ndarray, shorter: np.ndarray, c
                 rooms.set(r, -1)  # no segment to spare
 
 
-def _chunks(rows: list, batch_size: int, sizes: tuple[int, ...]):
-    """(rows, batch bucket) chunks of `rows`, at most batch_size rows each: each the largest bucket that the rows
-    left fill, the last padded to the smallest bucket (a multiple of the device count). Padding a remainder to
-    one bucket instead (21 rows to 32) spent a fifth of a realistic mix's positions on empty rows (benchmark.py's
-    mix: 70% of the computed positions were text, now 89%, and `embed` is 1.3x faster); the price is more
-    programs on a first call (14 instead of 6 there), from the same bounded set of (row length, batch bucket)."""
+def _chunks(rows: list, batch_size: int, sizes: tuple[int, ...], exact: bool = True):
+    """(rows, batch bucket) chunks of `rows`, at most batch_size rows each.
+
+    `exact`: each chunk the largest bucket that the rows left fill, the last padded to the smallest bucket (a
+    multiple of the device count): 21 rows run as 16 + 4 + 1. Otherwise a length's last rows are one chunk padded
+    to the smallest bucket that holds them (21 rows as 32). Exact chunks compute less padding but need more
+    programs: on benchmark.py's mix of 2,000 texts (MiniLM int8, AMX Xeon), 18 against 8, so a first call compiles
+    for 17 s where padding takes 9.5, and once every program is compiled padding costs 4-11% (2,000 / 256
+    texts). Bert therefore pads on an entry point's first call and runs exact chunks from its second on
+    (inference_tasks.packed_batches): a one-off call, or a `jaxbert` command, compiles least, and a process that
+    keeps calling gets the exact chunks' speed, from the same bounded set of (row length, batch bucket)."""
     start = 0
     while start < len(rows):
         left = len(rows) - start
-        size = max((b for b in sizes if b <= left), default=sizes[0])
-        take = min(size, batch_size, left)  # a bucket rounded up to the device count may pass batch_size
+        if exact:
+            size = max((b for b in sizes if b <= left), default=sizes[0])
+            take = min(size, batch_size, left)  # a bucket rounded up to the device count may pass batch_size
+        else:
+            take = min(batch_size, left)
+            size = batching.bucket(take, sizes)
         yield rows[start : start + take], size
         start += take
 

@@ -27,12 +27,12 @@ def progress(batches, n_texts: int, batch_size: int, show: bool | None):
     return tqdm(batches, total=total, unit="batch", disable=not _shown(n_texts, batch_size, show), leave=False)
 
 
-def packed(bert, enc, batch_size: int, show: bool | None = None, name="texts"):
-    """bert.packed_batches with a bar counting texts (a packed batch holds a varying number of them); out-of-range
-    ids named by text first (check_encoded: `items(name)` of its index), not by a packed row."""
+def packed(bert, enc, batch_size: int, show: bool | None = None, name="texts", program="forward"):
+    """bert.packed_batches (for `program`) with a bar counting texts (a packed batch holds a varying number of them);
+    out-of-range ids named by text first (check_encoded: `items(name)` of its index), not by a packed row."""
     check_encoded(bert.config, enc, items(name))
     with tqdm(total=len(enc), unit="text", disable=not _shown(len(enc), batch_size, show), leave=False) as bar:
-        for rows, batch in bert.packed_batches(enc, batch_size):
+        for rows, batch in bert.packed_batches(enc, batch_size, program):
             yield rows, batch
             bar.update(sum(map(len, rows)))
 
@@ -117,7 +117,7 @@ def fill_mask(bert, text, top_k: int = 5, batch_size: int = 32, targets=None, *,
         if found.size == 0:
             raise ValueError(f"no {tok.mask_token} in {items(name)(i)}: {texts[i]!r}")
     results: list = [None] * len(texts)
-    for rows, b in packed(bert, enc, batch_size, name=name):
+    for rows, b in packed(bert, enc, batch_size, name=name, program="fill_mask"):
         starts = np.asarray(b["starts"])
         # Each row's [MASK] columns: its segments' own positions moved to where the segment starts.
         at = [np.concatenate([starts[r, s] + masks[i] for s, i in enumerate(texts)]) for r, texts in enumerate(rows)]
@@ -307,7 +307,7 @@ def embed(bert, texts, pooling, normalize, batch_size: int, max_length, show, pa
     skip = np.int32(0 if include else sentence_dir.prompt_length(tok, prompt, limit))  # traced: one program
     out = np.zeros((len(enc), sentence_dense.out_features(steps, bert.config.hidden_size * len(modes))), np.float32)
     if packing:
-        for rows, b in packed(bert, enc, batch_size, show):
+        for rows, b in packed(bert, enc, batch_size, show, program="embed"):
             keys = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "segment_ids", "starts")
             emb = np.asarray(finish(bert._embed_packed(bert.weights, *(b[k] for k in keys), skip, **pipeline)))
             for r, members in enumerate(rows):

