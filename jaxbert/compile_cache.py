@@ -1,10 +1,11 @@
 """A persistent XLA compilation cache for the command line: compiled programs kept on disk between runs.
 
 Every `jaxbert` command starts a new process, and JAX compiles each program shape afresh in each: `jaxbert embed`
-of 2,000 texts of mixed lengths runs 18 programs (packed rows of several lengths and batch sizes), MiniLM int8 on
-two Sapphire Rapids cores compiling them for 12 s against 3.4 s of computing. With JAX's persistent cache the
-next run loads them (a few tenths of a second each, mostly tracing). The command line turns it on (`enable`,
-from cli.main); library users who want it call `jaxbert.compile_cache.enable()` before their first computation.
+of 2,000 texts of mixed lengths runs 8 programs (packed rows of several lengths and batch sizes), each about half a
+second to compile for MiniLM int8 on two Sapphire Rapids cores, beside 3.4 s of computing. With JAX's persistent
+cache the next run loads them (a tenth of a second or two each, mostly JAX tracing the program again to find its
+key): 11.8 s from the shell the first time, 6.9 s after. The command line turns it on (`enable`, from cli.main);
+library users who want it call `jaxbert.compile_cache.enable()` before their first computation.
 
 Where: $JAXBERT_COMPILE_CACHE, else $XDG_CACHE_HOME/jaxbert/xla, else ~/.cache/jaxbert/xla; JAXBERT_COMPILE_CACHE=0
 turns it off. A JAX cache the caller set up (JAX_COMPILATION_CACHE_DIR, or jax.config) is left as it is.
