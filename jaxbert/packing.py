@@ -146,7 +146,7 @@ def _chunks(rows: list, batch_size: int, sizes: tuple[int, ...], exact: bool = T
     multiple of the device count): 21 rows run as 16 + 4 + 1. Otherwise a length's last rows are one chunk padded
     to the smallest bucket that holds them (21 rows as 32). Exact chunks compute less padding but need more
     programs: on benchmark.py's mix of 2,000 texts (MiniLM int8, AMX Xeon), 18 against 8, so a first call compiles
-    for 17 s where padding takes 9.5, and once every program is compiled padding costs 4-11% (2,000 / 256
+    for 17 s where padding takes 9.5, and once every program is compiled padding costs 2-11% (2,000 / 256
     texts). Bert therefore pads on an entry point's first call and runs exact chunks from its second on
     (inference_tasks.packed_batches): a one-off call, or a `jaxbert` command, compiles least, and a process that
     keeps calling gets the exact chunks' speed, from the same bounded set of (row length, batch bucket)."""
