@@ -21,9 +21,9 @@ def quantize_onnx(onnx_path: str, int8_path: str) -> dict:
     return {"seconds": time.perf_counter() - start}
 
 
-def _openvino(model_dir: str, precision: str, ids, dynamic: bool = False):
-    """transformers' BertModel converted by OpenVINO (traced on `ids`; with `dynamic`, any batch and length) and
-    compiled for the CPU: precision "f32" (INFERENCE_PRECISION_HINT) or "default" (its own choice here)."""
+def _converted(model_dir: str, ids, dynamic: bool = False):
+    """transformers' BertModel converted by OpenVINO, traced on `ids` (int64 numpy); with `dynamic`, for any batch
+    and length."""
     import openvino as ov
     import torch
     import transformers
@@ -34,23 +34,28 @@ def _openvino(model_dir: str, precision: str, ids, dynamic: bool = False):
         converted = ov.convert_model(model, example_input=example)
     if dynamic:
         converted.reshape({port.get_any_name(): ov.PartialShape([-1, -1]) for port in converted.inputs})
-    config = {"INFERENCE_PRECISION_HINT": "f32"} if precision == "f32" else {}
-    return ov.Core().compile_model(converted, "CPU", config)
+    return converted
+
+
+def _precision(precision: str) -> dict:
+    """compile_model's config for precision "f32" (INFERENCE_PRECISION_HINT) or "default" (its own choice here)."""
+    return {"INFERENCE_PRECISION_HINT": "f32"} if precision == "f32" else {}
+
+
+def _openvino(model_dir: str, precision: str, ids):
+    """The model converted at the shape of `ids` and compiled for the CPU at `precision` (see _precision)."""
+    import openvino as ov
+
+    return ov.Core().compile_model(_converted(model_dir, ids), "CPU", _precision(precision))
 
 
 def export_openvino(model_dir: str, xml: str) -> dict:
     """The model converted once (dynamic batch and length) and saved as OpenVINO IR, float32 weights, as a
     serving deployment keeps it: mix_openvino reads it instead of converting from PyTorch in every process."""
     import openvino as ov
-    import torch
-    import transformers
 
-    model = transformers.BertModel.from_pretrained(model_dir).eval()
-    ids = torch.from_numpy(_ids(model_dir, 2, 16).astype("int64"))
-    with torch.inference_mode():
-        converted = ov.convert_model(model, example_input={"input_ids": ids, "attention_mask": torch.ones_like(ids)})
-    converted.reshape({port.get_any_name(): ov.PartialShape([-1, -1]) for port in converted.inputs})
-    ov.save_model(converted, xml, compress_to_fp16=False)
+    ids = _ids(model_dir, 2, 16).astype("int64")
+    ov.save_model(_converted(model_dir, ids, dynamic=True), xml, compress_to_fp16=False)
     return {}
 
 
@@ -62,8 +67,7 @@ def mix_openvino(xml: str, model_dir: str, precision: str, corpus: str, n: str, 
     core = ov.Core()
     if cache:
         core.set_property({"CACHE_DIR": cache})
-    config = {"INFERENCE_PRECISION_HINT": "f32"} if precision == "f32" else {}
-    compiled = core.compile_model(core.read_model(xml), "CPU", config)
+    compiled = core.compile_model(core.read_model(xml), "CPU", _precision(precision))
     return mix_sorted(model_dir, corpus, n, lambda ids, mask: compiled({"input_ids": ids, "attention_mask": mask}))
 
 

@@ -8,13 +8,14 @@ import os
 import time
 
 TIMED_CALLS = 5
-# perf_counter() at the child's first statement (benchmark.run_child sets it): "first result" times count from
-# there, so the framework's imports, loading the model, compiling and the first pass are all in them.
-START: float | None = None
+# perf_counter() at the child's first statement (benchmark.run_child sets it; this module's import otherwise):
+# "first result" times count from there, so the framework's imports, loading the model, compiling and the first
+# pass are all in them.
+START = time.perf_counter()
 
 
 def since_start() -> float:
-    return time.perf_counter() - (START if START is not None else time.perf_counter())
+    return time.perf_counter() - START
 
 
 def _median_seconds(fn, calls: int = TIMED_CALLS) -> float:
