@@ -285,15 +285,18 @@ class Bert(TaskMethods):
         check_arrays(self.config, input_ids, attention_mask, token_type_ids, position_ids, ndim)
 
     def _put(self, *arrays):
-        """To the devices: split on the batch axis when it divides across them, else replicated."""
+        """To the devices: split on the batch axis when it divides across them, else replicated. A host array for
+        one device stays a numpy int32 array, which the jitted call moves itself (jnp.asarray took 0.1 ms an array,
+        0.5 of a 3 ms MiniLM call of one short text)."""
         n = self._shards
         out = []
         for a in arrays:
             if a is None:
                 out.append(None)
-                continue
-            a = jnp.asarray(a, jnp.int32)
-            out.append(jax.device_put(a, self._data) if n > 1 and a.shape[0] % n == 0 else a)
+            elif n > 1 and np.shape(a)[0] % n == 0:
+                out.append(jax.device_put(jnp.asarray(a, jnp.int32), self._data))
+            else:
+                out.append(jnp.asarray(a, jnp.int32) if isinstance(a, jax.Array) else np.asarray(a, np.int32))
         return out
 
     def __call__(

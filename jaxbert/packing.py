@@ -10,6 +10,8 @@ its length (a row's attention spans the whole row, so a short sequence in a long
 length), and one too long for that gets a row of its own; rows of one length are batched together. The room such
 rows leave is then filled with shorter sequences, longest first (fill_gaps): that room is computed anyway, so
 they ride free and fewer short rows run (benchmark.py's mix: 89% of the computed positions were text, now 98%).
+A row left with room to spare (few texts to fill it: one text of 128 tokens is homed in a row of 256) then runs
+at the shortest bucket that holds its sequences (shrink), with that length's rows.
 How many segments a row can hold follows from its length alone (segments), so the programs stay bounded by
 (row length, batch rows) buckets. A length's rows go out in batches that fill their batch bucket exactly
 (16 + 4 + 1 rows, not 21 padded to 32; with several devices the last may be padded to a multiple of their
@@ -19,6 +21,7 @@ count).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -41,6 +44,7 @@ def row_length(n: int, buckets: tuple[int, ...]) -> int:
     return next((b for b in buckets if b >= 2 * n), batching.bucket(n, buckets))
 
 
+@functools.cache  # called for every row length of every plan; the search below runs row_length up to `length` times
 def max_segments(length: int, buckets: tuple[int, ...]) -> int:
     """The most sequences a row of `length` can hold: it holds only sequences of n tokens with row_length(n) ==
     length (n > length / 4, but down to 1 for the smallest bucket)."""
@@ -105,22 +109,41 @@ def plan(lengths, batch_size: int, buckets: tuple[int, ...], multiple: int = 1, 
     lengths = np.asarray(lengths)
     homes = np.asarray([row_length(int(n), buckets) for n in lengths], dtype=np.int64)
     placed = np.zeros(len(lengths), bool)
-    for length in sorted(set(homes.tolist()), reverse=True):
+    moved: dict[int, list[list[int]]] = {}  # rows that went down to a shorter length (shrunk), by that length
+    for length in sorted(set(buckets), reverse=True):  # longest first: shrunk rows go to lengths still to come
         members = np.flatnonzero((homes == length) & ~placed)
-        if members.size == 0:  # all went into the gaps of longer rows
+        rows = moved.pop(length, [])
+        if members.size == 0 and not rows:  # all went into the gaps of longer rows, or none were this long
             continue
         most = segments(length, buckets)
-        rows = [[int(members[j]) for j in row] for row in first_fit_decreasing(lengths[members], length)]
+        rows += [[int(members[j]) for j in row] for row in first_fit_decreasing(lengths[members], length)]
         fill_gaps(rows, lengths, np.flatnonzero((homes < length) & ~placed), length, most)
         for row in rows:
             placed[row] = True
+        rows = shrink(rows, lengths, length, buckets, moved)
         for chunk, rows_bucket in _chunks(rows, batch_size, batching.batch_buckets(batch_size, multiple), exact):
             yield PackedBatch(chunk, rows_bucket, length, most)
 
 
+def shrink(rows: list[list[int]], lengths: np.ndarray, length: int, buckets: tuple[int, ...], moved: dict) -> list:
+    """The rows that stay at `length`; each one whose sequences fit a shorter bucket (and whose segments that
+    bucket's rows can hold) goes to `moved` under that bucket instead, to run there with its rows (and take
+    their gap-filling). A row runs whole, so a half-filled one costs what a full one does: with few texts to
+    fill them (a call of one text of 128 tokens, which row_length puts in a row of 256), rows would run at
+    twice the length their texts need."""
+    stay = []
+    for row in rows:
+        shorter = batching.bucket(int(lengths[row].sum()), buckets)
+        if shorter < length and len(row) <= segments(shorter, buckets):
+            moved.setdefault(shorter, []).append(row)
+        else:
+            stay.append(row)
+    return stay
+
+
 def segments(length: int, buckets: tuple[int, ...]) -> int:
     """The most sequences a row of `length` holds: its own (max_segments) and as many again from the gaps."""
-    return min(2 * max_segments(length, buckets), length)
+    return min(2 * max_segments(length, tuple(buckets)), length)
 
 
 def fill_gaps(rows: list[list[int]], lengths: np.ndarray, shorter: np.ndarray, capacity: int, most: int):

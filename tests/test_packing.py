@@ -80,9 +80,12 @@ def test_plan_places_every_text_once_within_its_row():
         assert max(len(r) for r in plan.texts) <= plan.segments == packing.segments(plan.length, buckets)
         for row in plan.texts:
             assert sum(lengths[row]) <= plan.length
-            # a row's own sequences first, longest first; then shorter ones in its gaps
+            # a row's own sequences first, longest first; then shorter ones in its gaps; a row homed longer runs
+            # at the shortest bucket that holds it (shrink)
             homes = [packing.row_length(int(lengths[i]), buckets) for i in row]
-            assert homes[0] == plan.length and all(h <= plan.length for h in homes)
+            shortest = batching.bucket(int(lengths[row].sum()), buckets)
+            assert homes[0] == plan.length or homes[0] > plan.length == shortest
+            assert all(h <= plan.length for h in homes[1:])
             assert list(lengths[row]) == sorted(lengths[row], reverse=True)
             seen.extend(row)
     assert sorted(seen) == list(range(len(lengths)))
@@ -95,12 +98,33 @@ def test_plan_places_every_text_once_within_its_row():
 def test_plan_fills_a_long_rows_room_with_shorter_sequences():
     buckets = batching.length_buckets(256)  # 16, 32, 64, 128, 256
     # 100 tokens: rows of 256 (at least twice its length); 20: rows of 64. The 256 row's room takes the 20.
-    (only,) = packing.plan([20, 100], 8, buckets)
-    assert (only.length, only.rows, only.texts, only.segments) == (256, 1, [[1, 0]], packing.segments(256, buckets))
+    (only,) = packing.plan([20, 100, 110], 8, buckets)
+    assert (only.length, only.rows, only.texts, only.segments) == (256, 1, [[2, 1, 0]], packing.segments(256, buckets))
     # but no more sequences than the row's segments: twice its own most (3 of 65..128 tokens)
     assert packing.segments(256, buckets) == 2 * packing.max_segments(256, buckets) == 6
-    plans = list(packing.plan([100] + [2] * 10, 8, buckets))
-    assert [(p.length, [len(r) for r in p.texts]) for p in plans] == [(256, [6]), (16, [5])]
+    plans = list(packing.plan([100, 100] + [2] * 10, 8, buckets))
+    assert [(p.length, [len(r) for r in p.texts]) for p in plans] == [(256, [6]), (16, [6])]
+
+
+def test_a_row_with_room_to_spare_runs_at_the_shortest_bucket_that_holds_it():
+    """row_length homes a sequence in a row of twice its length for others to share; with none to share it, or
+    too few, the row runs at the bucket its sequences need, with that length's rows (not at 2x the positions)."""
+    buckets = batching.length_buckets(512)  # 16 ... 512
+    assert [(p.length, p.texts) for p in packing.plan([100], 8, buckets)] == [(128, [[0]])]
+    assert [(p.length, p.texts) for p in packing.plan([200], 8, buckets)] == [(256, [[0]])]
+    # 100 + 20 fit 128: one row there; 100 + 40 do not: 256
+    assert [(p.length, p.texts) for p in packing.plan([20, 100], 8, buckets)] == [(128, [[1, 0]])]
+    assert [(p.length, p.texts) for p in packing.plan([40, 100], 8, buckets)] == [(256, [[1, 0]])]
+    # 20 tokens: homed in 64, runs in 32; a full row of 256 stays, its partial second row goes to 128
+    assert [(p.length, p.texts) for p in packing.plan([20], 8, buckets)] == [(32, [[0]])]
+    plans = list(packing.plan([120, 120, 70], 8, buckets))
+    assert [(p.length, p.texts) for p in plans] == [(256, [[0, 1]]), (128, [[2]])]
+    # a random stream: no row could run shorter, but for the segments the shorter rows hold
+    lengths = np.random.default_rng(7).integers(1, 300, 400)
+    for plan in packing.plan(lengths, 8, buckets):
+        for row in plan.texts:
+            shortest = batching.bucket(int(lengths[row].sum()), buckets)
+            assert shortest == plan.length or len(row) > packing.segments(shortest, buckets)
 
 
 @pytest.mark.parametrize("multiple", [1, 2, 3])
