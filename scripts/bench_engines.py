@@ -59,7 +59,9 @@ def export_openvino(model_dir: str, xml: str) -> dict:
     return {}
 
 
-def mix_openvino(xml: str, model_dir: str, precision: str, corpus: str, n: str, cache: str = "") -> dict:
+def mix_openvino(
+    xml: str, model_dir: str, precision: str, corpus: str, n: str, cache: str = "", per_call: str = "0"
+) -> dict:
     """OpenVINO (the saved IR, dynamic shapes) over the sorted, per-batch padded mix; with `cache` (a directory),
     its model cache (CACHE_DIR: compiled blobs kept between processes)."""
     import openvino as ov
@@ -68,7 +70,8 @@ def mix_openvino(xml: str, model_dir: str, precision: str, corpus: str, n: str, 
     if cache:
         core.set_property({"CACHE_DIR": cache})
     compiled = core.compile_model(core.read_model(xml), "CPU", _precision(precision))
-    return mix_sorted(model_dir, corpus, n, lambda ids, mask: compiled({"input_ids": ids, "attention_mask": mask}))
+    run = lambda ids, mask: compiled({"input_ids": ids, "attention_mask": mask})  # noqa: E731
+    return mix_sorted(model_dir, corpus, n, run, per_call)
 
 
 def infer_openvino(model_dir: str, precision: str, batch: str, length: str) -> dict:
@@ -106,7 +109,7 @@ def convert_ct2(model_dir: str, out: str) -> dict:
     return {"seconds": time.perf_counter() - start}
 
 
-def mix_ct2(ct2_dir: str, model_dir: str, compute_type: str, corpus: str, n: str) -> dict:
+def mix_ct2(ct2_dir: str, model_dir: str, compute_type: str, corpus: str, n: str, per_call: str = "0") -> dict:
     """CTranslate2 over the sorted mix: each batch's token lists (it pads them itself)."""
     import ctranslate2
     import numpy as np
@@ -116,7 +119,7 @@ def mix_ct2(ct2_dir: str, model_dir: str, compute_type: str, corpus: str, n: str
     def forward(ids, mask):
         np.asarray(encoder.forward_batch([row[: int(m.sum())].tolist() for row, m in zip(ids, mask)]).last_hidden_state)
 
-    return mix_sorted(model_dir, corpus, n, forward)
+    return mix_sorted(model_dir, corpus, n, forward, per_call)
 
 
 def infer_ct2(ct2_dir: str, model_dir: str, compute_type: str, batch: str, length: str) -> dict:

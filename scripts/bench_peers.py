@@ -114,12 +114,11 @@ def _ort_session(onnx_path: str):
     return ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
 
 
-def mix_ort(onnx_path: str, model_dir: str, corpus: str, n: str) -> dict:
+def mix_ort(onnx_path: str, model_dir: str, corpus: str, n: str, per_call: str = "0") -> dict:
     """ONNX Runtime (a dynamic-shape export; float32 or dynamic int8) over the sorted, per-batch padded mix."""
     session = _ort_session(onnx_path)
-    return mix_sorted(
-        model_dir, corpus, n, lambda ids, mask: session.run(None, {"input_ids": ids, "attention_mask": mask})
-    )
+    run = lambda ids, mask: session.run(None, {"input_ids": ids, "attention_mask": mask})  # noqa: E731
+    return mix_sorted(model_dir, corpus, n, run, per_call)
 
 
 def infer_ort(onnx_path: str, model_dir: str, batch: str, length: str) -> dict:
@@ -193,10 +192,30 @@ def mix_texts(corpus: str, n: int, seed: int = 0) -> list[str]:
     return [" ".join(lines[s : s + c]) for s, c in zip(starts, counts, strict=True)]
 
 
-def mix_jax(model_dir: str, corpus: str, n: str, mode: str, dtype: str = "float32", cache: str = "") -> dict:
+def calls_of(items: list, per_call: int) -> list[list]:
+    """`items` in consecutive calls of `per_call` (0: one batch of 32 after another, as the mix feeds them)."""
+    size = per_call or 32
+    return [items[s : s + size] for s in range(0, len(items), size)]
+
+
+def _passes(run, calls: int, warm_up: int = 0) -> dict:
+    """run() once (compiling), `warm_up` more times, then its median of 3: seconds to the first pass's end (from
+    the process's start) and a pass's seconds."""
+    run()
+    first = since_start()
+    for _ in range(warm_up):
+        run()
+    seconds = _median_seconds(run, 3)
+    return {"first_result_s": first, "seconds": seconds, "ms_per_call": 1e3 * seconds / calls}
+
+
+def mix_jax(
+    model_dir: str, corpus: str, n: str, mode: str, dtype: str = "float32", cache: str = "", per_call: str = "0"
+) -> dict:
     """`Bert.embed` over the mix: packed rows ("packed", the default), each text padded to its batch's shape
     bucket ("buckets") or every batch padded to 512 ("pad512"); 32 rows a call. With `cache` (a directory), JAX's
-    persistent compilation cache there, as the command line keeps it (compile_cache.enable)."""
+    persistent compilation cache there, as the command line keeps it (compile_cache.enable). With `per_call`,
+    the texts in calls of that many, in the mix's order (a server's requests: nothing packed across calls)."""
     import jaxbert
 
     if cache:
@@ -206,43 +225,53 @@ def mix_jax(model_dir: str, corpus: str, n: str, mode: str, dtype: str = "float3
     if mode == "pad512":
         bert.length_buckets = (512,)
     kw = dict(batch_size=32, max_length=512, packing=mode == "packed", progress=False)
-    bert.embed(texts, **kw)  # a first call: the padded plan's programs (packing._chunks)
-    first = since_start()
-    bert.embed(texts, **kw)  # warm-up: the exact plan's programs, which the timed calls run
-    seconds = _median_seconds(lambda: bert.embed(texts, **kw), 3)
+    calls = calls_of(texts, int(per_call)) if int(per_call) else [texts]
+
+    def run():
+        for call in calls:
+            bert.embed(call, **kw)
+
+    # The first pass compiles the padded plan's programs (packing._chunks), a warm-up the exact plan's.
+    timed = _passes(run, len(calls), warm_up=1)
     tokens = int(bert.tokenizer.encode(texts, max_length=512).lengths().sum())
     return {
-        "useful_tokens_per_s": tokens / seconds,
-        "texts_per_s": len(texts) / seconds,
-        "first_result_s": first,
+        "useful_tokens_per_s": tokens / timed["seconds"],
+        "texts_per_s": len(texts) / timed["seconds"],
+        "first_result_s": timed["first_result_s"],
+        **({"ms_per_call": timed["ms_per_call"]} if int(per_call) else {}),
         "compiled": bert.compile_count,
     }
 
 
-def mix_sorted(model_dir: str, corpus: str, n: str, forward) -> dict:
+def mix_sorted(model_dir: str, corpus: str, n: str, forward, per_call: str = "0") -> dict:
     """Times `forward(input_ids, attention_mask)` (int64 numpy arrays) over the mix fed as sentence-transformers
     feeds a model: texts sorted longest first, batches of 32 tokenized (inside the timing, as jaxbert's) and
-    padded to their own longest text."""
+    padded to their own longest text. With `per_call`, calls of that many texts in the mix's order instead
+    (requests cannot be sorted together), each padded to its longest."""
     import numpy as np
     import transformers
 
     texts = mix_texts(corpus, int(n))
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
     lengths = [len(ids) for ids in tok(texts, truncation=True, max_length=512)["input_ids"]]
-    order = sorted(range(len(texts)), key=lambda i: -lengths[i])
+    order = list(range(len(texts))) if int(per_call) else sorted(range(len(texts)), key=lambda i: -lengths[i])
+    calls = calls_of(order, int(per_call))
 
     def run():
-        for s in range(0, len(order), 32):
-            batch = tok([texts[i] for i in order[s : s + 32]], padding=True, truncation=True, max_length=512)
+        for call in calls:
+            batch = tok([texts[i] for i in call], padding=True, truncation=True, max_length=512)
             forward(np.asarray(batch["input_ids"], np.int64), np.asarray(batch["attention_mask"], np.int64))
 
-    run()
-    first = since_start()
-    seconds = _median_seconds(run, 3)
-    return {"useful_tokens_per_s": sum(lengths) / seconds, "texts_per_s": len(texts) / seconds, "first_result_s": first}
+    timed = _passes(run, len(calls))
+    return {
+        "useful_tokens_per_s": sum(lengths) / timed["seconds"],
+        "texts_per_s": len(texts) / timed["seconds"],
+        "first_result_s": timed["first_result_s"],
+        **({"ms_per_call": timed["ms_per_call"]} if int(per_call) else {}),
+    }
 
 
-def mix_torch(model_dir: str, corpus: str, n: str) -> dict:
+def mix_torch(model_dir: str, corpus: str, n: str, per_call: str = "0") -> dict:
     """PyTorch eager (transformers' BertModel, inference_mode) over the sorted, per-batch padded mix."""
     import torch
     import transformers
@@ -253,7 +282,7 @@ def mix_torch(model_dir: str, corpus: str, n: str) -> dict:
         with torch.inference_mode():
             model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
 
-    return mix_sorted(model_dir, corpus, n, forward)
+    return mix_sorted(model_dir, corpus, n, forward, per_call)
 
 
 # -- sentence embeddings with the model's own pipeline ---------------------------------------------------------

@@ -30,6 +30,9 @@ Sections (peers that are not installed are skipped with a note):
            OpenVINO's CACHE_DIR). Then MiniLM as a sentence-transformers model:
            `jaxbert.load(dir).embed` with the directory's defaults vs `SentenceTransformer(dir).encode`, texts/s,
            batch 32.
+  calls    the mix's first 500 texts in calls of 1 and of 8 texts, in order (a server's requests: nothing sorted,
+           packed or batched across calls), each engine of the mix section: useful tokens/s, ms_per_call, and
+           x_best, the ratio to the fastest peer.
   train    one MLM training step of bert-base at 8x128 (jaxbert float32 / bfloat16, with malloc's huge pages as
            `jaxbert train-mlm` runs, vs PyTorch eager + AdamW) and the compiled temporaries of the step with and
            without --remat; each step's FLOP/s (the same work for all: train_flops) over the CPU's peak, and the
@@ -292,17 +295,47 @@ def section_compile(repeats: int, tmp: str) -> dict:
     }
 
 
+def _mix_peers(tmp: str, model: str, corpus: str, n: int, per_call: int = 0) -> dict:
+    """The mix's engines (section_mix, section_calls): jaxbert packing in float32, bfloat16 and int8, and the peers
+    that are installed, each fed the texts sorted and padded per batch (with `per_call`: in calls of that many
+    texts, in the mix's order, each padded to its longest)."""
+    peers = {
+        "jaxbert packed": ("mix_jax", model, corpus, n, "packed", "float32", "", per_call),
+        "jaxbert packed bfloat16": ("mix_jax", model, corpus, n, "packed", "bfloat16", "", per_call),
+        "jaxbert packed int8": ("mix_jax", model, corpus, n, "packed", "int8", "", per_call),
+    }
+    if available("torch", "transformers"):
+        peers["PyTorch eager, sorted, pad per batch"] = ("mix_torch", model, corpus, n, per_call)
+        if available("onnxruntime", "onnxscript"):
+            onnx = os.path.join(tmp, "MiniLM-dynamic.onnx")
+            int8 = onnx.replace(".onnx", "-int8.onnx")
+            if not os.path.exists(int8):
+                run_child("export_onnx", model, onnx, "2", "16", "dynamic")
+                run_child("quantize_onnx", onnx, int8)
+            peers["ONNX Runtime float32"] = ("mix_ort", onnx, model, corpus, n, per_call)
+            peers["ONNX Runtime int8 (dynamic)"] = ("mix_ort", int8, model, corpus, n, per_call)
+        if available("openvino"):
+            xml = os.path.join(tmp, "MiniLM-openvino.xml")
+            if not os.path.exists(xml):
+                run_child("export_openvino", model, xml)
+            peers["OpenVINO float32"] = ("mix_openvino", xml, model, "f32", corpus, n, "", per_call)
+            peers["OpenVINO default"] = ("mix_openvino", xml, model, "default", corpus, n, "", per_call)
+    if available("ctranslate2", "transformers"):
+        ct2 = os.path.join(tmp, "MiniLM-ct2")
+        if not os.path.exists(ct2):
+            run_child("convert_ct2", model, ct2)
+        for kind in ("float32", "int8"):
+            peers[f"CTranslate2 {kind}"] = ("mix_ct2", ct2, model, kind, corpus, n, per_call)
+    return peers
+
+
 def section_mix(repeats: int, tmp: str, n: int = 2000) -> dict:
     """`n` texts of the mix (issue 15: a few thousand). On few texts the peers' sorted batches hold texts of very
     different lengths (256 texts: 45% of their positions are text, 2,000: 89%), so few texts flatter packing."""
     corpus = os.path.join(ROOT, "examples", "data", "geography.txt")
     model = minilm_dir()
-    peers = {
-        "jaxbert packed": ("mix_jax", model, corpus, n, "packed"),
-        "jaxbert packed bfloat16": ("mix_jax", model, corpus, n, "packed", "bfloat16"),
-        "jaxbert packed int8": ("mix_jax", model, corpus, n, "packed", "int8"),
-        "jaxbert buckets": ("mix_jax", model, corpus, n, "buckets"),
-    }
+    peers = _mix_peers(tmp, model, corpus, n)
+    peers["jaxbert buckets"] = ("mix_jax", model, corpus, n, "buckets")
     # The command line's compile cache (compile_cache.py), filled by one run first: "first result" is then a
     # second run's, loading the programs instead of compiling them.
     jax_cache = os.path.join(tmp, "jaxbert-compile-cache")
@@ -310,29 +343,11 @@ def section_mix(repeats: int, tmp: str, n: int = 2000) -> dict:
     peers["jaxbert packed int8, compile cache"] = ("mix_jax", model, corpus, n, "packed", "int8", jax_cache)
     if n <= 512:  # every batch at 512 positions: minutes a run on thousands of texts
         peers["jaxbert pad to 512"] = ("mix_jax", model, corpus, n, "pad512")
-    if available("torch", "transformers"):  # the peers below: sorted, each batch padded to its longest
-        peers["PyTorch eager, sorted, pad per batch"] = ("mix_torch", model, corpus, n)
-        if available("onnxruntime", "onnxscript"):
-            onnx = os.path.join(tmp, "MiniLM-dynamic.onnx")
-            int8 = onnx.replace(".onnx", "-int8.onnx")
-            run_child("export_onnx", model, onnx, "2", "16", "dynamic")
-            run_child("quantize_onnx", onnx, int8)
-            peers["ONNX Runtime float32"] = ("mix_ort", onnx, model, corpus, n)
-            peers["ONNX Runtime int8 (dynamic)"] = ("mix_ort", int8, model, corpus, n)
-        if available("openvino"):
-            xml = os.path.join(tmp, "MiniLM-openvino.xml")
-            ov_cache = os.path.join(tmp, "openvino-cache")
-            run_child("export_openvino", model, xml)
-            run_child("mix_openvino", xml, model, "default", corpus, "32", ov_cache)  # fills its model cache
-            peers["OpenVINO float32"] = ("mix_openvino", xml, model, "f32", corpus, n)
-            peers["OpenVINO default"] = ("mix_openvino", xml, model, "default", corpus, n)
-            peers["OpenVINO default, model cache"] = ("mix_openvino", xml, model, "default", corpus, n, ov_cache)
-    if available("ctranslate2", "transformers"):
-        ct2 = os.path.join(tmp, "MiniLM-ct2")
-        if not os.path.exists(ct2):
-            run_child("convert_ct2", model, ct2)
-        for kind in ("float32", "int8"):
-            peers[f"CTranslate2 {kind}"] = ("mix_ct2", ct2, model, kind, corpus, n)
+    if "OpenVINO default" in peers:  # its model cache, filled by one run first
+        ov_cache = os.path.join(tmp, "openvino-cache")
+        xml = peers["OpenVINO default"][1]
+        run_child("mix_openvino", xml, model, "default", corpus, "32", ov_cache)
+        peers["OpenVINO default, model cache"] = ("mix_openvino", xml, model, "default", corpus, n, ov_cache)
     rows = alternate(peers, repeats)
     ours = rows["jaxbert packed"]["useful_tokens_per_s"]
     for row in rows.values():
@@ -350,6 +365,20 @@ def section_mix(repeats: int, tmp: str, n: int = 2000) -> dict:
         for row in st.values():
             row["x_st"] = row["texts_per_s"] / base
         result[f"MiniLM sentence-transformers pipeline (mean, normalized, 256 tokens), {n} texts"] = st
+    return result
+
+
+def section_calls(repeats: int, tmp: str, n: int = 500) -> dict:
+    """The mix's first `n` texts as a server gets them: calls of 1 and of 8 texts, in order, each embedded (jaxbert)
+    or padded to its longest (the peers) on its own. x_best: against the fastest peer at any precision."""
+    corpus = os.path.join(ROOT, "examples", "data", "geography.txt")
+    result = {}
+    for per_call in (1, 8):
+        rows = alternate(_mix_peers(tmp, minilm_dir(), corpus, n, per_call), repeats)
+        best = max(row["useful_tokens_per_s"] for label, row in rows.items() if not label.startswith("jaxbert"))
+        for row in rows.values():
+            row["x_best"] = row["useful_tokens_per_s"] / best
+        result[f"MiniLM, {n} texts in calls of {per_call}"] = rows
     return result
 
 
@@ -471,6 +500,7 @@ SECTIONS = {
     "infer": section_infer,
     "compile": section_compile,
     "mix": section_mix,
+    "calls": section_calls,
     "train": section_train,
     "convert": section_convert,
     "generate": section_generate,
