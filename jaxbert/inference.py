@@ -24,7 +24,7 @@ from jaxbert.config import BertConfig
 from jaxbert.heads import base_params, forward, mlm_logits, resolve_head
 from jaxbert.inference_tasks import TaskMethods
 from jaxbert.inputs import as_array, check_arrays, check_encoder_states
-from jaxbert.layout import decoding_layout, encoder_of, is_stacked, to_stored
+from jaxbert.layout import decoding_layout, to_stored
 from jaxbert.model import BertOutput, bert
 from jaxbert.ops import from_bits
 from jaxbert.pooling import pool, pool_segments, projected
@@ -40,14 +40,6 @@ def _check_dtype(dtype: str | None):
     note = cpu.slow_dtype(dtype)
     if note and jax.default_backend() == "cpu":  # asked for speed, or memory: said once (one warning location)
         warnings.warn(note, cpu.SlowDtypeWarning, stacklevel=1)
-
-
-# A packed embed call of at most this many positions (rows x length) of a model whose layers are stacked runs on
-# them held apart (Bert.layers_apart): the layer scan copies each layer's weights out of the stacked arrays, which
-# in a call this small is a large part of it. MiniLM, one text of about 12 / 32 / 55 / 110 tokens: int8 3.1 /
-# 3.9 / 5.3 / 8.1 ms stacked, 2.0-2.5 / 3.1 / 4.4 / 7.9-8.2 apart; bfloat16 3.6 / 4.9 / 6.3 / 9.9 against 2.7 /
-# 4.0 / 5.4 / 8.9; at about 230 tokens apart was 5% slower. Float32 models hold their layers apart already.
-SMALL_CALL = 128
 
 
 def _tokens(weights, input_ids, *_) -> int:
@@ -115,10 +107,7 @@ class Bert(TaskMethods):
             self._counted(self._forward_impl), static_argnames=("output_hidden_states", "output_attentions")
         )
         self._embed = jit(self._counted(self._embed_impl), static_argnames=("pooling", "normalize"))
-        self._embed_packed_scan = jit(self._counted(self._embed_packed_impl), static_argnames=("pooling", "normalize"))
-        self._embed_packed_apart = jax.jit(  # small calls on the layers held apart: see SMALL_CALL, _embed_packed
-            self._counted(self._embed_packed_on), static_argnames=("pooling", "normalize")
-        )
+        self._embed_packed = jit(self._counted(self._embed_packed_impl), static_argnames=("pooling", "normalize"))
         # A directory's Dense modules run as a program of their own, never oneDNN's: XLA:CPU's oneDNN dot fusion
         # fails on a dot fed by the mean pooling's division ("partition compile failed", then SIGILL, jax 0.7).
         self._project = jax.jit(self._counted(projected), static_argnames=("steps", "normalize"))
@@ -207,20 +196,8 @@ class Bert(TaskMethods):
         out = bert(params, self.config, input_ids, attention_mask, token_type_ids, attention_dtype=self._attention)
         return pool(out, attention_mask, pooling, normalize, skip)
 
-    def _embed_packed(self, weights, ids, *arrays, pooling, normalize):
-        """The pooled vectors [R, S, ...] of packed rows: a small call (SMALL_CALL) of a model with stacked layers,
-        on one device, runs on its layers held apart (layers_apart: a second copy of them, made once, as
-        generation's), any other on `weights` as they are."""
-        static = dict(pooling=pooling, normalize=normalize)
-        if np.size(ids) <= SMALL_CALL and self.mesh.size == 1 and is_stacked(encoder_of(weights)):
-            return self._embed_packed_apart(self.layers_apart(weights), ids, *arrays, **static)
-        return self._embed_packed_scan(weights, ids, *arrays, **static)
-
-    def _embed_packed_impl(self, weights, *arrays, pooling, normalize):
-        return self._embed_packed_on(self._unbits(weights), *arrays, pooling=pooling, normalize=normalize)
-
-    def _embed_packed_on(self, params, ids, mask, types, positions, segments, starts, skip, *, pooling, normalize):
-        params = base_params(params, self.head)
+    def _embed_packed_impl(self, weights, ids, mask, types, positions, segments, starts, skip, *, pooling, normalize):
+        params = base_params(self._unbits(weights), self.head)
         out = bert(
             params, self.config, ids, mask, types, positions, segment_ids=segments, attention_dtype=self._attention
         )

@@ -137,11 +137,6 @@ def _stored_layer(layer: dict) -> dict:
     return traverse_util.unflatten_dict(_split_qkv(flat), sep="/")
 
 
-def encoder_of(params):
-    """The encoder subtree of `params` (at the root or under "bert")."""
-    return params["encoder"] if "encoder" in params else encoder_of(params["bert"])
-
-
 def map_encoder(params, fn):
     """`params` with its encoder subtree (at the root or under "bert") replaced by fn(encoder); shallow copies."""
     if "encoder" in params:

@@ -307,27 +307,3 @@ def test_first_fit_through_the_tree_is_first_fit(seed):
         )
         packing.fill_gaps(rows, lengths, short, capacity, most)
         assert rows == want
-
-
-@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
-def test_small_packed_calls_of_a_stacked_model_run_on_its_layers_apart(tmp_path, monkeypatch, dtype):
-    """A packed embed of at most SMALL_CALL positions, on a model whose layers are stacked (16-bit, int8), runs on
-    them held apart (Bert.layers_apart, made on the first such call): the vectors those of the layer scan; a
-    larger call keeps the scan and makes no copy."""
-    from jaxbert import inference
-
-    path = model_dir(tmp_path, num_hidden_layers=2, max_position_embeddings=256)
-    texts = ["a few words", "another short text, a little longer than the first"]
-    long = [" ".join(["word"] * 150)]
-    kw = dict(pooling=("cls", "mean", "pooler"), normalize=False, batch_size=8)
-    small = jaxbert.load(path, dtype=dtype)
-    got, got_long = small.embed(texts, **kw), small.embed(long, **kw)
-    assert small._apart is not None  # the small call made the copy
-    larger = jaxbert.load(path, dtype=dtype)
-    larger.embed(long, **kw)
-    assert larger._apart is None  # a call past SMALL_CALL runs the scan
-    monkeypatch.setattr(inference, "SMALL_CALL", 0)
-    scan = jaxbert.load(path, dtype=dtype)
-    np.testing.assert_allclose(got, scan.embed(texts, **kw), atol=1e-6)
-    np.testing.assert_array_equal(got_long, scan.embed(long, **kw))
-    assert scan._apart is None
