@@ -198,15 +198,21 @@ def calls_of(items: list, per_call: int) -> list[list]:
     return [items[s : s + size] for s in range(0, len(items), size)]
 
 
-def _passes(run, calls: int, warm_up: int = 0) -> dict:
-    """run() once (compiling), `warm_up` more times, then its median of 3: seconds to the first pass's end (from
-    the process's start) and a pass's seconds."""
+def _passes(run, calls: int, tokens: int, texts: int, per_call: int, warm_up: int = 0) -> dict:
+    """run() once (compiling), `warm_up` more times, then its median of 3 over a pass of `calls` calls holding
+    `texts` texts of `tokens` useful tokens: the mix's row (ms_per_call only with `per_call`), first_result_s
+    from the process's start to the first pass's end."""
     run()
     first = since_start()
     for _ in range(warm_up):
         run()
     seconds = _median_seconds(run, 3)
-    return {"first_result_s": first, "seconds": seconds, "ms_per_call": 1e3 * seconds / calls}
+    return {
+        "useful_tokens_per_s": tokens / seconds,
+        "texts_per_s": texts / seconds,
+        "first_result_s": first,
+        **({"ms_per_call": 1e3 * seconds / calls} if per_call else {}),
+    }
 
 
 def mix_jax(
@@ -225,22 +231,17 @@ def mix_jax(
     if mode == "pad512":
         bert.length_buckets = (512,)
     kw = dict(batch_size=32, max_length=512, packing=mode == "packed", progress=False)
-    calls = calls_of(texts, int(per_call)) if int(per_call) else [texts]
+    per_call = int(per_call)
+    calls = calls_of(texts, per_call) if per_call else [texts]
 
     def run():
         for call in calls:
             bert.embed(call, **kw)
 
-    # The first pass compiles the padded plan's programs (packing._chunks), a warm-up the exact plan's.
-    timed = _passes(run, len(calls), warm_up=1)
     tokens = int(bert.tokenizer.encode(texts, max_length=512).lengths().sum())
-    return {
-        "useful_tokens_per_s": tokens / timed["seconds"],
-        "texts_per_s": len(texts) / timed["seconds"],
-        "first_result_s": timed["first_result_s"],
-        **({"ms_per_call": timed["ms_per_call"]} if int(per_call) else {}),
-        "compiled": bert.compile_count,
-    }
+    # The first pass compiles the padded plan's programs (packing._chunks), a warm-up the exact plan's.
+    row = _passes(run, len(calls), tokens, len(texts), per_call, warm_up=1)
+    return {**row, "compiled": bert.compile_count}
 
 
 def mix_sorted(model_dir: str, corpus: str, n: str, forward, per_call: str = "0") -> dict:
@@ -254,21 +255,16 @@ def mix_sorted(model_dir: str, corpus: str, n: str, forward, per_call: str = "0"
     texts = mix_texts(corpus, int(n))
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
     lengths = [len(ids) for ids in tok(texts, truncation=True, max_length=512)["input_ids"]]
-    order = list(range(len(texts))) if int(per_call) else sorted(range(len(texts)), key=lambda i: -lengths[i])
-    calls = calls_of(order, int(per_call))
+    per_call = int(per_call)
+    order = list(range(len(texts))) if per_call else sorted(range(len(texts)), key=lambda i: -lengths[i])
+    calls = calls_of(order, per_call)
 
     def run():
         for call in calls:
             batch = tok([texts[i] for i in call], padding=True, truncation=True, max_length=512)
             forward(np.asarray(batch["input_ids"], np.int64), np.asarray(batch["attention_mask"], np.int64))
 
-    timed = _passes(run, len(calls))
-    return {
-        "useful_tokens_per_s": sum(lengths) / timed["seconds"],
-        "texts_per_s": len(texts) / timed["seconds"],
-        "first_result_s": timed["first_result_s"],
-        **({"ms_per_call": timed["ms_per_call"]} if int(per_call) else {}),
-    }
+    return _passes(run, len(calls), sum(lengths), len(texts), per_call)
 
 
 def mix_torch(model_dir: str, corpus: str, n: str, per_call: str = "0") -> dict:

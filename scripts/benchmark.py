@@ -295,6 +295,11 @@ def section_compile(repeats: int, tmp: str) -> dict:
     }
 
 
+def _openvino_xml(tmp: str) -> str:
+    """Where the mix's engines keep MiniLM converted to OpenVINO IR (export_openvino, once a run)."""
+    return os.path.join(tmp, "MiniLM-openvino.xml")
+
+
 def _mix_peers(tmp: str, model: str, corpus: str, n: int, per_call: int = 0) -> dict:
     """The mix's engines (section_mix, section_calls): jaxbert packing in float32, bfloat16 and int8, and the peers
     that are installed, each fed the texts sorted and padded per batch (with `per_call`: in calls of that many
@@ -315,7 +320,7 @@ def _mix_peers(tmp: str, model: str, corpus: str, n: int, per_call: int = 0) -> 
             peers["ONNX Runtime float32"] = ("mix_ort", onnx, model, corpus, n, per_call)
             peers["ONNX Runtime int8 (dynamic)"] = ("mix_ort", int8, model, corpus, n, per_call)
         if available("openvino"):
-            xml = os.path.join(tmp, "MiniLM-openvino.xml")
+            xml = _openvino_xml(tmp)
             if not os.path.exists(xml):
                 run_child("export_openvino", model, xml)
             peers["OpenVINO float32"] = ("mix_openvino", xml, model, "f32", corpus, n, "", per_call)
@@ -344,8 +349,7 @@ def section_mix(repeats: int, tmp: str, n: int = 2000) -> dict:
     if n <= 512:  # every batch at 512 positions: minutes a run on thousands of texts
         peers["jaxbert pad to 512"] = ("mix_jax", model, corpus, n, "pad512")
     if "OpenVINO default" in peers:  # its model cache, filled by one run first
-        ov_cache = os.path.join(tmp, "openvino-cache")
-        xml = peers["OpenVINO default"][1]
+        ov_cache, xml = os.path.join(tmp, "openvino-cache"), _openvino_xml(tmp)
         run_child("mix_openvino", xml, model, "default", corpus, "32", ov_cache)
         peers["OpenVINO default, model cache"] = ("mix_openvino", xml, model, "default", corpus, n, ov_cache)
     rows = alternate(peers, repeats)
