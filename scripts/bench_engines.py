@@ -10,7 +10,7 @@ import os
 import shutil
 import time
 
-from bench_peers import _ids, _median_seconds, mix_sorted, rss_mb
+from bench_peers import _ids, _median_seconds, client_threads, mix_sorted, rss_mb
 
 
 def quantize_onnx(onnx_path: str, int8_path: str) -> dict:
@@ -60,18 +60,33 @@ def export_openvino(model_dir: str, xml: str) -> dict:
 
 
 def mix_openvino(
-    xml: str, model_dir: str, precision: str, corpus: str, n: str, cache: str = "", per_call: str = "0"
+    xml: str,
+    model_dir: str,
+    precision: str,
+    corpus: str,
+    n: str,
+    cache: str = "",
+    per_call: str = "0",
+    clients: str = "1",
 ) -> dict:
     """OpenVINO (the saved IR, dynamic shapes) over the sorted, per-batch padded mix; with `cache` (a directory),
-    its model cache (CACHE_DIR: compiled blobs kept between processes)."""
+    its model cache (CACHE_DIR: compiled blobs kept between processes). With several `clients`, compiled for
+    throughput (PERFORMANCE_HINT THROUGHPUT: as many streams as the cores allow, its setup for requests in flight
+    at once), an infer request per client thread."""
     import openvino as ov
 
     core = ov.Core()
     if cache:
         core.set_property({"CACHE_DIR": cache})
-    compiled = core.compile_model(core.read_model(xml), "CPU", _precision(precision))
-    run = lambda ids, mask: compiled({"input_ids": ids, "attention_mask": mask})  # noqa: E731
-    return mix_sorted(model_dir, corpus, n, run, per_call)
+    config = _precision(precision) | ({"PERFORMANCE_HINT": "THROUGHPUT"} if int(clients) > 1 else {})
+    compiled = core.compile_model(core.read_model(xml), "CPU", config)
+    requests = [compiled.create_infer_request() for _ in range(int(clients))] if int(clients) > 1 else []
+
+    def run(ids, mask, client):
+        feed = {"input_ids": ids, "attention_mask": mask}
+        return requests[client].infer(feed) if requests else compiled(feed)
+
+    return mix_sorted(model_dir, corpus, n, run, per_call, clients)
 
 
 def infer_openvino(model_dir: str, precision: str, batch: str, length: str) -> dict:
@@ -109,17 +124,24 @@ def convert_ct2(model_dir: str, out: str) -> dict:
     return {"seconds": time.perf_counter() - start}
 
 
-def mix_ct2(ct2_dir: str, model_dir: str, compute_type: str, corpus: str, n: str, per_call: str = "0") -> dict:
-    """CTranslate2 over the sorted mix: each batch's token lists (it pads them itself)."""
+def mix_ct2(
+    ct2_dir: str, model_dir: str, compute_type: str, corpus: str, n: str, per_call: str = "0", clients: str = "1"
+) -> dict:
+    """CTranslate2 over the sorted mix: each batch's token lists (it pads them itself). With several `clients`,
+    as many workers as calls can run at once (inter_threads), the cores shared out among them."""
     import ctranslate2
     import numpy as np
 
-    encoder = ctranslate2.Encoder(ct2_dir, device="cpu", compute_type=compute_type, intra_threads=os.cpu_count())
+    inter = min(int(clients), os.cpu_count() or 1)
+    threads = client_threads(clients) or os.cpu_count()
+    encoder = ctranslate2.Encoder(
+        ct2_dir, device="cpu", compute_type=compute_type, inter_threads=inter, intra_threads=threads
+    )
 
-    def forward(ids, mask):
+    def forward(ids, mask, _):
         np.asarray(encoder.forward_batch([row[: int(m.sum())].tolist() for row, m in zip(ids, mask)]).last_hidden_state)
 
-    return mix_sorted(model_dir, corpus, n, forward, per_call)
+    return mix_sorted(model_dir, corpus, n, forward, per_call, clients)
 
 
 def infer_ct2(ct2_dir: str, model_dir: str, compute_type: str, batch: str, length: str) -> dict:

@@ -106,19 +106,23 @@ def _dynamic_axes():
     return ({0: batch, 1: length}, {0: batch, 1: length})
 
 
-def _ort_session(onnx_path: str):
+def _ort_session(onnx_path: str, threads: int = 0):
+    """All graph optimizations; `threads` intra-op threads (0: its default, one per core)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
     return ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
 
 
-def mix_ort(onnx_path: str, model_dir: str, corpus: str, n: str, per_call: str = "0") -> dict:
-    """ONNX Runtime (a dynamic-shape export; float32 or dynamic int8) over the sorted, per-batch padded mix."""
-    session = _ort_session(onnx_path)
-    run = lambda ids, mask: session.run(None, {"input_ids": ids, "attention_mask": mask})  # noqa: E731
-    return mix_sorted(model_dir, corpus, n, run, per_call)
+def mix_ort(onnx_path: str, model_dir: str, corpus: str, n: str, per_call: str = "0", clients: str = "1") -> dict:
+    """ONNX Runtime (a dynamic-shape export; float32 or dynamic int8) over the sorted, per-batch padded mix; with
+    several `clients`, one session run from all of them (its `run` is thread-safe), the cores shared out among the
+    calls in flight (client_threads)."""
+    session = _ort_session(onnx_path, client_threads(clients))
+    run = lambda ids, mask, _: session.run(None, {"input_ids": ids, "attention_mask": mask})  # noqa: E731
+    return mix_sorted(model_dir, corpus, n, run, per_call, clients)
 
 
 def infer_ort(onnx_path: str, model_dir: str, batch: str, length: str) -> dict:
@@ -192,16 +196,52 @@ def mix_texts(corpus: str, n: int, seed: int = 0) -> list[str]:
     return [" ".join(lines[s : s + c]) for s, c in zip(starts, counts, strict=True)]
 
 
+def client_threads(clients: str) -> int:
+    """An engine's intra-op threads when `clients` calls are in flight at once: the cores shared out among them
+    (the setup the engines' guides give for throughput under concurrent requests), 0 (the engine's default, every
+    core) for one client."""
+    clients = int(clients)
+    cores = os.cpu_count() or 1
+    return 0 if clients <= 1 else max(1, cores // min(clients, cores))
+
+
+def serve(calls: list, clients: int, do_call) -> None:
+    """do_call(call, client) for every call: in order from client 0, or from `clients` threads at once, each
+    taking the next call when its last one returns (a server's workers under a steady queue of requests). What a
+    client needs of its own is made before (making it in the threads deadlocked OpenVINO now and then)."""
+    if clients <= 1:
+        for call in calls:
+            do_call(call, 0)
+        return
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    pending, lock = iter(calls), threading.Lock()
+
+    def client(k):
+        while True:
+            with lock:
+                call = next(pending, None)
+            if call is None:
+                return
+            do_call(call, k)
+
+    with ThreadPoolExecutor(clients) as pool:
+        for done in [pool.submit(client, k) for k in range(clients)]:
+            done.result()
+
+
 def calls_of(items: list, per_call: int) -> list[list]:
     """`items` in consecutive calls of `per_call` (0: one batch of 32 after another, as the mix feeds them)."""
     size = per_call or 32
     return [items[s : s + size] for s in range(0, len(items), size)]
 
 
-def _passes(run, calls: int, tokens: int, texts: int, per_call: int, warm_up: int = 0) -> dict:
+def _passes(run, calls: int, tokens: int, texts: int, per_call: int, warm_up: int = 0, clients: int = 1) -> dict:
     """run() once (compiling), `warm_up` more times, then its median of 3 over a pass of `calls` calls holding
-    `texts` texts of `tokens` useful tokens: the mix's row (ms_per_call only with `per_call`), first_result_s
-    from the process's start to the first pass's end."""
+    `texts` texts of `tokens` useful tokens: the mix's row (ms_per_call only with `per_call` from one client:
+    with several in flight a pass over the calls is not a call's latency), first_result_s from the process's
+    start to the first pass's end."""
     run()
     first = since_start()
     for _ in range(warm_up):
@@ -211,17 +251,26 @@ def _passes(run, calls: int, tokens: int, texts: int, per_call: int, warm_up: in
         "useful_tokens_per_s": tokens / seconds,
         "texts_per_s": texts / seconds,
         "first_result_s": first,
-        **({"ms_per_call": 1e3 * seconds / calls} if per_call else {}),
+        **({"ms_per_call": 1e3 * seconds / calls} if per_call and clients <= 1 else {}),
+        **({"clients": clients} if clients > 1 else {}),
     }
 
 
 def mix_jax(
-    model_dir: str, corpus: str, n: str, mode: str, dtype: str = "float32", cache: str = "", per_call: str = "0"
+    model_dir: str,
+    corpus: str,
+    n: str,
+    mode: str,
+    dtype: str = "float32",
+    cache: str = "",
+    per_call: str = "0",
+    clients: str = "1",
 ) -> dict:
     """`Bert.embed` over the mix: packed rows ("packed", the default), each text padded to its batch's shape
     bucket ("buckets") or every batch padded to 512 ("pad512"); 32 rows a call. With `cache` (a directory), JAX's
     persistent compilation cache there, as the command line keeps it (compile_cache.enable). With `per_call`,
-    the texts in calls of that many, in the mix's order (a server's requests: nothing packed across calls)."""
+    the texts in calls of that many, in the mix's order (a server's requests: nothing packed across calls); with
+    several `clients`, from that many threads at once into the one `Bert` (it may be called so: README)."""
     import jaxbert
 
     if cache:
@@ -231,54 +280,114 @@ def mix_jax(
     if mode == "pad512":
         bert.length_buckets = (512,)
     kw = dict(batch_size=32, max_length=512, packing=mode == "packed", progress=False)
-    per_call = int(per_call)
+    per_call, clients = int(per_call), int(clients)
     calls = calls_of(texts, per_call) if per_call else [texts]
+
+    def run():
+        serve(calls, clients, lambda call, _: bert.embed(call, **kw))
+
+    tokens = int(bert.tokenizer.encode(texts, max_length=512).lengths().sum())
+    # The first pass compiles the padded plan's programs (packing._chunks), a warm-up the exact plan's.
+    row = _passes(run, len(calls), tokens, len(texts), per_call, warm_up=1, clients=clients)
+    return {**row, "compiled": bert.compile_count}
+
+
+def _core_worker(core: int, k: int, args: tuple, ready, results) -> None:
+    """One of mix_jax_cores' processes: pinned to `core` before JAX starts (its CPU client sizes its thread pool
+    by the cores it may use), the k-th share of the calls, passes started together at `ready`."""
+    os.sched_setaffinity(0, {core})
+    import jaxbert
+
+    model_dir, corpus, n, dtype, per_call, processes = args
+    texts = mix_texts(corpus, int(n))
+    calls = calls_of(texts, per_call)[k::processes]
+    bert = jaxbert.load(model_dir, dtype=None if dtype == "float32" else dtype)
+    kw = dict(batch_size=32, max_length=512, progress=False)
 
     def run():
         for call in calls:
             bert.embed(call, **kw)
 
-    tokens = int(bert.tokenizer.encode(texts, max_length=512).lengths().sum())
-    # The first pass compiles the padded plan's programs (packing._chunks), a warm-up the exact plan's.
-    row = _passes(run, len(calls), tokens, len(texts), per_call, warm_up=1)
-    return {**row, "compiled": bert.compile_count}
+    run()  # the padded plan's programs, then the exact plan's (packing._chunks)
+    run()
+    seconds = []
+    for _ in range(3):
+        ready.wait()
+        start = time.perf_counter()
+        run()
+        seconds.append(time.perf_counter() - start)
+    tokens = sum(int(bert.tokenizer.encode(call, max_length=512).lengths().sum()) for call in calls)
+    results.put((seconds, tokens, sum(map(len, calls)), rss_mb("VmHWM")))
 
 
-def mix_sorted(model_dir: str, corpus: str, n: str, forward, per_call: str = "0") -> dict:
-    """Times `forward(input_ids, attention_mask)` (int64 numpy arrays) over the mix fed as sentence-transformers
-    feeds a model: texts sorted longest first, batches of 32 tokenized (inside the timing, as jaxbert's) and
-    padded to their own longest text. With `per_call`, calls of that many texts in the mix's order instead
-    (requests cannot be sorted together), each padded to its longest."""
+def mix_jax_cores(model_dir: str, corpus: str, n: str, dtype: str, per_call: str) -> dict:
+    """jaxbert as a server of small calls is best run: a process per core, each pinned to its core (one thread a
+    call: two threads on a one-text call cost more than they gain, see benchmarks/README.md), the calls shared out
+    among them. A pass lasts until the last process ends it; peak_rss_mb_per_process is the largest."""
+    import multiprocessing
+
+    cores = sorted(os.sched_getaffinity(0))
+    context = multiprocessing.get_context("spawn")  # JAX's runtime threads do not survive a fork
+    ready, results = context.Barrier(len(cores)), context.Queue()
+    args = (model_dir, corpus, n, dtype, int(per_call), len(cores))
+    workers = [context.Process(target=_core_worker, args=(c, k, args, ready, results)) for k, c in enumerate(cores)]
+    for worker in workers:
+        worker.start()
+    rows = [results.get(timeout=1800) for _ in workers]
+    for worker in workers:
+        worker.join()
+    passes = sorted(max(row[0][i] for row in rows) for i in range(3))
+    tokens, texts = sum(row[1] for row in rows), sum(row[2] for row in rows)
+    return {
+        "useful_tokens_per_s": tokens / passes[1],
+        "texts_per_s": texts / passes[1],
+        "processes": len(cores),
+        "peak_rss_mb_per_process": max(row[3] for row in rows),
+    }
+
+
+def mix_sorted(model_dir: str, corpus: str, n: str, forward, per_call: str = "0", clients: str = "1") -> dict:
+    """Times `forward(input_ids, attention_mask, client)` (int64 numpy arrays; the calling client's index, see
+    serve) over the mix fed as sentence-transformers feeds a model: texts sorted longest first, batches of 32
+    tokenized (inside the timing, as jaxbert's) and padded to their own longest text. With `per_call`, calls of
+    that many texts in the mix's order instead (requests cannot be sorted together), each padded to its longest;
+    with several `clients`, from that many threads (serve), each with a tokenizer of its own (a fast tokenizer's
+    padding settings are per object)."""
     import numpy as np
     import transformers
 
     texts = mix_texts(corpus, int(n))
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
     lengths = [len(ids) for ids in tok(texts, truncation=True, max_length=512)["input_ids"]]
-    per_call = int(per_call)
+    per_call, clients = int(per_call), int(clients)
     order = list(range(len(texts))) if per_call else sorted(range(len(texts)), key=lambda i: -lengths[i])
     calls = calls_of(order, per_call)
+    toks = [tok] + [transformers.AutoTokenizer.from_pretrained(model_dir) for _ in range(clients - 1)]
 
-    def run():
-        for call in calls:
-            batch = tok([texts[i] for i in call], padding=True, truncation=True, max_length=512)
-            forward(np.asarray(batch["input_ids"], np.int64), np.asarray(batch["attention_mask"], np.int64))
+    def do_call(call, client):
+        batch = toks[client]([texts[i] for i in call], padding=True, truncation=True, max_length=512)
+        forward(np.asarray(batch["input_ids"], np.int64), np.asarray(batch["attention_mask"], np.int64), client)
 
-    return _passes(run, len(calls), sum(lengths), len(texts), per_call)
+    return _passes(
+        lambda: serve(calls, clients, do_call), len(calls), sum(lengths), len(texts), per_call, clients=clients
+    )
 
 
-def mix_torch(model_dir: str, corpus: str, n: str, per_call: str = "0") -> dict:
-    """PyTorch eager (transformers' BertModel, inference_mode) over the sorted, per-batch padded mix."""
+def mix_torch(model_dir: str, corpus: str, n: str, per_call: str = "0", clients: str = "1") -> dict:
+    """PyTorch eager (transformers' BertModel, inference_mode) over the sorted, per-batch padded mix; with several
+    `clients`, its intra-op threads shared out among them (client_threads)."""
     import torch
     import transformers
 
+    if client_threads(clients):
+        torch.set_num_threads(client_threads(clients))
     model = transformers.BertModel.from_pretrained(model_dir).eval()
 
-    def forward(ids, mask):
+    def forward(ids, mask, _):
         with torch.inference_mode():
             model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
 
-    return mix_sorted(model_dir, corpus, n, forward, per_call)
+    return mix_sorted(model_dir, corpus, n, forward, per_call, clients)
 
 
 # -- sentence embeddings with the model's own pipeline ---------------------------------------------------------

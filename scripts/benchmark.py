@@ -32,7 +32,9 @@ Sections (peers that are not installed are skipped with a note):
            batch 32.
   calls    the mix's first 500 texts in calls of 1 and of 8 texts, in order (a server's requests: nothing sorted,
            packed or batched across calls), each engine of the mix section: useful tokens/s, ms_per_call, and
-           x_best, the ratio to the fastest peer.
+           x_best, the ratio to the fastest peer; then one text a call from 4 clients at once (threads into one
+           model; OpenVINO compiled for throughput with a request per client, ONNX Runtime, PyTorch and
+           CTranslate2 with the cores shared out among the calls in flight).
   train    one MLM training step of bert-base at 8x128 (jaxbert float32 / bfloat16, with malloc's huge pages as
            `jaxbert train-mlm` runs, vs PyTorch eager + AdamW) and the compiled temporaries of the step with and
            without --remat; each step's FLOP/s (the same work for all: train_flops) over the CPU's peak, and the
@@ -93,6 +95,7 @@ CHILDREN = {
         P.matmul,
         P.compile_jax,
         P.mix_jax,
+        P.mix_jax_cores,
         P.mix_torch,
         P.mix_ort,
         P.st_jax,
@@ -300,37 +303,43 @@ def _openvino_xml(tmp: str) -> str:
     return os.path.join(tmp, "MiniLM-openvino.xml")
 
 
-def _mix_peers(tmp: str, model: str, corpus: str, n: int, per_call: int = 0) -> dict:
+def _mix_peers(tmp: str, model: str, corpus: str, n: int, per_call: int = 0, clients: int = 1) -> dict:
     """The mix's engines (section_mix, section_calls): jaxbert packing in float32, bfloat16 and int8, and the peers
     that are installed, each fed the texts sorted and padded per batch (with `per_call`: in calls of that many
-    texts, in the mix's order, each padded to its longest)."""
+    texts, in the mix's order, each padded to its longest; with several `clients`, that many calls in flight at
+    once, each engine set up for it as its guide says: bench_peers.serve)."""
+    calls = (per_call, clients)
     peers = {
-        "jaxbert packed": ("mix_jax", model, corpus, n, "packed", "float32", "", per_call),
-        "jaxbert packed bfloat16": ("mix_jax", model, corpus, n, "packed", "bfloat16", "", per_call),
-        "jaxbert packed int8": ("mix_jax", model, corpus, n, "packed", "int8", "", per_call),
+        "jaxbert packed": ("mix_jax", model, corpus, n, "packed", "float32", "", *calls),
+        "jaxbert packed bfloat16": ("mix_jax", model, corpus, n, "packed", "bfloat16", "", *calls),
+        "jaxbert packed int8": ("mix_jax", model, corpus, n, "packed", "int8", "", *calls),
     }
+    if clients > 1:  # jaxbert's own setup for small calls in flight together (mix_jax_cores)
+        for dtype in ("float32", "int8"):
+            label = "jaxbert packed, a process per core" + ("" if dtype == "float32" else f" {dtype}")
+            peers[label] = ("mix_jax_cores", model, corpus, n, dtype, per_call)
     if available("torch", "transformers"):
-        peers["PyTorch eager, sorted, pad per batch"] = ("mix_torch", model, corpus, n, per_call)
+        peers["PyTorch eager, sorted, pad per batch"] = ("mix_torch", model, corpus, n, *calls)
         if available("onnxruntime", "onnxscript"):
             onnx = os.path.join(tmp, "MiniLM-dynamic.onnx")
             int8 = onnx.replace(".onnx", "-int8.onnx")
             if not os.path.exists(int8):
                 run_child("export_onnx", model, onnx, "2", "16", "dynamic")
                 run_child("quantize_onnx", onnx, int8)
-            peers["ONNX Runtime float32"] = ("mix_ort", onnx, model, corpus, n, per_call)
-            peers["ONNX Runtime int8 (dynamic)"] = ("mix_ort", int8, model, corpus, n, per_call)
+            peers["ONNX Runtime float32"] = ("mix_ort", onnx, model, corpus, n, *calls)
+            peers["ONNX Runtime int8 (dynamic)"] = ("mix_ort", int8, model, corpus, n, *calls)
         if available("openvino"):
             xml = _openvino_xml(tmp)
             if not os.path.exists(xml):
                 run_child("export_openvino", model, xml)
-            peers["OpenVINO float32"] = ("mix_openvino", xml, model, "f32", corpus, n, "", per_call)
-            peers["OpenVINO default"] = ("mix_openvino", xml, model, "default", corpus, n, "", per_call)
+            peers["OpenVINO float32"] = ("mix_openvino", xml, model, "f32", corpus, n, "", *calls)
+            peers["OpenVINO default"] = ("mix_openvino", xml, model, "default", corpus, n, "", *calls)
     if available("ctranslate2", "transformers"):
         ct2 = os.path.join(tmp, "MiniLM-ct2")
         if not os.path.exists(ct2):
             run_child("convert_ct2", model, ct2)
         for kind in ("float32", "int8"):
-            peers[f"CTranslate2 {kind}"] = ("mix_ct2", ct2, model, kind, corpus, n, per_call)
+            peers[f"CTranslate2 {kind}"] = ("mix_ct2", ct2, model, kind, corpus, n, *calls)
     return peers
 
 
@@ -372,17 +381,24 @@ def section_mix(repeats: int, tmp: str, n: int = 2000) -> dict:
     return result
 
 
+CLIENTS = 4
+CALLS = ((1, 1), (8, 1), (1, CLIENTS))  # (texts a call, calls in flight at once)
+
+
 def section_calls(repeats: int, tmp: str, n: int = 500) -> dict:
     """The mix's first `n` texts as a server gets them: calls of 1 and of 8 texts, in order, each embedded (jaxbert)
-    or padded to its longest (the peers) on its own. x_best: against the fastest peer at any precision."""
+    or padded to its longest (the peers) on its own; then one text a call from CLIENTS clients at once (more than
+    the cores: a loaded server), each engine in its setup for requests in flight together. x_best: against the
+    fastest peer at any precision."""
     corpus = os.path.join(ROOT, "examples", "data", "geography.txt")
     result = {}
-    for per_call in (1, 8):
-        rows = alternate(_mix_peers(tmp, minilm_dir(), corpus, n, per_call), repeats)
+    for per_call, clients in CALLS:
+        rows = alternate(_mix_peers(tmp, minilm_dir(), corpus, n, per_call, clients), repeats)
         best = max(row["useful_tokens_per_s"] for label, row in rows.items() if not label.startswith("jaxbert"))
         for row in rows.values():
             row["x_best"] = row["useful_tokens_per_s"] / best
-        result[f"MiniLM, {n} texts in calls of {per_call}"] = rows
+        at_once = f" from {clients} clients at once" if clients > 1 else ""
+        result[f"MiniLM, {n} texts in calls of {per_call}{at_once}"] = rows
     return result
 
 
