@@ -125,15 +125,23 @@ def convert_ct2(model_dir: str, out: str) -> dict:
 
 
 def mix_ct2(
-    ct2_dir: str, model_dir: str, compute_type: str, corpus: str, n: str, per_call: str = "0", clients: str = "1"
+    ct2_dir: str,
+    model_dir: str,
+    compute_type: str,
+    corpus: str,
+    n: str,
+    per_call: str = "0",
+    clients: str = "1",
+    threads: str = "0",
 ) -> dict:
     """CTranslate2 over the sorted mix: each batch's token lists (it pads them itself). With several `clients`,
-    as many workers as calls can run at once (inter_threads), the cores shared out among them."""
+    as many workers as calls can run at once (inter_threads), the cores shared out among them; `threads` its
+    intra-op threads (default: every core, or that share)."""
     import ctranslate2
     import numpy as np
 
     inter = min(int(clients), os.cpu_count() or 1)
-    threads = client_threads(clients) or os.cpu_count()
+    threads = int(threads) or client_threads(clients) or os.cpu_count()
     encoder = ctranslate2.Encoder(
         ct2_dir, device="cpu", compute_type=compute_type, inter_threads=inter, intra_threads=threads
     )

@@ -32,9 +32,10 @@ Sections (peers that are not installed are skipped with a note):
            batch 32.
   calls    the mix's first 500 texts in calls of 1 and of 8 texts, in order (a server's requests: nothing sorted,
            packed or batched across calls), each engine of the mix section: useful tokens/s, ms_per_call, and
-           x_best, the ratio to the fastest peer; then one text a call from 4 clients at once (threads into one
-           model; OpenVINO compiled for throughput with a request per client, ONNX Runtime, PyTorch and
-           CTranslate2 with the cores shared out among the calls in flight).
+           x_best, the ratio to the fastest peer (CTranslate2 also on one thread, its best on small calls); then
+           one text a call from 4 clients at once (threads into one model; OpenVINO compiled for throughput with
+           a request per client, ONNX Runtime, PyTorch and CTranslate2 with the cores shared out among the calls
+           in flight), and jaxbert as a process per core (each pinned: its best on small calls).
   train    one MLM training step of bert-base at 8x128 (jaxbert float32 / bfloat16, with malloc's huge pages as
            `jaxbert train-mlm` runs, vs PyTorch eager + AdamW) and the compiled temporaries of the step with and
            without --remat; each step's FLOP/s (the same work for all: train_flops) over the CPU's peak, and the
@@ -316,7 +317,7 @@ def _mix_peers(tmp: str, model: str, corpus: str, n: int, per_call: int = 0, cli
     }
     if clients > 1:  # jaxbert's own setup for small calls in flight together (mix_jax_cores)
         for dtype in ("float32", "int8"):
-            label = "jaxbert packed, a process per core" + ("" if dtype == "float32" else f" {dtype}")
+            label = "jaxbert packed" + ("" if dtype == "float32" else f" {dtype}") + ", a process per core"
             peers[label] = ("mix_jax_cores", model, corpus, n, dtype, per_call)
     if available("torch", "transformers"):
         peers["PyTorch eager, sorted, pad per batch"] = ("mix_torch", model, corpus, n, *calls)
@@ -340,6 +341,8 @@ def _mix_peers(tmp: str, model: str, corpus: str, n: int, per_call: int = 0, cli
             run_child("convert_ct2", model, ct2)
         for kind in ("float32", "int8"):
             peers[f"CTranslate2 {kind}"] = ("mix_ct2", ct2, model, kind, corpus, n, *calls)
+            if per_call and clients == 1:  # its best on small calls: OpenMP's second thread cost more than it gave
+                peers[f"CTranslate2 {kind}, one thread"] = ("mix_ct2", ct2, model, kind, corpus, n, *calls, 1)
     return peers
 
 
