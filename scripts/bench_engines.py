@@ -140,8 +140,9 @@ def mix_ct2(
     import ctranslate2
     import numpy as np
 
-    inter = min(int(clients), os.cpu_count() or 1)
-    threads = int(threads) or client_threads(clients) or os.cpu_count()
+    cores = len(os.sched_getaffinity(0))
+    inter = min(int(clients), cores)
+    threads = int(threads) or client_threads(clients) or cores
     encoder = ctranslate2.Encoder(
         ct2_dir, device="cpu", compute_type=compute_type, inter_threads=inter, intra_threads=threads
     )

@@ -200,8 +200,7 @@ def client_threads(clients: str) -> int:
     """An engine's intra-op threads when `clients` calls are in flight at once: the cores shared out among them
     (the setup the engines' guides give for throughput under concurrent requests), 0 (the engine's default, every
     core) for one client."""
-    clients = int(clients)
-    cores = os.cpu_count() or 1
+    clients, cores = int(clients), len(os.sched_getaffinity(0))
     return 0 if clients <= 1 else max(1, cores // min(clients, cores))
 
 
@@ -325,6 +324,7 @@ def mix_jax_cores(model_dir: str, corpus: str, n: str, dtype: str, per_call: str
     call: two threads on a one-text call cost more than they gain, see benchmarks/README.md), the calls shared out
     among them. A pass lasts until the last process ends it; peak_rss_mb_per_process is the largest."""
     import multiprocessing
+    import queue
 
     cores = sorted(os.sched_getaffinity(0))
     context = multiprocessing.get_context("spawn")  # JAX's runtime threads do not survive a fork
@@ -333,7 +333,15 @@ def mix_jax_cores(model_dir: str, corpus: str, n: str, dtype: str, per_call: str
     workers = [context.Process(target=_core_worker, args=(c, k, args, ready, results)) for k, c in enumerate(cores)]
     for worker in workers:
         worker.start()
-    rows = [results.get(timeout=1800) for _ in workers]
+    rows = []
+    while len(rows) < len(workers):  # a worker that died would leave the others waiting at the barrier
+        try:
+            rows.append(results.get(timeout=5))
+        except queue.Empty:
+            if any(worker.exitcode not in (None, 0) for worker in workers):
+                for worker in workers:
+                    worker.terminate()
+                raise RuntimeError("a mix_jax_cores worker failed (its traceback is above)") from None
     for worker in workers:
         worker.join()
     passes = sorted(max(row[0][i] for row in rows) for i in range(3))
