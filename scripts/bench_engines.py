@@ -78,9 +78,10 @@ def mix_openvino(
     core = ov.Core()
     if cache:
         core.set_property({"CACHE_DIR": cache})
-    config = _precision(precision) | ({"PERFORMANCE_HINT": "THROUGHPUT"} if int(clients) > 1 else {})
+    clients = int(clients)
+    config = _precision(precision) | ({"PERFORMANCE_HINT": "THROUGHPUT"} if clients > 1 else {})
     compiled = core.compile_model(core.read_model(xml), "CPU", config)
-    requests = [compiled.create_infer_request() for _ in range(int(clients))] if int(clients) > 1 else []
+    requests = [compiled.create_infer_request() for _ in range(clients)] if clients > 1 else []
 
     def run(ids, mask, client):
         feed = {"input_ids": ids, "attention_mask": mask}

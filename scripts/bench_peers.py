@@ -255,6 +255,22 @@ def _passes(run, calls: int, tokens: int, texts: int, per_call: int, warm_up: in
     }
 
 
+def _jax_embed(model_dir: str, dtype: str, mode: str = "packed"):
+    """(bert, embed) for the mix: the model loaded at `dtype`, and its embed of one call as the mix runs it (32 rows
+    a call, up to 512 tokens; `mode` as mix_jax's)."""
+    import jaxbert
+
+    bert = jaxbert.load(model_dir, dtype=None if dtype == "float32" else dtype)
+    if mode == "pad512":
+        bert.length_buckets = (512,)
+    kw = dict(batch_size=32, max_length=512, packing=mode == "packed", progress=False)
+    return bert, lambda call: bert.embed(call, **kw)
+
+
+def _useful_tokens(bert, texts: list[str]) -> int:
+    return int(bert.tokenizer.encode(texts, max_length=512).lengths().sum())
+
+
 def mix_jax(
     model_dir: str,
     corpus: str,
@@ -270,22 +286,19 @@ def mix_jax(
     persistent compilation cache there, as the command line keeps it (compile_cache.enable). With `per_call`,
     the texts in calls of that many, in the mix's order (a server's requests: nothing packed across calls); with
     several `clients`, from that many threads at once into the one `Bert` (it may be called so: README)."""
-    import jaxbert
-
     if cache:
+        import jaxbert
+
         jaxbert.compile_cache.enable(cache)
     texts = mix_texts(corpus, int(n))
-    bert = jaxbert.load(model_dir, dtype=None if dtype == "float32" else dtype)
-    if mode == "pad512":
-        bert.length_buckets = (512,)
-    kw = dict(batch_size=32, max_length=512, packing=mode == "packed", progress=False)
+    bert, embed = _jax_embed(model_dir, dtype, mode)
     per_call, clients = int(per_call), int(clients)
     calls = calls_of(texts, per_call) if per_call else [texts]
 
     def run():
-        serve(calls, clients, lambda call, _: bert.embed(call, **kw))
+        serve(calls, clients, lambda call, _: embed(call))
 
-    tokens = int(bert.tokenizer.encode(texts, max_length=512).lengths().sum())
+    tokens = _useful_tokens(bert, texts)
     # The first pass compiles the padded plan's programs (packing._chunks), a warm-up the exact plan's.
     row = _passes(run, len(calls), tokens, len(texts), per_call, warm_up=1, clients=clients)
     return {**row, "compiled": bert.compile_count}
@@ -295,17 +308,12 @@ def _core_worker(core: int, k: int, args: tuple, ready, results) -> None:
     """One of mix_jax_cores' processes: pinned to `core` before JAX starts (its CPU client sizes its thread pool
     by the cores it may use), the k-th share of the calls, passes started together at `ready`."""
     os.sched_setaffinity(0, {core})
-    import jaxbert
-
     model_dir, corpus, n, dtype, per_call, processes = args
-    texts = mix_texts(corpus, int(n))
-    calls = calls_of(texts, per_call)[k::processes]
-    bert = jaxbert.load(model_dir, dtype=None if dtype == "float32" else dtype)
-    kw = dict(batch_size=32, max_length=512, progress=False)
+    calls = calls_of(mix_texts(corpus, int(n)), per_call)[k::processes]
+    bert, embed = _jax_embed(model_dir, dtype)
 
     def run():
-        for call in calls:
-            bert.embed(call, **kw)
+        serve(calls, 1, lambda call, _: embed(call))
 
     run()  # the padded plan's programs, then the exact plan's (packing._chunks)
     run()
@@ -315,8 +323,8 @@ def _core_worker(core: int, k: int, args: tuple, ready, results) -> None:
         start = time.perf_counter()
         run()
         seconds.append(time.perf_counter() - start)
-    tokens = sum(int(bert.tokenizer.encode(call, max_length=512).lengths().sum()) for call in calls)
-    results.put((seconds, tokens, sum(map(len, calls)), rss_mb("VmHWM")))
+    texts = [text for call in calls for text in call]
+    results.put((seconds, _useful_tokens(bert, texts), len(texts), rss_mb("VmHWM")))
 
 
 def mix_jax_cores(model_dir: str, corpus: str, n: str, dtype: str, per_call: str) -> dict:
